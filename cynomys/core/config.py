@@ -1,0 +1,276 @@
+"""Configuration: one TOML file -> validated, frozen dataclasses.
+
+Unknown keys and bad values are rejected with an error naming the key and the
+file (``[source] port in cynomys.toml: expected an integer``).  Any scalar key
+can be overridden from the environment as ``CYNOMYS_<SECTION>_<KEY>``
+(``CYNOMYS_SOURCE_PASSWORD``, ``CYNOMYS_TARGET_URL``,
+``CYNOMYS_TARGET_SPARK_MASTER``) so secrets need not live in the file; secret
+fields are redacted from ``repr``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from cynomys.core.errors import ConfigError
+
+# Field metadata keys: "check" -> (predicate, what-is-expected), "secret" -> bool.
+Check = tuple[Callable[[Any], bool], str]
+
+
+def _check(pred: Callable[[Any], bool], expected: str) -> dict[str, Any]:
+    return {"check": (pred, expected)}
+
+
+def _one_of(*choices: str) -> dict[str, Any]:
+    return _check(lambda v: v in choices, "one of " + ", ".join(repr(c) for c in choices))
+
+
+_POSITIVE = _check(lambda v: v > 0, "a positive number")
+_NON_NEGATIVE = _check(lambda v: v >= 0, "a number >= 0")
+_SECRET: dict[str, Any] = {"secret": True}
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """The MySQL/MariaDB server whose binlog is read."""
+
+    host: str = "127.0.0.1"
+    port: int = field(default=3306, metadata=_check(lambda v: 0 < v < 65536, "a TCP port (1-65535)"))
+    user: str = "cynomys"
+    password: str = field(default="", repr=False, metadata=_SECRET)
+    # Our replica id on the source; must differ from every server's server_id.
+    server_id: int = field(default=4271, metadata=_POSITIVE)
+    include_tables: list[str] = field(default_factory=lambda: ["*.*"])
+    exclude_tables: list[str] = field(default_factory=list)
+    # Where a producer with no checkpoint starts: "current" (the source's
+    # current binlog end), "earliest" (oldest binlog still on the source),
+    # "file:pos" (e.g. "mysql-bin.000003:4") or a GTID position.
+    start: str = "current"
+    use_gtid: bool = False
+    connect_timeout_s: float = field(default=10.0, metadata=_POSITIVE)
+    heartbeat_s: float = field(default=5.0, metadata=_POSITIVE)
+
+
+@dataclass(frozen=True)
+class ProducerConfig:
+    id: str = "producer-1"
+    state_dir: str = "./state/producer"
+    batch_max_events: int = field(default=5000, metadata=_POSITIVE)
+    batch_max_delay_ms: int = field(default=200, metadata=_NON_NEGATIVE)
+    # Render the SQL text into row-change records too (costs producer CPU;
+    # the typed images carry the same statement).  DDL always keeps its SQL.
+    emit_sql: bool = False
+    # Upper bound of un-acknowledged bytes buffered before the producer stops
+    # reading the binlog (back-pressure when the transport is slow or down).
+    max_pending_bytes: int = field(default=64 * 1024 * 1024, metadata=_POSITIVE)
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    kind: str = field(default="redis", metadata=_one_of("redis", "file"))
+    url: str = field(default="redis://127.0.0.1:6379/0", repr=False, metadata=_SECRET)
+    stream: str = "cynomys"
+    mode: str = field(default="stream", metadata=_one_of("stream", "pubsub"))
+    path: str = ""
+    # Rotate the AES data key after this many envelopes or seconds.
+    key_rotate_envelopes: int = field(default=1000, metadata=_POSITIVE)
+    key_rotate_seconds: float = field(default=300.0, metadata=_POSITIVE)
+    # Approximate cap on stream length; entries not yet acknowledged are never trimmed.
+    max_stream_len: int = field(default=100_000, metadata=_POSITIVE)
+    consumer_group: str = "cynomys-appliers"
+    dead_letter_stream: str = ""  # default: "<stream>:dead"
+
+
+@dataclass(frozen=True)
+class SecurityConfig:
+    """Key files (paths).  The producer needs applier_public_key and
+    producer_private_key; the applier needs applier_private_key and
+    producer_public_key.  A passphrase for private keys comes from
+    CYNOMYS_SECURITY_PASSPHRASE."""
+
+    applier_public_key: str = ""
+    producer_private_key: str = ""
+    applier_private_key: str = ""
+    producer_public_key: str = ""
+    passphrase: str = field(default="", repr=False, metadata=_SECRET)
+
+
+@dataclass(frozen=True)
+class ApplierConfig:
+    buffer_rows: int = field(default=10_000, metadata=_POSITIVE)
+    max_delay_ms: int = field(default=1000, metadata=_NON_NEGATIVE)
+    state_dir: str = "./state/applier"
+    consumer_name: str = "applier-1"
+    # DDL statements to skip on purpose, by exact text or a "position"
+    # (file:pos) of the event, when the target cannot run them.
+    skip_ddl: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SparkConfig:
+    master: str = "local[*]"
+    warehouse: str = "./warehouse"
+    catalog: str = "cynomys"
+    catalog_type: str = field(default="hadoop", metadata=_one_of("hadoop", "hive", "rest"))
+    catalog_uri: str = ""
+    conf: dict[str, str] = field(default_factory=dict)
+    jars: list[str] = field(default_factory=list)
+    packages: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    kind: str = field(default="spark", metadata=_one_of("columnstore", "monetdb", "spark"))
+    url: str = field(default="", repr=False, metadata=_SECRET)
+    engine: str = "ColumnStore"
+    spark: SparkConfig = field(default_factory=SparkConfig)
+
+
+@dataclass(frozen=True)
+class SnapshotConfig:
+    chunk_size: int = field(default=5000, metadata=_POSITIVE)
+    watermark_schema: str = "cynomys_meta"
+    read_only: bool = False
+    allow_no_primary_key: bool = False
+    throttle_ms: int = field(default=0, metadata=_NON_NEGATIVE)
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    level: str = field(default="INFO", metadata=_one_of("DEBUG", "INFO", "WARNING", "ERROR"))
+
+
+@dataclass(frozen=True)
+class Config:
+    source: SourceConfig = field(default_factory=SourceConfig)
+    producer: ProducerConfig = field(default_factory=ProducerConfig)
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    applier: ApplierConfig = field(default_factory=ApplierConfig)
+    target: TargetConfig = field(default_factory=TargetConfig)
+    snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    path: str = field(default="<defaults>", compare=False, metadata={"internal": True})
+
+    def resolve(self, relative: str) -> Path:
+        """A path from the file, taken relative to the config file's folder."""
+        p = Path(os.path.expanduser(relative))
+        if p.is_absolute() or self.path.startswith("<"):
+            return p
+        return Path(self.path).parent / p
+
+
+def _type_ok(value: Any, tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is str:
+        return isinstance(value, str)
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        return isinstance(value, list) and all(_type_ok(v, item) for v in value)
+    if origin is dict:
+        _, item = typing.get_args(tp)
+        return isinstance(value, dict) and all(_type_ok(v, item) for v in value.values())
+    raise TypeError(f"unsupported config type {tp!r}")
+
+
+_TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def _expected(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is list:
+        return "a list of " + _expected(typing.get_args(tp)[0]).split(" ", 1)[-1] + "s"
+    if origin is dict:
+        return "a table of " + _expected(typing.get_args(tp)[1]).split(" ", 1)[-1] + "s"
+    return _TYPE_WORDS[tp]
+
+
+def _from_env(raw: str, tp: Any, name: str, where: str) -> Any:
+    """Parse an environment override into the field's type."""
+    try:
+        if tp is bool:
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if tp is int:
+            return int(raw)
+        if tp is float:
+            return float(raw)
+        if tp is str:
+            return raw
+        if typing.get_origin(tp) is list:
+            return [s.strip() for s in raw.split(",") if s.strip()]
+    except ValueError:
+        pass
+    raise ConfigError(f"environment variable {name} (for {where}): expected {_expected(tp)}, got {raw!r}")
+
+
+def _build(cls: type, data: Mapping[str, Any], section: str, file: str, env: Mapping[str, str]) -> Any:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
+    for key in data:
+        if key not in fields:
+            known = ", ".join(sorted(fields))
+            raise ConfigError(
+                f"unknown key [{section}] {key} in {file}",
+                hint=f"known keys of [{section}]: {known}",
+            )
+    kwargs: dict[str, Any] = {}
+    for name, f in fields.items():
+        tp = hints[name]
+        where = f"[{section}] {name}" if section else f"[{name}]"
+        sub = f"{section}.{name}" if section else name
+        if dataclasses.is_dataclass(tp):
+            raw = data.get(name, {})
+            if not isinstance(raw, dict):
+                raise ConfigError(f"{where} in {file}: expected a table [{sub}]")
+            kwargs[name] = _build(tp, raw, sub, file, env)
+            continue
+        env_name = "CYNOMYS_" + sub.replace(".", "_").upper()
+        if env_name in env:
+            value = _from_env(env[env_name], tp, env_name, where)
+        elif name in data:
+            value = data[name]
+            if not _type_ok(value, tp):
+                raise ConfigError(f"{where} in {file}: expected {_expected(tp)}, got {value!r}")
+            if tp is float:
+                value = float(value)
+        else:
+            continue
+        check: Check | None = f.metadata.get("check")
+        if check is not None and not check[0](value):
+            shown = "***" if f.metadata.get("secret") else repr(value)
+            raise ConfigError(f"{where} in {file}: expected {check[1]}, got {shown}")
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def load_config(path: str | os.PathLike[str] | None, env: Mapping[str, str] | None = None) -> Config:
+    """Read and validate a TOML file (or only defaults + env when ``path`` is None)."""
+    env = os.environ if env is None else env
+    if path is None:
+        return _build(Config, {}, "", "<defaults>", env)
+    file = str(path)
+    try:
+        with open(file, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {file} not found", hint="pass -c PATH to an existing TOML file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {file} is not valid TOML: {exc}") from None
+    cfg = _build(Config, data, "", file, env)
+    return dataclasses.replace(cfg, path=os.path.abspath(file))

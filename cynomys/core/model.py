@@ -1,0 +1,190 @@
+"""Frozen data that crosses module boundaries.
+
+Row values use one Python domain everywhere (parser -> codec -> applier):
+
+=================  =========================================================
+MySQL type         Python value
+=================  =========================================================
+integer types      int (BIGINT UNSIGNED up to 18446744073709551615)
+BIT(n)             int
+DECIMAL            decimal.Decimal (exact text, scale kept)
+FLOAT, DOUBLE      float (FLOAT is the exact single-precision value)
+DATE               datetime.date, or RawTemporal for zero/partial dates
+DATETIME(n)        naive datetime.datetime, or RawTemporal
+TIMESTAMP(n)       UTC-aware datetime.datetime, or RawTemporal('0000-00-00 00:00:00')
+TIME(n)            datetime.timedelta (negative and > 24h allowed)
+YEAR               int (0 for YEAR 0000)
+CHAR/VARCHAR/TEXT  str
+ENUM               str
+SET                str, members joined by ',' ('' is the empty set, not NULL)
+JSON               str (the JSON text)
+BINARY/BLOB        bytes (BINARY(n) always exactly n bytes)
+NULL               None
+=================  =========================================================
+"""
+from __future__ import annotations
+
+import datetime
+import decimal
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Union
+
+
+class RawTemporal(str):
+    """A DATE/DATETIME/TIMESTAMP that Python's datetime cannot hold, kept as
+    MySQL's own text: '0000-00-00', '2020-00-15', '0000-00-00 00:00:00.000000'."""
+
+    __slots__ = ()
+
+
+Value = Union[
+    None, int, float, str, bytes, decimal.Decimal,
+    datetime.date, datetime.datetime, datetime.timedelta,
+]
+Row = tuple[Value, ...]
+
+
+class Op(str, Enum):
+    """What a change does.  READ is a snapshot read: an upsert of a full image."""
+
+    INSERT = "INSERT"
+    UPDATE = "UPDATE"
+    DELETE = "DELETE"
+    READ = "READ"
+    DDL = "DDL"
+
+
+_FILE_NUM = re.compile(r"\.(\d+)$")
+
+
+@dataclass(frozen=True)
+class Position:
+    """A place in the source's binlog: file + byte offset, plus the GTID of
+    the transaction when the source has one.  ``pos`` is the offset of the
+    *next* event to read, so a checkpoint Position is where to resume."""
+
+    file: str
+    pos: int
+    gtid: str = ""
+
+    def sort_key(self) -> tuple[int, str, int]:
+        """Binlog order: the numeric suffix of the file name, then offset."""
+        m = _FILE_NUM.search(self.file)
+        return (int(m.group(1)) if m else -1, self.file, self.pos)
+
+    def __lt__(self, other: Position) -> bool:
+        return self.sort_key() < other.sort_key()
+
+    def __le__(self, other: Position) -> bool:
+        return self.sort_key() <= other.sort_key()
+
+    def __str__(self) -> str:
+        base = f"{self.file}:{self.pos}"
+        return f"{base} (gtid {self.gtid})" if self.gtid else base
+
+    def to_dict(self) -> dict[str, object]:
+        return {"file": self.file, "pos": self.pos, "gtid": self.gtid}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, object]) -> Position:
+        return cls(str(d["file"]), int(d["pos"]), str(d.get("gtid", "") or ""))  # type: ignore[call-overload]
+
+    @classmethod
+    def parse(cls, text: str) -> Position:
+        """'mysql-bin.000003:1234' -> Position."""
+        file, sep, pos = text.rpartition(":")
+        if not sep or not file or not pos.isdigit():
+            raise ValueError(f"not a binlog position 'file:pos': {text!r}")
+        return cls(file, int(pos))
+
+
+@dataclass(frozen=True)
+class ColumnDef:
+    """A column as the source declares it.  ``type`` is the full column type
+    text (information_schema COLUMN_TYPE), e.g. 'decimal(65,30)',
+    'bigint(20) unsigned', "enum('a','b')", 'datetime(6)'."""
+
+    name: str
+    type: str
+    nullable: bool = True
+
+    @property
+    def base_type(self) -> str:
+        """'bigint(20) unsigned' -> 'bigint'."""
+        return re.split(r"[(\s]", self.type, maxsplit=1)[0].lower()
+
+    @property
+    def unsigned(self) -> bool:
+        return " unsigned" in self.type.lower()
+
+
+@dataclass(frozen=True)
+class TableSchema:
+    database: str
+    table: str
+    columns: tuple[ColumnDef, ...]
+    key: tuple[str, ...] = ()  # primary key (or first NOT NULL unique key); () = none
+
+    @property
+    def name(self) -> str:
+        return f"{self.database}.{self.table}"
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    def key_indexes(self) -> tuple[int, ...]:
+        names = self.column_names
+        return tuple(names.index(k) for k in self.key)
+
+
+@dataclass(frozen=True)
+class Change:
+    """One row change or one statement (the paper's record).
+
+    ``txn`` is where the source transaction begins; every change of one
+    transaction shares it, and it is what the applier compares with its
+    checkpoint to drop replays.  ``tid`` is the transaction id: the GTID
+    when there is one, else ``file:pos`` of the transaction's start."""
+
+    op: Op
+    database: str
+    table: str
+    tid: str
+    txn: Position
+    commit_ts: int  # seconds since the epoch (source event timestamp)
+    schema: TableSchema | None = None  # row changes only
+    before: Row | None = None
+    after: Row | None = None
+    sql: str | None = None
+
+    def key(self, image: Row | None = None) -> tuple[Value, ...] | None:
+        """Primary-key values of ``image`` (default: after, else before)."""
+        schema = self.schema
+        if schema is None or not schema.key:
+            return None
+        row = image if image is not None else (self.after if self.after is not None else self.before)
+        assert row is not None
+        return tuple(row[i] for i in schema.key_indexes())
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What one envelope carries: changes of one or more whole source
+    transactions, in source order, already folded to net changes.
+
+    ``end`` is the position after the last event in the batch.  When
+    ``complete`` is true it is a transaction boundary and a valid resume
+    point; a transaction too large for one batch is carried by several
+    batches, all but the last with ``complete`` false."""
+
+    producer_id: str
+    changes: tuple[Change, ...]
+    end: Position
+    complete: bool = True
+    first_txn: Position | None = None
+    created_us: int = 0
+    last_commit_ts: int = 0
+    meta: dict[str, str] = field(default_factory=dict)

@@ -1,0 +1,486 @@
+"""Lossless row decoding from the raw bytes of a ROWS event.
+
+pymysqlreplication's own value decoder loses information (zero dates become
+None, BINARY(n) loses trailing 0x00 bytes, an empty SET looks like NULL,
+YEAR 0000 becomes 1900, TIME2 fractions of negative values are wrong, BIT
+becomes a '0'/'1' string) and spends most of the reader's time in per-value
+Python branching.  We keep its protocol handling (packets, TABLE_MAP with
+FULL metadata) and decode the row images ourselves: for each table a list of
+small decoder closures is compiled once from the TABLE_MAP column metadata,
+then rows are read with ``struct.unpack_from`` over one ``bytes`` buffer.
+
+Formats follow the server's own ``my_*_packed_from_binary`` functions
+(sql-common/my_time.c, strings/decimal.c); multi-byte temporal parts are
+big-endian, integers little-endian.
+"""
+from __future__ import annotations
+
+import datetime
+import decimal
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from cynomys.core.errors import UnsupportedEventError
+from cynomys.core.model import ColumnDef, RawTemporal, Row, Value
+
+# MySQL field type codes (include/field_types.h).
+DECIMAL, TINY, SHORT, LONG, FLOAT, DOUBLE, NULL, TIMESTAMP, LONGLONG, INT24 = range(10)
+DATE, TIME, DATETIME, YEAR, NEWDATE, VARCHAR, BIT, TIMESTAMP2, DATETIME2, TIME2 = range(10, 20)
+JSON, NEWDECIMAL, ENUM, SET, TINY_BLOB, MEDIUM_BLOB, LONG_BLOB, BLOB, VAR_STRING, STRING, GEOMETRY = range(245, 256)
+
+Decoder = Callable[[bytes, int], "tuple[Value, int]"]
+
+_UTC = datetime.timezone.utc
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=_UTC)
+_DIG2BYTES = (0, 1, 1, 2, 2, 3, 3, 4, 4, 4)
+# Bytes used by the fractional part of TIME2/DATETIME2/TIMESTAMP2 per fsp,
+# and the factor that scales it to microseconds.
+_FSP_BYTES = (0, 1, 1, 2, 2, 3, 3)
+_FSP_SCALE = (1, 10000, 10000, 100, 100, 1, 1)
+# Maximum bytes per character, to turn byte lengths back into CHAR(n)/VARCHAR(n).
+_MBMAXLEN = {"utf8mb4": 4, "utf8mb3": 3, "utf8": 3, "utf16": 4, "utf16le": 4, "utf32": 4,
+             "ucs2": 2, "big5": 2, "gbk": 2, "gb2312": 2, "sjis": 2, "cp932": 2, "ujis": 3,
+             "eucjpms": 3, "euckr": 2, "gb18030": 4}
+# Python codec for a MySQL charset (collation prefix).
+_PY_CODEC = {"utf8mb4": "utf-8", "utf8mb3": "utf-8", "utf8": "utf-8", "latin1": "cp1252",
+             "ascii": "ascii", "binary": "", "ucs2": "utf-16-be", "utf16": "utf-16-be",
+             "utf16le": "utf-16-le", "utf32": "utf-32-be", "cp1250": "cp1250", "cp1251": "cp1251",
+             "cp1256": "cp1256", "cp1257": "cp1257", "latin2": "iso8859-2", "greek": "iso8859-7",
+             "hebrew": "iso8859-8", "latin5": "iso8859-9", "koi8r": "koi8-r", "koi8u": "koi8-u",
+             "big5": "big5", "gbk": "gbk", "gb2312": "gb2312", "sjis": "shift_jis", "cp932": "cp932",
+             "ujis": "euc-jp", "eucjpms": "euc-jp", "euckr": "euc-kr", "gb18030": "gb18030",
+             "tis620": "tis-620", "cp850": "cp850", "cp852": "cp852", "cp866": "cp866",
+             "macroman": "mac-roman", "swe7": "ascii", "dec8": "latin-1", "hp8": "latin-1"}
+
+
+def _charset(col: Any) -> str:
+    """'utf8mb4_general_ci' -> 'utf8mb4'; binary columns -> 'binary'."""
+    coll = getattr(col, "collation_name", None) or getattr(col, "character_set_name", None) or "binary"
+    return "binary" if coll == "binary" else coll.split("_", 1)[0]
+
+
+# --------------------------------------------------------------------------
+# Column type text (what the target needs to create the column)
+# --------------------------------------------------------------------------
+def _q(values: Sequence[str]) -> str:
+    return ",".join("'" + v.replace("'", "''") + "'" for v in values)
+
+
+_INT_NAMES = {TINY: "tinyint", SHORT: "smallint", INT24: "mediumint", LONG: "int", LONGLONG: "bigint"}
+_BLOB_NAMES = {1: ("tinyblob", "tinytext"), 2: ("blob", "text"), 3: ("mediumblob", "mediumtext"),
+               4: ("longblob", "longtext")}
+
+
+def _fsp_suffix(name: str, col: Any) -> str:
+    fsp = getattr(col, "fsp", 0) or 0
+    return f"{name}({fsp})" if fsp else name
+
+
+def column_type_text(col: Any) -> str:
+    """Rebuild the SQL column type from TABLE_MAP metadata (FULL row metadata)."""
+    t = col.type
+    if t in _INT_NAMES:
+        return _INT_NAMES[t] + (" unsigned" if col.unsigned else "")
+    cs = _charset(col)
+    mb = _MBMAXLEN.get(cs, 1)
+    simple: dict[int, Callable[[], str]] = {
+        FLOAT: lambda: "float",
+        DOUBLE: lambda: "double",
+        NEWDECIMAL: lambda: f"decimal({col.precision},{col.decimals})" + (" unsigned" if col.unsigned else ""),
+        VARCHAR: lambda: f"varbinary({col.max_length})" if cs == "binary" else f"varchar({col.max_length // mb})",
+        VAR_STRING: lambda: f"varbinary({col.max_length})" if cs == "binary" else f"varchar({col.max_length // mb})",
+        STRING: lambda: f"binary({col.max_length})" if cs == "binary" else f"char({col.max_length // mb})",
+        BLOB: lambda: _BLOB_NAMES[col.length_size][0 if cs == "binary" else 1],
+        ENUM: lambda: f"enum({_q([v for v in col.enum_values if v != ''] if col.enum_values and col.enum_values[0] == '' else col.enum_values or [])})",
+        SET: lambda: f"set({_q(col.set_values or [])})",
+        BIT: lambda: f"bit({col.bits})",
+        DATE: lambda: "date",
+        NEWDATE: lambda: "date",
+        DATETIME: lambda: "datetime",
+        DATETIME2: lambda: _fsp_suffix("datetime", col),
+        TIMESTAMP: lambda: "timestamp",
+        TIMESTAMP2: lambda: _fsp_suffix("timestamp", col),
+        TIME: lambda: "time",
+        TIME2: lambda: _fsp_suffix("time", col),
+        YEAR: lambda: "year",
+        JSON: lambda: "json",
+        GEOMETRY: lambda: "geometry",
+        NULL: lambda: "null",
+    }
+    if t not in simple:
+        raise UnsupportedEventError(f"column {col.name!r} has MySQL field type {t}, which Cynomys cannot decode")
+    return simple[t]()
+
+
+def column_defs(columns: Sequence[Any]) -> tuple[ColumnDef, ...]:
+    return tuple(ColumnDef(c.name, column_type_text(c)) for c in columns)
+
+
+# --------------------------------------------------------------------------
+# Value decoders: (buf, off) -> (value, new_off)
+# --------------------------------------------------------------------------
+def _int_decoder(fmt: str, size: int) -> Decoder:
+    s = struct.Struct("<" + fmt)
+    unpack = s.unpack_from
+
+    def dec(buf: bytes, off: int) -> tuple[Value, int]:
+        return unpack(buf, off)[0], off + size
+
+    return dec
+
+
+def _int24(unsigned: bool) -> Decoder:
+    def dec(buf: bytes, off: int) -> tuple[Value, int]:
+        v = buf[off] | (buf[off + 1] << 8) | (buf[off + 2] << 16)
+        if not unsigned and v & 0x800000:
+            v -= 0x1000000
+        return v, off + 3
+
+    return dec
+
+
+def _length_prefixed(prefix: int, convert: Callable[[bytes], Value]) -> Decoder:
+    def dec(buf: bytes, off: int) -> tuple[Value, int]:
+        n = int.from_bytes(buf[off:off + prefix], "little")
+        start = off + prefix
+        return convert(buf[start:start + n]), start + n
+
+    return dec
+
+
+def _text(codec: str, col_name: str) -> Callable[[bytes], Value]:
+    def convert(raw: bytes) -> Value:
+        try:
+            return raw.decode(codec)
+        except UnicodeDecodeError as exc:
+            raise UnsupportedEventError(
+                f"column {col_name!r}: bytes not valid in its charset ({codec}): {exc}",
+                hint="fix the column's charset on the source or declare it binary",
+            ) from None
+
+    return convert
+
+
+def _binary_fixed(width: int) -> Callable[[bytes], Value]:
+    # BINARY(n) values are stored without their trailing 0x00 padding; the
+    # server pads them back to n bytes on read, and so do we.
+    def convert(raw: bytes) -> Value:
+        return bytes(raw).ljust(width, b"\x00")
+
+    return convert
+
+
+def _decimal(precision: int, scale: int) -> Decoder:
+    intg = precision - scale
+    intg0, intg0x = divmod(intg, 9)
+    frac0, frac0x = divmod(scale, 9)
+    size = intg0 * 4 + _DIG2BYTES[intg0x] + frac0 * 4 + _DIG2BYTES[frac0x]
+    parts: list[tuple[int, int]] = []  # (bytes, digits) in order
+    if intg0x:
+        parts.append((_DIG2BYTES[intg0x], intg0x))
+    parts += [(4, 9)] * intg0
+    int_parts = len(parts)
+    parts += [(4, 9)] * frac0
+    if frac0x:
+        parts.append((_DIG2BYTES[frac0x], frac0x))
+
+    def dec(buf: bytes, off: int) -> tuple[Value, int]:
+        raw = bytearray(buf[off:off + size])
+        negative = not (raw[0] & 0x80)
+        raw[0] ^= 0x80
+        if negative:
+            raw = bytearray(b ^ 0xFF for b in raw)
+        pos = 0
+        digits: list[str] = []
+        for i, (nbytes, ndig) in enumerate(parts):
+            v = int.from_bytes(raw[pos:pos + nbytes], "big")
+            pos += nbytes
+            if i == int_parts:
+                digits.append(".")
+            digits.append(str(v).zfill(ndig))
+        if int_parts == len(parts):
+            digits.append(".")
+        text = "".join(digits)
+        whole, _, frac = text.partition(".")
+        text = (whole.lstrip("0") or "0") + ("." + frac if frac else "")
+        return decimal.Decimal(("-" if negative else "") + text), off + size
+
+    return dec
+
+
+def _frac(buf: bytes, off: int, fsp: int) -> tuple[int, int]:
+    """Unsigned big-endian fraction field and its size."""
+    n = _FSP_BYTES[fsp]
+    return int.from_bytes(buf[off:off + n], "big"), n
+
+
+def _frac_text(micro: int, fsp: int) -> str:
+    return "." + f"{micro:06d}"[:fsp] if fsp else ""
+
+
+def _datetime2(fsp: int) -> Decoder:
+    nfrac = _FSP_BYTES[fsp]
+    scale = _FSP_SCALE[fsp]
+
+    def dec(buf: bytes, off: int) -> tuple[Value, int]:
+        intpart = int.from_bytes(buf[off:off + 5], "big") - 0x8000000000
+        micro = int.from_bytes(buf[off + 5:off + 5 + nfrac], "big") * scale if nfrac else 0
+        ymd, hms = intpart >> 17, intpart & 0x1FFFF
+        ym, day = ymd >> 5, ymd & 31
+        year, month = divmod(ym, 13)
+        hour, minute, second = hms >> 12, (hms >> 6) & 63, hms & 63
+        try:
+            return datetime.datetime(year, month, day, hour, minute, second, micro), off + 5 + nfrac
+        except ValueError:  # zero date or zero-in-date: keep MySQL's text
+            text = f"{year:04d}-{month:02d}-{day:02d} {hour:02d}:{minute:02d}:{second:02d}" + _frac_text(micro, fsp)
+            return RawTemporal(text), off + 5 + nfrac
+
+    return dec
+
+
+def _timestamp2(fsp: int) -> Decoder:
+    nfrac = _FSP_BYTES[fsp]
+    scale = _FSP_SCALE[fsp]
+
+    def dec(buf: bytes, off: int) -> tuple[Value, int]:
+        sec = int.from_bytes(buf[off:off + 4], "big")
+        micro = int.from_bytes(buf[off + 4:off + 4 + nfrac], "big") * scale if nfrac else 0
+        if sec == 0 and micro == 0:  # '0000-00-00 00:00:00' is stored as 0
+            return RawTemporal("0000-00-00 00:00:00" + _frac_text(0, fsp)), off + 4 + nfrac
+        return _EPOCH + datetime.timedelta(seconds=sec, microseconds=micro), off + 4 + nfrac
+
+    return dec
+
+
+def _time2(fsp: int) -> Decoder:
+    def dec(buf: bytes, off: int) -> tuple[Value, int]:
+        # my_time_packed_from_binary: a biased integer part and a fraction
+        # whose borrow must be undone for negative values.
+        if fsp >= 5:
+            packed = int.from_bytes(buf[off:off + 6], "big") - 0x800000000000
+            size = 6
+        else:
+            intpart = int.from_bytes(buf[off:off + 3], "big") - 0x800000
+            size = 3
+            frac = 0
+            if fsp:
+                n = _FSP_BYTES[fsp]
+                frac = int.from_bytes(buf[off + 3:off + 3 + n], "big")
+                size += n
+                if intpart < 0 and frac:
+                    intpart += 1
+                    frac -= 0x100 if n == 1 else 0x10000
+                frac *= _FSP_SCALE[fsp]
+            packed = (intpart << 24) + frac
+        neg = packed < 0
+        if neg:
+            packed = -packed
+        hms, micro = packed >> 24, packed & 0xFFFFFF
+        hour, minute, second = (hms >> 12) & 0x3FF, (hms >> 6) & 63, hms & 63
+        td = datetime.timedelta(hours=hour, minutes=minute, seconds=second, microseconds=micro)
+        return (-td if neg else td), off + size
+
+    return dec
+
+
+def _date(buf: bytes, off: int) -> tuple[Value, int]:
+    v = buf[off] | (buf[off + 1] << 8) | (buf[off + 2] << 16)
+    year, month, day = v >> 9, (v >> 5) & 15, v & 31
+    try:
+        return datetime.date(year, month, day), off + 3
+    except ValueError:
+        return RawTemporal(f"{year:04d}-{month:02d}-{day:02d}"), off + 3
+
+
+def _old_datetime(buf: bytes, off: int) -> tuple[Value, int]:
+    v = int.from_bytes(buf[off:off + 8], "little")
+    d, t = divmod(v, 1000000)
+    year, md = divmod(d, 10000)
+    month, day = divmod(md, 100)
+    hour, ms = divmod(t, 10000)
+    minute, second = divmod(ms, 100)
+    try:
+        return datetime.datetime(year, month, day, hour, minute, second), off + 8
+    except ValueError:
+        return RawTemporal(f"{year:04d}-{month:02d}-{day:02d} {hour:02d}:{minute:02d}:{second:02d}"), off + 8
+
+
+def _old_timestamp(buf: bytes, off: int) -> tuple[Value, int]:
+    sec = int.from_bytes(buf[off:off + 4], "little")
+    if sec == 0:
+        return RawTemporal("0000-00-00 00:00:00"), off + 4
+    return _EPOCH + datetime.timedelta(seconds=sec), off + 4
+
+
+def _old_time(buf: bytes, off: int) -> tuple[Value, int]:
+    v = int.from_bytes(buf[off:off + 3], "little", signed=True)
+    neg = v < 0
+    v = abs(v)
+    hours, ms = divmod(v, 10000)
+    minutes, seconds = divmod(ms, 100)
+    td = datetime.timedelta(hours=hours, minutes=minutes, seconds=seconds)
+    return (-td if neg else td), off + 3
+
+
+def _year(buf: bytes, off: int) -> tuple[Value, int]:
+    v = buf[off]
+    return (v + 1900 if v else 0), off + 1
+
+
+def _bit(nbytes: int) -> Decoder:
+    def dec(buf: bytes, off: int) -> tuple[Value, int]:
+        return int.from_bytes(buf[off:off + nbytes], "big"), off + nbytes
+
+    return dec
+
+
+def _enum(values: Sequence[str], size: int) -> Decoder:
+    # Index 0 is the "invalid value" '' the server stores for bad input.
+    table = list(values) if values and values[0] == "" else [""] + list(values)
+
+    def dec(buf: bytes, off: int) -> tuple[Value, int]:
+        idx = int.from_bytes(buf[off:off + size], "little")
+        return (table[idx] if idx < len(table) else ""), off + size
+
+    return dec
+
+
+def _set(values: Sequence[str], size: int) -> Decoder:
+    members = list(values)
+
+    def dec(buf: bytes, off: int) -> tuple[Value, int]:
+        mask = int.from_bytes(buf[off:off + size], "little")
+        return ",".join(m for i, m in enumerate(members) if mask >> i & 1), off + size
+
+    return dec
+
+
+def _mysql_json(length_size: int) -> Decoder:
+    from pymysqlreplication.json_binary import parse_json  # MySQL's binary JSON format
+
+    def _default(o: Any) -> Any:
+        if isinstance(o, bytes):
+            return o.decode("utf-8", "replace")
+        if isinstance(o, decimal.Decimal):
+            return float(o)
+        return str(o)
+
+    def _fix(o: Any) -> Any:
+        if isinstance(o, dict):
+            return {(k.decode() if isinstance(k, bytes) else k): _fix(v) for k, v in o.items()}
+        if isinstance(o, list):
+            return [_fix(v) for v in o]
+        if isinstance(o, bytes):
+            return o.decode("utf-8", "replace")
+        return o
+
+    def dec(buf: bytes, off: int) -> tuple[Value, int]:
+        n = int.from_bytes(buf[off:off + length_size], "little")
+        start = off + length_size
+        if n == 0:
+            return "null", start
+        data = buf[start:start + n]
+        return json.dumps(_fix(parse_json(data[0], data[1:])), default=_default, ensure_ascii=False), start + n
+
+    return dec
+
+
+def compile_decoder(col: Any) -> Decoder:
+    """Build the decoder for one column from its TABLE_MAP metadata."""
+    t = col.type
+    cs = _charset(col)
+    codec = _PY_CODEC.get(cs, cs)
+    text_or_bytes: Callable[[bytes], Value] = bytes if cs == "binary" else _text(codec, col.name)  # type: ignore[assignment]
+    u = bool(col.unsigned)
+    table: dict[int, Callable[[], Decoder]] = {
+        TINY: lambda: _int_decoder("B" if u else "b", 1),
+        SHORT: lambda: _int_decoder("H" if u else "h", 2),
+        INT24: lambda: _int24(u),
+        LONG: lambda: _int_decoder("I" if u else "i", 4),
+        LONGLONG: lambda: _int_decoder("Q" if u else "q", 8),
+        YEAR: lambda: _year,
+        FLOAT: lambda: _int_decoder("f", 4),
+        DOUBLE: lambda: _int_decoder("d", 8),
+        NEWDECIMAL: lambda: _decimal(col.precision, col.decimals),
+        VARCHAR: lambda: _length_prefixed(1 if col.max_length < 256 else 2, text_or_bytes),
+        VAR_STRING: lambda: _length_prefixed(1 if col.max_length < 256 else 2, text_or_bytes),
+        STRING: lambda: _length_prefixed(
+            1 if col.max_length < 256 else 2,
+            _binary_fixed(col.max_length) if cs == "binary" else text_or_bytes),
+        BLOB: lambda: _length_prefixed(col.length_size, text_or_bytes),
+        GEOMETRY: lambda: _length_prefixed(col.length_size, bytes),
+        JSON: lambda: _mysql_json(col.length_size),
+        ENUM: lambda: _enum(col.enum_values or [], col.size),
+        SET: lambda: _set(col.set_values or [], col.size),
+        BIT: lambda: _bit(col.bytes),
+        DATE: lambda: _date,
+        NEWDATE: lambda: _date,
+        DATETIME: lambda: _old_datetime,
+        DATETIME2: lambda: _datetime2(col.fsp or 0),
+        TIMESTAMP: lambda: _old_timestamp,
+        TIMESTAMP2: lambda: _timestamp2(col.fsp or 0),
+        TIME: lambda: _old_time,
+        TIME2: lambda: _time2(col.fsp or 0),
+        NULL: lambda: (lambda buf, off: (None, off)),
+    }
+    if t not in table:
+        raise UnsupportedEventError(f"column {col.name!r} has MySQL field type {t}, which Cynomys cannot decode")
+    return table[t]()
+
+
+@dataclass(frozen=True)
+class TableDecoder:
+    """Decoders for every column of one TABLE_MAP, compiled once."""
+
+    decoders: tuple[Decoder, ...]
+    columns: tuple[ColumnDef, ...]
+    key: tuple[str, ...]
+
+    @classmethod
+    def from_table_map(cls, columns: Sequence[Any], primary_key: Sequence[int]) -> TableDecoder:
+        defs = column_defs(columns)
+        key = tuple(defs[i].name for i in primary_key)
+        return cls(tuple(compile_decoder(c) for c in columns), defs, key)
+
+    def _read_image(self, buf: bytes, off: int, present: int) -> tuple[Row, int]:
+        """One row image.  ``present`` is the columns-present bitmap as int."""
+        decoders = self.decoders
+        n = len(decoders)
+        if present == (1 << n) - 1:
+            null_len = (n + 7) >> 3
+            nulls = int.from_bytes(buf[off:off + null_len], "little")
+            off += null_len
+            if not nulls:
+                out: list[Value] = []
+                for d in decoders:
+                    v, off = d(buf, off)
+                    out.append(v)
+                return tuple(out), off
+            out = []
+            for i, d in enumerate(decoders):
+                if nulls >> i & 1:
+                    out.append(None)
+                else:
+                    v, off = d(buf, off)
+                    out.append(v)
+            return tuple(out), off
+        raise UnsupportedEventError(
+            "a ROWS event holds a partial row image (binlog_row_image is not FULL)",
+            hint="SET GLOBAL binlog_row_image=FULL on the source (and in its config file)",
+        )
+
+    def rows(self, buf: bytes, present: int, pairs: bool) -> list[tuple[Row, Row | None]]:
+        """All rows of an event body.  ``pairs`` for UPDATE (before, after)."""
+        out: list[tuple[Row, Row | None]] = []
+        off, end = 0, len(buf)
+        read = self._read_image
+        while off < end:
+            first, off = read(buf, off, present)
+            if pairs:
+                second, off = read(buf, off, present)
+                out.append((first, second))
+            else:
+                out.append((first, None))
+        return out

@@ -1,0 +1,311 @@
+"""BinlogSource: the binlog as a stream of basic-typed events.
+
+The only module that imports pymysqlreplication.  It checks the source's
+settings, resolves where to start, refuses a purged position loudly, and
+turns every raw event into a ``SourceEvent`` through the kinds table.
+"""
+from __future__ import annotations
+
+import fnmatch
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import pymysql
+from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication import event as rp_event
+from pymysqlreplication import row_event as rp_row
+
+from cynomys.core.config import SourceConfig
+from cynomys.core.errors import (
+    PositionLostError,
+    SourceConfigError,
+    SourceUnavailableError,
+    UnsupportedEventError,
+)
+from cynomys.core.model import Position, Row, TableSchema
+from cynomys.parser.kinds import Basic, classify_query, kind_of
+from cynomys.parser.rows import TableDecoder
+
+log = logging.getLogger(__name__)
+
+# Every event class the library has, so that it filters nothing away silently
+# (its default list leaves out INTVAR, which matters for statement detection).
+_ALL_EVENT_CLASSES = frozenset(
+    c for mod in (rp_event, rp_row) for c in vars(mod).values()
+    if isinstance(c, type) and issubclass(c, rp_event.BinLogEvent) and c is not rp_event.BinLogEvent
+    and c is not rp_row.RowsEvent
+)
+
+# Client errors that mean "the server went away": retry later.
+_CONNECTION_ERRORS = {2003, 2006, 2013, 2055, 1053, 1927}
+# ER_MASTER_FATAL_ERROR_READING_BINLOG: the requested file/GTID is gone.
+_POSITION_LOST = 1236
+_MARIADB_GTID_STANDALONE = 1
+
+
+@dataclass(frozen=True)
+class SourceEvent:
+    """One binlog event, sorted.  ``start``/``end`` are where it begins and
+    where the next event begins (``end`` is the resume point after it)."""
+
+    basic: Basic
+    kind: str
+    start: Position
+    end: Position
+    timestamp: int
+    gtid: str = ""
+    standalone: bool = False        # GTID of a statement with no BEGIN/COMMIT
+    database: str = ""
+    table: str = ""
+    sql: str = ""
+    schema: TableSchema | None = None
+    rows: list[tuple[Row, Row | None]] = field(default_factory=list)
+    why: str = ""
+
+
+class TableFilter:
+    """include/exclude fnmatch patterns on 'db.table' (case-sensitive, as
+    table names are on Linux).  Exclude wins."""
+
+    def __init__(self, include: list[str], exclude: list[str]) -> None:
+        self.include = include or ["*.*"]
+        self.exclude = exclude
+        self._cache: dict[tuple[str, str], bool] = {}
+
+    def __call__(self, database: str, table: str) -> bool:
+        key = (database, table)
+        hit = self._cache.get(key)
+        if hit is None:
+            name = f"{database}.{table}"
+            hit = any(fnmatch.fnmatchcase(name, p) for p in self.include) and not any(
+                fnmatch.fnmatchcase(name, p) for p in self.exclude)
+            self._cache[key] = hit
+        return hit
+
+
+def _translate(exc: pymysql.err.MySQLError, cfg: SourceConfig, what: str) -> Exception:
+    code = exc.args[0] if exc.args else 0
+    if code == _POSITION_LOST:
+        return PositionLostError(
+            f"the source {cfg.host}:{cfg.port} no longer has the binlog position Cynomys needs ({what}): {exc.args[1:]}",
+            hint="the binlog was purged before it was read; re-snapshot the tables (cynomys snapshot) "
+                 "and keep binlogs longer (binlog_expire_logs_seconds)",
+        )
+    if code in _CONNECTION_ERRORS or isinstance(exc, pymysql.err.OperationalError) and code >= 2000:
+        return SourceUnavailableError(f"cannot reach the source {cfg.host}:{cfg.port}: {exc}")
+    return SourceConfigError(f"source {cfg.host}:{cfg.port} refused {what}: {exc}")
+
+
+class SourceInspector:
+    """A plain SQL connection to the source for settings and positions."""
+
+    def __init__(self, cfg: SourceConfig) -> None:
+        self.cfg = cfg
+        try:
+            self.conn = pymysql.connect(host=cfg.host, port=cfg.port, user=cfg.user, password=cfg.password,
+                                        connect_timeout=int(cfg.connect_timeout_s), autocommit=True,
+                                        charset="utf8mb4")
+        except pymysql.err.MySQLError as exc:
+            raise _translate(exc, cfg, "a connection") from None
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def query(self, sql: str) -> list[tuple[Any, ...]]:
+        try:
+            with self.conn.cursor() as cur:
+                cur.execute(sql)
+                return list(cur.fetchall())
+        except pymysql.err.MySQLError as exc:
+            raise _translate(exc, self.cfg, sql) from None
+
+    def variables(self, *names: str) -> dict[str, str]:
+        rows = self.query("SHOW GLOBAL VARIABLES WHERE Variable_name IN ("
+                          + ",".join(f"'{n}'" for n in names) + ")")
+        return {str(k).lower(): str(v) for k, v in rows}
+
+    @property
+    def is_mariadb(self) -> bool:
+        return "mariadb" in self.conn.get_server_info().lower()
+
+    def check_settings(self) -> None:
+        """Refuse to start on a source that cannot give full, typed row images."""
+        want = {"log_bin": "ON", "binlog_format": "ROW", "binlog_row_image": "FULL", "binlog_row_metadata": "FULL"}
+        have = self.variables(*want)
+        bad = [f"{k}={have.get(k, '<unset>')} (need {v})" for k, v in want.items() if have.get(k, "").upper() != v]
+        if bad:
+            fix = "; ".join(f"SET GLOBAL {k}={v}" for k, v in want.items() if k != "log_bin" and have.get(k, "").upper() != v)
+            raise SourceConfigError(
+                f"source {self.cfg.host}:{self.cfg.port} is not set up for row-based capture: " + ", ".join(bad),
+                hint=(fix + " and put the same settings in the server's config file" if fix else "")
+                + ("; enable the binlog with log_bin in the server's config file and restart it"
+                   if have.get("log_bin", "").upper() != "ON" else ""),
+            )
+
+    def binlogs(self) -> list[tuple[str, int]]:
+        return [(str(r[0]), int(r[1])) for r in self.query("SHOW BINARY LOGS")]
+
+    def current(self) -> Position:
+        rows = self.query("SHOW MASTER STATUS")
+        if not rows:
+            raise SourceConfigError("SHOW MASTER STATUS is empty: the binlog is off", hint="enable log_bin")
+        gtid = ""
+        if self.is_mariadb:
+            gtid = self.variables("gtid_binlog_pos").get("gtid_binlog_pos", "")
+        elif len(rows[0]) > 4:
+            gtid = str(rows[0][4] or "")
+        return Position(str(rows[0][0]), int(rows[0][1]), gtid)
+
+    def earliest(self) -> Position:
+        logs = self.binlogs()
+        return Position(logs[0][0], 4)
+
+    def ensure_available(self, pos: Position) -> None:
+        """A checkpoint whose file was purged must fail loudly, never skip."""
+        logs = dict(self.binlogs())
+        if pos.file not in logs:
+            oldest = min(logs, key=lambda f: Position(f, 4).sort_key()) if logs else "none"
+            raise PositionLostError(
+                f"binlog file {pos.file} (checkpoint {pos}) is no longer on the source "
+                f"{self.cfg.host}:{self.cfg.port}; its oldest binlog is {oldest}",
+                hint="changes between the checkpoint and the oldest binlog are lost to the log: re-snapshot the "
+                     "tables (cynomys snapshot) or remove the producer state to start anew; keep binlogs longer "
+                     "(binlog_expire_logs_seconds)",
+            )
+        if pos.pos > logs[pos.file] and pos.file == max(logs, key=lambda f: Position(f, 4).sort_key()):
+            raise PositionLostError(
+                f"checkpoint {pos} is beyond the end of {pos.file} ({logs[pos.file]} bytes) on the source: "
+                "the source's binlog was reset or belongs to another server",
+                hint="check that [source] points at the right server; re-snapshot if its binlog was reset",
+            )
+
+    def resolve_start(self, start: str) -> Position:
+        if start == "current":
+            return self.current()
+        if start == "earliest":
+            return self.earliest()
+        try:
+            return Position.parse(start)
+        except ValueError:
+            raise SourceConfigError(
+                f"[source] start = {start!r} is not 'current', 'earliest' or 'file:pos'") from None
+
+
+class BinlogSource:
+    """Reads the binlog from ``start`` and yields SourceEvents."""
+
+    def __init__(self, cfg: SourceConfig, start: Position, *, blocking: bool = True,
+                 is_mariadb: bool = True, table_filter: TableFilter | None = None) -> None:
+        self.cfg = cfg
+        self.start = start
+        self.filter = table_filter or TableFilter(cfg.include_tables, cfg.exclude_tables)
+        self.decoders: dict[int, tuple[Any, TableDecoder, TableSchema]] = {}
+        settings = {"host": cfg.host, "port": cfg.port, "user": cfg.user, "password": cfg.password,
+                    "connect_timeout": int(cfg.connect_timeout_s)}
+        # mysql-replication's MariaDB dump request ignores log_file/log_pos
+        # (it asks for position 4 of an empty file name: the oldest binlog),
+        # so file/pos resumption must use the classic COM_BINLOG_DUMP, which
+        # MariaDB serves too.  The MariaDB request is used for GTID only.
+        gtid = cfg.use_gtid and bool(start.gtid)
+        kwargs: dict[str, Any] = dict(
+            connection_settings=settings, server_id=cfg.server_id, blocking=blocking,
+            only_events=list(_ALL_EVENT_CLASSES), filter_non_implemented_events=False,
+            is_mariadb=is_mariadb and gtid, slave_heartbeat=cfg.heartbeat_s, enable_logging=False,
+            resume_stream=True, log_file=start.file, log_pos=start.pos,
+        )
+        if gtid:
+            kwargs.update(auto_position=start.gtid, log_file=None, log_pos=None)
+        self.reader = BinLogStreamReader(**kwargs)
+        self.file = start.file
+        self.pos = start.pos
+
+    def close(self) -> None:
+        self.reader.close()
+
+    def __iter__(self) -> Iterator[SourceEvent]:
+        while True:
+            try:
+                ev = self.reader.fetchone()
+            except pymysql.err.MySQLError as exc:
+                raise _translate(exc, self.cfg, f"the binlog from {self.file}:{self.pos}") from None
+            except (OSError, EOFError) as exc:
+                raise SourceUnavailableError(f"lost the binlog connection to {self.cfg.host}:{self.cfg.port}: {exc}") from None
+            if ev is None:
+                return
+            out = self._convert(ev)
+            if out is not None:
+                yield out
+
+    # ------------------------------------------------------------------
+    def _convert(self, ev: Any) -> SourceEvent | None:
+        kind = kind_of(ev.event_type)
+        pkt = ev.packet
+        if kind.basic is Basic.ROTATE:
+            # The rotate names the next file; the reader already follows it.
+            self.file, self.pos = ev.next_binlog, ev.position
+            here = Position(self.file, self.pos)
+            return SourceEvent(Basic.ROTATE, kind.name, here, here, ev.timestamp)
+        log_pos = pkt.log_pos
+        if ev.event_type == 0x0F or not log_pos:
+            # A FORMAT_DESCRIPTION re-sent on connect carries its original
+            # offset, not ours: it must not move the position backwards.
+            here = Position(self.file, self.pos)
+            return SourceEvent(Basic.INFO, kind.name, here, here, ev.timestamp)
+        start = Position(self.file, log_pos - pkt.event_size)
+        end = Position(self.file, log_pos)
+        self.pos = log_pos
+        basic = kind.basic
+        if ev.event_type == 0x02:  # QUERY: sorted by its statement text
+            sql = ev.query
+            rule = classify_query(sql)
+            db = ev.schema.decode("utf-8", "replace") if isinstance(ev.schema, bytes) else str(ev.schema or "")
+            return SourceEvent(rule.basic, kind.name, start, end, ev.timestamp, sql=sql, database=db, why=rule.why)
+        if basic is Basic.BEGIN:
+            gtid = getattr(ev, "gtid", "") or ""
+            standalone = bool(getattr(ev, "flags", 0) & _MARIADB_GTID_STANDALONE) if ev.event_type == 0xA2 else False
+            return SourceEvent(Basic.BEGIN, kind.name, start, end, ev.timestamp, gtid=str(gtid), standalone=standalone)
+        if basic is Basic.TABLE_MAP:
+            self._remember_table(ev)
+            return None
+        if basic in (Basic.INSERT, Basic.UPDATE, Basic.DELETE):
+            return self._rows(ev, kind.name, basic, start, end)
+        return SourceEvent(basic, kind.name, start, end, ev.timestamp, why=kind.why)
+
+    def _remember_table(self, ev: Any) -> None:
+        if not self.filter(ev.schema, ev.table):
+            return
+        meta = getattr(ev, "optional_metadata", None)
+        pk = list(getattr(meta, "simple_primary_key_list", []) or [])
+        if not pk and meta is not None and getattr(meta, "primary_keys_with_prefix", None):
+            pk = list(meta.primary_keys_with_prefix)
+        if any(c.name is None for c in ev.columns):
+            raise SourceConfigError(
+                f"TABLE_MAP for {ev.schema}.{ev.table} has no column names",
+                hint="SET GLOBAL binlog_row_metadata=FULL on the source (MariaDB >= 10.5, MySQL >= 8.0.1)")
+        cached = self.decoders.get(ev.table_id)
+        # Table ids are reused after DDL and restarts, so a cached decoder
+        # is kept only while the column metadata is byte-for-byte the same.
+        sig = (ev.schema, ev.table, tuple((c.type, c.name, tuple(sorted((k, str(v)) for k, v in vars(c).items())))
+                                          for c in ev.columns), tuple(pk))
+        if cached is None or cached[0] != sig:
+            dec = TableDecoder.from_table_map(ev.columns, pk)
+            self.decoders[ev.table_id] = (sig, dec, TableSchema(ev.schema, ev.table, dec.columns, dec.key))
+
+    def _rows(self, ev: Any, kind: str, basic: Basic, start: Position, end: Position) -> SourceEvent | None:
+        entry = self.decoders.get(ev.table_id)
+        if entry is None:
+            return None  # table filtered out (its TABLE_MAP was not remembered)
+        _, dec, schema = entry
+        if not getattr(ev, "_processed", True):
+            raise UnsupportedEventError(f"ROWS event for table id {ev.table_id} at {end} has no TABLE_MAP")
+        pkt = ev.packet
+        body = pkt.read(ev.event_size - pkt.read_bytes)
+        present = int.from_bytes(ev.columns_present_bitmap, "little")
+        if basic is Basic.UPDATE and ev.columns_present_bitmap2 != ev.columns_present_bitmap:
+            raise UnsupportedEventError(
+                f"UPDATE on {ev.schema}.{ev.table} at {end} has a partial after-image",
+                hint="SET GLOBAL binlog_row_image=FULL on the source")
+        rows = dec.rows(body, present, basic is Basic.UPDATE)
+        return SourceEvent(basic, kind, start, end, ev.timestamp, database=ev.schema, table=ev.table,
+                           schema=schema, rows=rows)

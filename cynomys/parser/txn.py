@@ -1,0 +1,138 @@
+"""Transaction assembly: SourceEvents -> row Changes and commit marks.
+
+Invariants (MySQL and MariaDB write them this way):
+- MariaDB: a GTID event starts every transaction; with the STANDALONE flag
+  it is followed by one statement and no COMMIT.
+- MySQL: a GTID event, then either 'BEGIN' ... XID/COMMIT, or one DDL.
+- A DDL commits implicitly: it is a transaction of its own.
+So a statement that arrives while no explicit BEGIN is open closes the
+transaction right after it.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from cynomys.core.errors import UnsupportedEventError
+from cynomys.core.model import Change, Op, Position
+from cynomys.parser.kinds import Basic
+from cynomys.parser.stream import SourceEvent
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Commit:
+    """End of a source transaction: ``end`` is a valid resume point."""
+
+    begin: Position
+    end: Position
+    commit_ts: int
+    gtid: str
+
+
+@dataclass(frozen=True)
+class Progress:
+    """No change, but the reader moved (heartbeat, rotate, skipped event)."""
+
+    end: Position
+    timestamp: int
+
+
+Item = Change | Commit | Progress
+
+_ROW_OPS = {Basic.INSERT: Op.INSERT, Basic.UPDATE: Op.UPDATE, Basic.DELETE: Op.DELETE}
+
+
+class Assembler:
+    def __init__(self) -> None:
+        self.begin: Position | None = None
+        self.explicit = False
+        self.gtid = ""
+        self.tid = ""
+
+    def _open(self, ev: SourceEvent, explicit: bool) -> None:
+        if self.begin is None:
+            self.begin = ev.start
+            self.gtid = ev.gtid
+            self.tid = ev.gtid or f"{ev.start.file}:{ev.start.pos}"
+        self.explicit = self.explicit or explicit
+
+    def _close(self, ev: SourceEvent) -> Commit:
+        assert self.begin is not None
+        c = Commit(self.begin, ev.end, ev.timestamp, self.gtid)
+        self.begin, self.explicit, self.gtid, self.tid = None, False, "", ""
+        return c
+
+    def feed(self, ev: SourceEvent) -> Iterator[Item]:
+        yield from _HANDLERS[ev.basic](self, ev)
+
+    # -- one handler per basic type --------------------------------------
+    def _on_begin(self, ev: SourceEvent) -> Iterator[Item]:
+        if ev.kind == "QUERY_EVENT":
+            self._open(ev, explicit=True)
+        else:  # a GTID event: MariaDB's non-standalone GTID is the BEGIN itself
+            if self.begin is not None and self.explicit:
+                raise UnsupportedEventError(f"GTID event at {ev.start} inside an open transaction")
+            self.begin = None
+            self._open(ev, explicit=(ev.kind == "GTID_EVENT" and not ev.standalone))
+        return iter(())
+
+    def _on_commit(self, ev: SourceEvent) -> Iterator[Item]:
+        if self.begin is None:
+            yield Progress(ev.end, ev.timestamp)
+            return
+        yield self._close(ev)
+
+    def _on_rows(self, ev: SourceEvent) -> Iterator[Item]:
+        if self.begin is None:  # rows outside BEGIN (non-transactional engine): own transaction
+            self._open(ev, explicit=True)
+        op = _ROW_OPS[ev.basic]
+        assert self.begin is not None and ev.schema is not None
+        for first, second in ev.rows:
+            if op is Op.UPDATE:
+                before, after = first, second
+            elif op is Op.INSERT:
+                before, after = None, first
+            else:
+                before, after = first, None
+            yield Change(op, ev.database, ev.table, self.tid, self.begin, ev.timestamp, ev.schema, before, after)
+
+    def _on_statement(self, ev: SourceEvent) -> Iterator[Item]:
+        standalone = self.begin is None or not self.explicit
+        self._open(ev, explicit=False)
+        assert self.begin is not None
+        if ev.basic is Basic.DDL:
+            yield Change(Op.DDL, ev.database, "", self.tid, self.begin, ev.timestamp, sql=ev.sql)
+        if standalone or ev.basic is Basic.DDL:
+            yield self._close(ev)
+
+    def _on_info(self, ev: SourceEvent) -> Iterator[Item]:
+        if ev.kind == "QUERY_EVENT" and self.begin is not None and not self.explicit:
+            # A statement that changes no rows (GRANT, FLUSH, ...) ends its
+            # standalone GTID group; inside BEGIN..COMMIT (SAVEPOINT) it is ignored.
+            yield self._close(ev)
+        elif self.begin is None:
+            yield Progress(ev.end, ev.timestamp)
+
+    def _on_halt(self, ev: SourceEvent) -> Iterator[Item]:
+        raise UnsupportedEventError(
+            f"{ev.kind} at {ev.start} cannot be replicated faithfully" + (f": {ev.sql[:200]!r}" if ev.sql else ""),
+            hint=ev.why or "see the README's event table",
+        )
+
+
+_HANDLERS: dict[Basic, Callable[[Assembler, SourceEvent], Iterator[Item]]] = {
+    Basic.BEGIN: Assembler._on_begin,
+    Basic.COMMIT: Assembler._on_commit,
+    Basic.INSERT: Assembler._on_rows,
+    Basic.UPDATE: Assembler._on_rows,
+    Basic.DELETE: Assembler._on_rows,
+    Basic.DDL: Assembler._on_statement,
+    Basic.TABLE_MAP: Assembler._on_info,
+    Basic.ROTATE: Assembler._on_info,
+    Basic.INFO: Assembler._on_info,
+    Basic.HALT: Assembler._on_halt,
+}
+

@@ -1,0 +1,144 @@
+"""BinReducer: fold row changes to one net change per (table, primary key).
+
+Within a batch, the changes a key went through collapse into the one change
+that has the same effect.  The rules are a table indexed by
+(earlier op, later op); the producer and the applier use the same table.
+
+An UPDATE that changes the primary key is split first into DELETE(old key) +
+INSERT(new key): treating it as an upsert of the new key would leave the old
+row behind in the target (a classic CDC bug).
+
+Tables without a primary key are never folded: their changes keep their
+order, because two identical rows cannot be told apart.
+
+A pair the table has no rule for (e.g. INSERT then INSERT of one key: the
+source would have refused it, so the stream is not what we think) is not
+folded either: both changes are kept in order and a warning is logged, so a
+surprise never silently loses a change.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Callable, Iterable
+
+from cynomys.core.model import Change, Op
+
+log = logging.getLogger(__name__)
+
+I, U, D, R = Op.INSERT, Op.UPDATE, Op.DELETE, Op.READ
+
+# result(earlier, later) -> the net change, or None when nothing is left.
+Rule = Callable[[Change, Change], "Change | None"]
+
+
+def _op(op: Op, before: str | None, after: str | None) -> Rule:
+    """A rule building ``op`` whose images are taken from the earlier change
+    ('a.before', 'a.after') or the later one ('b.before', 'b.after')."""
+
+    def image(a: Change, b: Change, src: str | None) -> object:
+        if src is None:
+            return None
+        who, attr = src.split(".")
+        return getattr(a if who == "a" else b, attr)
+
+    def rule(a: Change, b: Change) -> Change:
+        return replace(b, op=op, before=image(a, b, before), after=image(a, b, after))  # type: ignore[arg-type]
+
+    return rule
+
+
+def _vanish(a: Change, b: Change) -> None:
+    return None
+
+
+#: (earlier, later) -> rule.  READ is a snapshot read: an upsert of a full image.
+FOLD_RULES: dict[tuple[Op, Op], Rule] = {
+    (I, U): _op(I, None, "b.after"),          # insert + update  -> insert of the final image
+    (I, D): _vanish,                          # insert + delete  -> nothing
+    (I, R): _op(I, None, "b.after"),
+    (U, U): _op(U, "a.before", "b.after"),    # update + update  -> one update
+    (U, D): _op(D, "a.before", None),         # update + delete  -> delete
+    (U, R): _op(U, "a.before", "b.after"),
+    (D, I): _op(U, "a.before", "b.after"),    # delete + insert  -> replace (an update of the whole row)
+    (D, R): _op(U, "a.before", "b.after"),
+    (R, U): _op(R, None, "b.after"),          # a snapshot row updated later: still an upsert
+    (R, D): _op(D, "a.after", None),          # delete the image that was read
+    (R, R): _op(R, None, "b.after"),
+}
+
+
+def split_key_change(c: Change) -> list[Change]:
+    """UPDATE that moves a row to another key -> DELETE old + INSERT new."""
+    if c.op is U and c.schema is not None and c.schema.key and c.key(c.before) != c.key(c.after):
+        return [replace(c, op=D, after=None), replace(c, op=I, before=None)]
+    return [c]
+
+
+class Folder:
+    """Accumulates changes and yields them folded, in first-seen order.
+
+    The order of net changes follows the first change of each key; keyless
+    tables and statements keep their exact positions.  Feed it with
+    ``add``; read the result with ``changes()``.
+    """
+
+    def __init__(self) -> None:
+        self._slots: list[Change | None] = []
+        self._index: dict[tuple[str, str, tuple[object, ...]], int] = {}
+        self.folded = 0
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def add(self, change: Change) -> None:
+        for c in split_key_change(change):
+            self._add_one(c)
+
+    def extend(self, changes: Iterable[Change]) -> None:
+        for c in changes:
+            self.add(c)
+
+    def barrier(self) -> None:
+        """Forget keys: later changes do not fold into earlier ones (used
+        around DDL, which may change what a key means)."""
+        self._index.clear()
+
+    def _add_one(self, c: Change) -> None:
+        if c.op is Op.DDL:
+            self.barrier()
+            self._slots.append(c)
+            return
+        k = c.key()
+        if k is None:
+            self._slots.append(c)
+            return
+        ident = (c.database, c.table, k)
+        at = self._index.get(ident)
+        if at is None:
+            self._index[ident] = len(self._slots)
+            self._slots.append(c)
+            return
+        prev = self._slots[at]
+        if prev is None:  # vanished earlier (insert + delete): start over
+            self._slots[at] = c
+            self.folded += 1
+            return
+        rule = FOLD_RULES.get((prev.op, c.op))
+        if rule is None:
+            log.warning("no fold rule for %s then %s on %s.%s key %r; keeping both in order",
+                        prev.op.value, c.op.value, c.database, c.table, k)
+            self._index[ident] = len(self._slots)
+            self._slots.append(c)
+            return
+        self._slots[at] = rule(prev, c)
+        self.folded += 1
+
+    def changes(self) -> list[Change]:
+        return [c for c in self._slots if c is not None]
+
+
+def fold(changes: Iterable[Change]) -> list[Change]:
+    f = Folder()
+    f.extend(changes)
+    return f.changes()

@@ -1,0 +1,92 @@
+"""Helpers shared by integration tests: configs, sinks, source-side reads."""
+from __future__ import annotations
+
+import datetime as dt
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from cynomys.core.model import Batch, ColumnDef, RawTemporal, Row, Value
+from cynomys.schemas import codec
+from tests.servers.mariadb import MariaDBServer, REPL_PASSWORD, REPL_USER
+
+
+def write_config(path: Path, server: MariaDBServer, **sections: dict[str, Any]) -> Path:
+    """A TOML config for ``server`` with extra keys per section."""
+    data: dict[str, dict[str, Any]] = {
+        "source": {"host": "127.0.0.1", "port": server.port, "user": REPL_USER, "password": REPL_PASSWORD,
+                   "start": "earliest", "heartbeat_s": 0.5},
+        "producer": {"state_dir": str(path.parent / "producer-state")},
+        "applier": {"state_dir": str(path.parent / "applier-state")},
+    }
+    for name, keys in sections.items():
+        data.setdefault(name.replace("__", "."), {}).update(keys)
+    lines: list[str] = []
+    for name, keys in data.items():
+        lines.append(f"[{name}]")
+        for k, v in keys.items():
+            lines.append(f"{k} = {_toml(v)}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _toml(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f'"{k}" = {_toml(x)}' for k, x in v.items()) + " }"
+    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+class ListSink:
+    """A BatchSink keeping batches in memory, through the real Avro codec."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[int, Batch]] = []
+
+    def last_sequence(self) -> int:
+        return self.batches[-1][0] if self.batches else 0
+
+    def send(self, seq: int, batch: Batch, stop: threading.Event) -> None:
+        self.batches.append((seq, codec.decode(codec.encode(batch))))
+
+    def changes(self) -> list[Any]:
+        return [c for _, b in self.batches for c in b.changes]
+
+
+def normalize(col: ColumnDef, v: Any) -> Value:
+    """A value as pymysql returns it -> the core.model value domain."""
+    if v is None:
+        return None
+    base = col.base_type
+    if isinstance(v, str) and base in ("date", "datetime", "timestamp") and (v.startswith("0000") or "-00" in v):
+        return RawTemporal(v)
+    if base == "timestamp" and isinstance(v, dt.datetime):
+        return v.replace(tzinfo=dt.timezone.utc)  # the sessions run in UTC
+    if base == "bit" and isinstance(v, bytes):
+        return int.from_bytes(v, "big")
+    if base == "float" and isinstance(v, float):
+        return struct.unpack("<f", struct.pack("<f", v))[0]
+    if base in ("binary", "varbinary", "blob", "tinyblob", "mediumblob", "longblob") and isinstance(v, str):
+        return v.encode()
+    return v
+
+
+def source_rows(server: MariaDBServer, db: str, table: str, cols: tuple[ColumnDef, ...], order: str) -> list[Row]:
+    raw = server.execute(f"SELECT * FROM `{db}`.`{table}` ORDER BY {order}")
+    return [tuple(normalize(c, v) for c, v in zip(cols, row)) for row in raw]
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

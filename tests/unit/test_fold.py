@@ -1,0 +1,75 @@
+"""The fold rules table, one case each, plus key changes and keyless tables."""
+from __future__ import annotations
+
+import pytest
+
+from cynomys.core.model import Change, ColumnDef, Op, Position, TableSchema
+from cynomys.reducer.fold import FOLD_RULES, fold
+
+KEYED = TableSchema("d", "t", (ColumnDef("id", "int"), ColumnDef("v", "text")), ("id",))
+KEYLESS = TableSchema("d", "n", (ColumnDef("a", "int"), ColumnDef("b", "int")), ())
+I, U, D, R = Op.INSERT, Op.UPDATE, Op.DELETE, Op.READ
+
+
+def ch(op: Op, before: tuple | None, after: tuple | None, schema: TableSchema = KEYED, n: int = 0) -> Change:
+    return Change(op, schema.database, schema.table, f"t{n}", Position("b.000001", 100 + n), n, schema, before, after)
+
+
+@pytest.mark.parametrize("first,second,expect", [
+    (ch(I, None, (1, "a")), ch(U, (1, "a"), (1, "b"), n=1), (I, None, (1, "b"))),
+    (ch(I, None, (1, "a")), ch(D, (1, "a"), None, n=1), None),
+    (ch(U, (1, "a"), (1, "b")), ch(U, (1, "b"), (1, "c"), n=1), (U, (1, "a"), (1, "c"))),
+    (ch(U, (1, "a"), (1, "b")), ch(D, (1, "b"), None, n=1), (D, (1, "a"), None)),
+    (ch(D, (1, "a"), None), ch(I, None, (1, "z"), n=1), (U, (1, "a"), (1, "z"))),
+    (ch(R, None, (1, "a")), ch(U, (1, "a"), (1, "b"), n=1), (R, None, (1, "b"))),
+    (ch(R, None, (1, "a")), ch(D, (1, "a"), None, n=1), (D, (1, "a"), None)),
+    (ch(I, None, (1, "a")), ch(R, None, (1, "a"), n=1), (I, None, (1, "a"))),
+    (ch(U, (1, "a"), (1, "b")), ch(R, None, (1, "b"), n=1), (U, (1, "a"), (1, "b"))),
+    (ch(D, (1, "a"), None), ch(R, None, (1, "r"), n=1), (U, (1, "a"), (1, "r"))),
+    (ch(R, None, (1, "a")), ch(R, None, (1, "b"), n=1), (R, None, (1, "b"))),
+], ids=lambda v: v.op.value if isinstance(v, Change) else str(v))
+def test_each_rule(first: Change, second: Change, expect: tuple | None) -> None:
+    out = fold([first, second])
+    if expect is None:
+        assert out == []
+    else:
+        assert [(c.op, c.before, c.after) for c in out] == [expect]
+        assert out[0].txn == second.txn  # the net change belongs to the latest transaction
+
+
+def test_rules_table_covers_every_sane_pair() -> None:
+    assert set(FOLD_RULES) == {(I, U), (I, D), (I, R), (U, U), (U, D), (U, R), (D, I), (D, R), (R, U), (R, D), (R, R)}
+
+
+def test_key_changing_update_is_delete_plus_insert() -> None:
+    out = fold([ch(U, (1, "a"), (2, "a"))])
+    assert [(c.op, c.before, c.after) for c in out] == [(D, (1, "a"), None), (I, None, (2, "a"))]
+
+
+def test_key_change_then_changes_on_both_keys() -> None:
+    out = fold([ch(I, None, (1, "a")), ch(U, (1, "a"), (2, "a"), n=1), ch(U, (2, "a"), (2, "b"), n=2),
+                ch(I, None, (1, "new"), n=3)])
+    assert [(c.op, c.before, c.after) for c in out] == [(I, None, (1, "new")), (I, None, (2, "b"))]
+
+
+def test_keyless_changes_keep_order_and_are_not_folded() -> None:
+    seq = [ch(I, None, (1, 1), KEYLESS), ch(I, None, (1, 1), KEYLESS, 1), ch(D, (1, 1), None, KEYLESS, 2)]
+    assert fold(seq) == seq
+
+
+def test_unexpected_pair_keeps_both(caplog: pytest.LogCaptureFixture) -> None:
+    seq = [ch(I, None, (1, "a")), ch(I, None, (1, "b"), n=1)]
+    assert [(c.op, c.after) for c in fold(seq)] == [(I, (1, "a")), (I, (1, "b"))]
+    assert "no fold rule" in caplog.text
+
+
+def test_ddl_is_a_barrier() -> None:
+    ddl = Change(Op.DDL, "d", "", "t1", Position("b.000001", 150), 1, sql="ALTER TABLE t ADD w int")
+    out = fold([ch(I, None, (1, "a")), ddl, ch(U, (1, "a"), (1, "b"), n=2)])
+    assert [c.op for c in out] == [I, Op.DDL, U]
+
+
+def test_many_updates_of_one_row_collapse() -> None:
+    seq = [ch(I, None, (7, "0"))] + [ch(U, (7, str(i)), (7, str(i + 1)), n=i + 1) for i in range(100)]
+    out = fold(seq)
+    assert [(c.op, c.after) for c in out] == [(I, (7, "100"))]

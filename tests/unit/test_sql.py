@@ -1,0 +1,53 @@
+"""Minimal SQL rendering of net changes."""
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+
+from cynomys.core.model import Change, ColumnDef, Op, Position, RawTemporal, TableSchema
+from cynomys.reducer.sql import MARIADB, MONETDB, render
+
+S = TableSchema("shop", "order", (ColumnDef("id", "int"), ColumnDef("note", "text"), ColumnDef("at", "datetime")), ("id",))
+S2 = TableSchema("shop", "pair", (ColumnDef("a", "int"), ColumnDef("b", "int"), ColumnDef("v", "text")), ("a", "b"))
+N = TableSchema("shop", "log", (ColumnDef("msg", "text"), ColumnDef("n", "int")), ())
+P = Position("b.000001", 4)
+
+
+def c(op: Op, before, after, schema=S) -> Change:
+    return Change(op, schema.database, schema.table, "t", P, 0, schema, before, after)
+
+
+def test_inserts_become_one_multirow_insert() -> None:
+    out = render([c(Op.INSERT, None, (1, "it's", dt.datetime(2020, 1, 2, 3, 4, 5))),
+                  c(Op.INSERT, None, (2, "a\\b", RawTemporal("0000-00-00 00:00:00")))])
+    assert out == ["INSERT INTO `shop`.`order` (`id`, `note`, `at`) VALUES\n"
+                   "  (1, 'it''s', '2020-01-02 03:04:05'),\n  (2, 'a\\\\b', '0000-00-00 00:00:00')"]
+
+
+def test_deletes_become_in_lists() -> None:
+    assert render([c(Op.DELETE, (1, "x", None), None), c(Op.DELETE, (2, "y", None), None)]) == \
+        ["DELETE FROM `shop`.`order` WHERE `id` IN (1, 2)"]
+    assert render([c(Op.DELETE, (1, 2, "x"), None, S2)]) == ["DELETE FROM `shop`.`pair` WHERE (`a`, `b`) IN ((1, 2))"]
+
+
+def test_update_sets_only_changed_columns() -> None:
+    out = render([c(Op.UPDATE, (1, "a", None), (1, "b", None))])
+    assert out == ["UPDATE `shop`.`order` SET `note` = 'b' WHERE `id` = 1"]
+
+
+def test_keyless_rows_match_all_columns_null_safe() -> None:
+    out = render([c(Op.DELETE, ("m", None), None, N)])
+    assert out == ["DELETE FROM `shop`.`log` WHERE `msg` <=> 'm' AND `n` <=> NULL LIMIT 1"]
+
+
+def test_ddl_keeps_its_text_and_other_dialect_quotes() -> None:
+    ddl = Change(Op.DDL, "shop", "", "t", P, 0, sql="ALTER TABLE x ADD y int")
+    assert render([ddl]) == ["ALTER TABLE x ADD y int"]
+    assert render([c(Op.INSERT, None, (1, b"\x00\xff", decimal.Decimal("1.50")))], MONETDB)[0].startswith(
+        'INSERT INTO "shop"."order"')
+
+
+def test_read_is_an_upsert() -> None:
+    assert render([c(Op.READ, None, (1, "r", None))])[0].startswith("REPLACE INTO `shop`.`order`")
+    out = render([c(Op.READ, None, (1, "r", None))], MONETDB)
+    assert out[0] == 'DELETE FROM "shop"."order" WHERE "id" IN (1)' and out[1].startswith("INSERT INTO")
