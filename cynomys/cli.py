@@ -1,0 +1,197 @@
+"""Command line: the only place that wires daemons and configures logging.
+
+    cynomys config check -c FILE
+    cynomys keygen --out DIR
+    cynomys produce -c FILE        (producer daemon, source host)
+    cynomys apply -c FILE          (applier daemon, analytics host)
+    cynomys tail -c FILE           (decode records and print them as SQL)
+    cynomys status -c FILE [--json]
+    cynomys demo                   (the sample job: throwaway MariaDB + Redis + keys)
+
+Exit codes: 0 done (also after SIGTERM/SIGINT, once flushed and
+checkpointed), 2 bad usage or configuration, 3 terminal replication error.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from cynomys.core.config import Config, load_config
+from cynomys.core.errors import ConfigError, CynomysError
+
+log = logging.getLogger(__name__)
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level, logging.INFO), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+
+    def handler(signum: int, _frame: Any) -> None:
+        log.info("received %s: finishing the current batch, then exiting", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return stop
+
+
+def _config(args: argparse.Namespace) -> Config:
+    cfg = load_config(args.config)
+    _setup_logging(getattr(args, "log_level", None) or cfg.log.level)
+    return cfg
+
+
+# -- commands ----------------------------------------------------------------
+def cmd_config_check(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    print(f"{args.config}: OK")
+    print(repr(cfg))
+    return 0
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from cynomys.transport.keys import generate_keys
+
+    import os
+    passphrase = os.environ.get("CYNOMYS_SECURITY_PASSPHRASE") if args.passphrase else None
+    if args.passphrase and not passphrase:
+        raise ConfigError("--passphrase given but CYNOMYS_SECURITY_PASSPHRASE is empty",
+                          hint="export CYNOMYS_SECURITY_PASSPHRASE=... first")
+    paths = generate_keys(Path(args.out), rsa_bits=args.bits, passphrase=passphrase, force=args.force)
+    print("[security]")
+    for key, path in sorted(paths.items()):
+        print(f'{key} = "{path}"')
+    return 0
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    from cynomys.producer import Producer, SealedSink, run_with_retry
+
+    cfg = _config(args)
+    stop = _stop_on_signals()
+    sink = SealedSink(cfg)
+    try:
+        run_with_retry(lambda: Producer(cfg, sink, stop, blocking=not args.once), stop)
+    finally:
+        sink.close()
+    return 0
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    from cynomys.applier.loop import run_applier
+
+    cfg = _config(args)
+    stop = _stop_on_signals()
+    run_applier(cfg, stop, until_idle_s=args.until_idle)
+    return 0
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    from cynomys.tail import tail
+
+    cfg = _config(args)
+    stop = _stop_on_signals()
+    tail(cfg, stop, follow=args.follow, limit=args.count, out=sys.stdout)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from cynomys.status import collect, render_text
+
+    cfg = _config(args)
+    report = collect(cfg)
+    print(json.dumps(report, indent=1, default=str) if args.json else render_text(report))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from cynomys.sandbox.demo import run_demo
+
+    _setup_logging(args.log_level or "INFO")
+    return run_demo(Path(args.workdir), rows=args.rows, keep=args.keep)
+
+
+# -- parser ------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cynomys", description="Replicate MySQL/MariaDB into column stores from the binlog.")
+    p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def with_config(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        sp.add_argument("-c", "--config", required=True, help="TOML configuration file")
+        return sp
+
+    cfg = sub.add_parser("config", help="configuration tools")
+    cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
+    with_config(cfg_sub.add_parser("check", help="validate a configuration file")).set_defaults(func=cmd_config_check)
+
+    kg = sub.add_parser("keygen", help="write the applier's RSA and the producer's Ed25519 key pairs")
+    kg.add_argument("--out", required=True)
+    kg.add_argument("--bits", type=int, default=3072)
+    kg.add_argument("--passphrase", action="store_true", help="encrypt private keys with $CYNOMYS_SECURITY_PASSPHRASE")
+    kg.add_argument("--force", action="store_true", help="overwrite existing key files")
+    kg.set_defaults(func=cmd_keygen)
+
+    pr = with_config(sub.add_parser("produce", help="run the producer daemon"))
+    pr.add_argument("--once", action="store_true", help="stop at the current end of the binlog")
+    pr.set_defaults(func=cmd_produce)
+
+    ap = with_config(sub.add_parser("apply", help="run the applier daemon"))
+    ap.add_argument("--until-idle", type=float, default=0.0, metavar="SECONDS",
+                    help="exit after this long with nothing to apply (0: run until stopped)")
+    ap.set_defaults(func=cmd_apply)
+
+    tl = with_config(sub.add_parser("tail", help="decode records from the transport and print them as SQL"))
+    tl.add_argument("-f", "--follow", action="store_true")
+    tl.add_argument("-n", "--count", type=int, default=0, help="stop after N records (0: all)")
+    tl.set_defaults(func=cmd_tail)
+
+    st = with_config(sub.add_parser("status", help="positions and lag"))
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=cmd_status)
+
+    dm = sub.add_parser("demo", help="sample job: throwaway MariaDB + Redis + keys, a workload, replication")
+    dm.add_argument("--workdir", default="./cynomys-demo")
+    dm.add_argument("--rows", type=int, default=20000)
+    dm.add_argument("--keep", action="store_true", help="leave the servers running")
+    dm.set_defaults(func=cmd_demo)
+    return p
+
+
+def _log_peak_memory() -> None:
+    import resource
+
+    log.info("peak RSS %.1f MB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        rc = func(args)
+        if args.command in ("produce", "apply"):
+            _log_peak_memory()
+        return rc
+    except ConfigError as exc:
+        print(f"cynomys: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except CynomysError as exc:
+        print(f"cynomys: {'transient' if exc.transient else 'terminal'} error: {exc}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
