@@ -65,7 +65,8 @@ def _charset(col: Any) -> str:
 # Column type text (what the target needs to create the column)
 # --------------------------------------------------------------------------
 def _q(values: Sequence[str]) -> str:
-    return ",".join("'" + v.replace("'", "''") + "'" for v in values)
+    # As SHOW CREATE TABLE writes them: quote doubled, backslash escaped.
+    return ",".join("'" + v.replace("\\", "\\\\").replace("'", "''") + "'" for v in values)
 
 
 _INT_NAMES = {TINY: "tinyint", SHORT: "smallint", INT24: "mediumint", LONG: "int", LONGLONG: "bigint"}

@@ -1,0 +1,163 @@
+"""The Target interface every column store implements, and its registry.
+
+Shared code talks to a target only through this interface; what differs
+between targets is data on the class (``Capabilities``) or code inside the
+target's own module, never ``if kind == ...`` elsewhere.
+
+A flush is *one target transaction* holding the net deletes, the bulk insert
+of final images, and the applier state (per producer: sequence high-water
+mark and source position).  Replaying envelopes after a crash therefore
+changes nothing: the state read back at start says what is already in.
+"""
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from cynomys.core.config import Config
+from cynomys.core.errors import ConfigError
+from cynomys.core.model import Change, Op, Position, Row, TableSchema, Value
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a target can do; read by shared code instead of branching on names."""
+
+    transactional_ddl: bool = False      # DDL and the state update commit together
+    max_statement_rows: int = 1000       # rows per multi-row INSERT / keys per DELETE
+    supports_keys: bool = True           # primary keys can be declared
+
+
+@dataclass(frozen=True)
+class AppliedState:
+    """What the target holds for one producer, committed with the data."""
+
+    producer_id: str
+    seq: int
+    position: Position                   # source position applied up to (a transaction boundary)
+    commit_ts: int = 0                   # source time of the last applied transaction
+
+
+@dataclass
+class TableFlush:
+    """Net effect of a flush on one table.
+
+    Keyed tables: ``delete_keys`` are primary-key tuples to remove, then
+    ``inserts`` are final images to add (an update is delete + insert).
+    Keyless tables: changes fold as a multiset of whole rows;
+    ``delete_rows`` maps a row image to how many copies to remove."""
+
+    schema: TableSchema
+    delete_keys: list[tuple[Value, ...]] = field(default_factory=list)
+    delete_rows: Counter[Row] = field(default_factory=Counter)
+    inserts: list[Row] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return len(self.delete_keys) + sum(self.delete_rows.values()) + len(self.inserts)
+
+
+@dataclass
+class Flush:
+    tables: list[TableFlush]
+    state: AppliedState
+
+
+def build_flush(changes: list[Change], state: AppliedState) -> Flush:
+    """Net row changes (already folded per key) -> per-table deletes/inserts."""
+    by_table: dict[tuple[str, str], TableFlush] = {}
+    keyless: dict[tuple[str, str], Counter[Row]] = {}
+    for c in changes:
+        if c.op is Op.DDL or c.schema is None:
+            raise ValueError("build_flush takes row changes only")
+        ident = (c.database, c.table)
+        tf = by_table.get(ident)
+        if tf is None or tf.schema != c.schema:
+            if tf is not None:
+                raise ValueError(f"table {c.database}.{c.table} changed shape inside one flush")
+            tf = by_table[ident] = TableFlush(c.schema)
+        if c.schema.key:
+            idx = c.schema.key_indexes()
+            if c.op is not Op.INSERT:  # UPDATE/DELETE remove the old key; READ is an upsert
+                image = c.before if c.before is not None else c.after
+                assert image is not None
+                tf.delete_keys.append(tuple(image[i] for i in idx))
+            if c.after is not None:
+                tf.inserts.append(c.after)
+        else:
+            bag = keyless.setdefault(ident, Counter())
+            if c.before is not None and c.op is not Op.READ:
+                bag[c.before] -= 1
+            if c.after is not None:
+                bag[c.after] += 1
+    for ident, bag in keyless.items():
+        tf = by_table[ident]
+        for row, n in bag.items():
+            if n < 0:
+                tf.delete_rows[row] = -n
+            elif n > 0:
+                tf.inserts.extend([row] * n)
+    return Flush(list(by_table.values()), state)
+
+
+class Target(ABC):
+    """A column store the applier loads."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities()
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+
+    @abstractmethod
+    def connect(self) -> None:
+        """Open connections, create the state table if missing."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    @abstractmethod
+    def applied(self, producer_id: str) -> AppliedState | None:
+        """The state committed by the last flush for this producer."""
+
+    @abstractmethod
+    def apply(self, flush: Flush) -> None:
+        """Apply one flush atomically with its state (one target transaction).
+        Creates missing tables from their schema first."""
+
+    @abstractmethod
+    def apply_ddl(self, change: Change, state: AppliedState) -> None:
+        """Run a source DDL statement translated to this target, then record
+        ``state``.  Raises TargetRejectedError naming the statement and the
+        reason when it cannot be translated."""
+
+    @abstractmethod
+    def table_exists(self, database: str, table: str) -> bool: ...
+
+    @abstractmethod
+    def fetch_rows(self, database: str, table: str) -> list[Row]:
+        """Every row, values in the Python domain of core.model (for checks)."""
+
+
+_REGISTRY: dict[str, str] = {
+    "columnstore": "cynomys.applier.targets.columnstore:ColumnStoreTarget",
+    "monetdb": "cynomys.applier.targets.monetdb:MonetDBTarget",
+    "spark": "cynomys.applier.targets.spark:SparkTarget",
+}
+
+
+def open_target(cfg: Config) -> Target:
+    """The target named by ``[target] kind``; heavy drivers import lazily."""
+    spec = _REGISTRY.get(cfg.target.kind)
+    if spec is None:
+        raise ConfigError(f"[target] kind = {cfg.target.kind!r} is unknown", hint="one of " + ", ".join(_REGISTRY))
+    module, _, cls = spec.partition(":")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigError(f"[target] kind = {cfg.target.kind!r} needs a driver that is not installed: {exc}",
+                          hint=f"pip install 'cynomys[{cfg.target.kind}]'") from None
+    target: Target = getattr(mod, cls)(cfg)
+    return target

@@ -1,0 +1,329 @@
+"""ColumnStoreTarget against a real MariaDB server.
+
+The ColumnStore engine cannot be installed here, so the target runs with
+``engine = 'InnoDB'``; a second target class swaps in the ColumnStore
+*profile* on InnoDB tables (ColumnStore's type mapping, no keys, deletes
+without LIMIT, type changes by copying), which exercises every
+ColumnStore-specific code path except the engine itself.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from decimal import Decimal
+from typing import Any, Iterator
+
+import pytest
+
+from cynomys.applier.targets.base import Flush, Target, open_target
+from cynomys.applier.targets.columnstore import ColumnStoreTarget
+from cynomys.applier.targets.columnstore_types import COLUMNSTORE, INNODB, PROFILES
+from cynomys.core.config import ApplierConfig, Config, TargetConfig
+from cynomys.core.errors import TargetRejectedError, TargetUnavailableError
+from cynomys.core.model import ColumnDef, Op, Row, TableSchema
+from tests.integration import target_contract as contract
+from tests.servers.mariadb import MariaDBServer, free_port
+
+pytestmark = pytest.mark.integration
+
+
+class EmulatedColumnStore(ColumnStoreTarget):
+    """The ColumnStore profile on InnoDB tables (ENGINE=InnoDB)."""
+
+    profiles = {**PROFILES, "innodb": dataclasses.replace(COLUMNSTORE, session_sql=())}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[MariaDBServer]:
+    srv = MariaDBServer(server_id=7).start()
+    yield srv
+    srv.destroy()
+
+
+_names = itertools.count(1)
+
+
+@pytest.fixture
+def db() -> str:
+    return f"cs_test_{next(_names)}"
+
+
+def make_config(url: str, engine: str = "InnoDB", skip_ddl: list[str] | None = None) -> Config:
+    return Config(target=TargetConfig(kind="columnstore", url=url, engine=engine),
+                  applier=ApplierConfig(skip_ddl=list(skip_ddl or [])))
+
+
+def columnstore_rows() -> list[Row]:
+    """ColumnStore DECIMAL stops at 38 digits: DECIMAL(65,30) becomes
+    DECIMAL(38,3), so the test values keep 3 fraction digits."""
+    dec = [c for c, _ in contract.ALL_TYPES].index("dec")
+    fitted = {1: Decimal("12345678901234567890123456789012345.123"), 2: Decimal("-0.001"), 3: Decimal("0.000")}
+    return [r[:dec] + (fitted.get(int(r[0]), r[dec]),) + r[dec + 1:] for r in contract.ALL_TYPES_ROWS]  # type: ignore[arg-type]
+
+
+class Factory:
+    """Connected targets of one class; closed at teardown."""
+
+    def __init__(self, cls: type[ColumnStoreTarget], url: str) -> None:
+        self.cls, self.url = cls, url
+        self.made: list[Target] = []
+        self.all_types_rows = columnstore_rows() if cls.profiles is not PROFILES else contract.ALL_TYPES_ROWS
+
+    def __call__(self, **overrides: Any) -> Target:
+        url = overrides.pop("url", self.url)
+        target = self.cls(make_config(url, overrides.pop("engine", "InnoDB"), overrides.pop("skip_ddl", None)))
+        assert not overrides, overrides
+        target.connect()
+        self.made.append(target)
+        return target
+
+    def close(self) -> None:
+        for t in self.made:
+            t.close()
+
+
+TARGETS = {
+    "innodb": (ColumnStoreTarget, ""),
+    "innodb-insert": (ColumnStoreTarget, "?local_infile=0"),  # the multi-row INSERT path
+    "columnstore-profile": (EmulatedColumnStore, ""),
+}
+
+
+@pytest.fixture(params=sorted(TARGETS))
+def factory(request: pytest.FixtureRequest, server: MariaDBServer) -> Iterator[Factory]:
+    cls, query = TARGETS[request.param]
+    f = Factory(cls, server.url + query)
+    yield f
+    f.close()
+
+
+@pytest.mark.parametrize("body", sorted(contract.CONTRACT))
+def test_contract(body: str, factory: Factory, db: str) -> None:
+    contract.CONTRACT[body](factory, db)
+
+
+# --------------------------------------------------------------------------
+# ColumnStore-specific behaviour
+# --------------------------------------------------------------------------
+def test_registry_opens_it(server: MariaDBServer) -> None:
+    assert isinstance(open_target(make_config(server.url)), ColumnStoreTarget)
+
+
+def test_profiles_are_data() -> None:
+    def t(type_text: str) -> str:
+        return COLUMNSTORE.target_type(ColumnDef("c", type_text))
+
+    assert t("bit(64)") == "decimal(20,0)" and t("bit(7)") == "bigint unsigned"
+    assert t("year") == "smallint" and t("json") == "longtext" and t("time(6)") == "time(6)"
+    assert t("enum('a','bcd','it''s')") == "varchar(4)" and t("set('x','yy')") == "varchar(4)"
+    assert t("binary(4)") == "varbinary(4)" and t("decimal(65,30)") == "decimal(38,3)"
+    assert t("decimal(20,5)") == "decimal(20,5)" and t("varchar(5000)") == "text"
+    assert t("bigint unsigned") == "bigint unsigned"
+    assert INNODB.target_type(ColumnDef("c", "bit(64)")) == "bit(64)"
+    assert not COLUMNSTORE.declare_keys and INNODB.declare_keys
+
+
+def test_tables_and_keys_per_profile(server: MariaDBServer) -> None:
+    schema = TableSchema("cs_keys", "t", (ColumnDef("id", "int"), ColumnDef("y", "year"),
+                                          ColumnDef("e", "enum('a','bb')")), ("id",))
+    for cls, table, has_pk, types in ((ColumnStoreTarget, "innodb_t", True, ["int(11)", "year(4)", "enum('a','bb')"]),
+                                      (EmulatedColumnStore, "cs_t", False, ["int(11)", "smallint(6)", "varchar(2)"])):
+        target = cls(make_config(server.url))
+        target.connect()
+        s = dataclasses.replace(schema, table=table)
+        target.apply(contract.flush([contract.change(Op.INSERT, s, after=(1, 2000, "bb"))]))
+        rows = server.execute(f"SELECT COLUMN_TYPE, COLUMN_KEY FROM information_schema.COLUMNS WHERE "
+                              f"TABLE_SCHEMA='cs_keys' AND TABLE_NAME='{table}' ORDER BY ORDINAL_POSITION")
+        assert [r[0] for r in rows] == types
+        assert (rows[0][1] == "PRI") is has_pk
+        assert target.fetch_rows("cs_keys", table) == [(1, 2000, "bb")]
+        target.close()
+
+
+def test_columnstore_profile_rejects_a_decimal_it_cannot_hold(server: MariaDBServer, db: str) -> None:
+    target = EmulatedColumnStore(make_config(server.url))
+    target.connect()
+    schema = TableSchema(db, "wide", (ColumnDef("id", "int"), ColumnDef("dec", "decimal(65,30)")), ("id",))
+    with pytest.raises(TargetRejectedError) as info:
+        target.apply(contract.flush([contract.change(Op.INSERT, schema, after=(1, Decimal("1.0001")))]))
+    assert f"{db}.wide" in str(info.value) and "decimal(38,3)" in str(info.value)
+    assert target.fetch_rows(db, "wide") == []
+    target.close()
+
+
+def test_columnstore_profile_replay_is_idempotent(server: MariaDBServer, db: str) -> None:
+    """Where data and state may commit apart, applying a flush twice ends the same."""
+    target = EmulatedColumnStore(make_config(server.url))
+    target.connect()
+    schema = TableSchema(db, "t", (ColumnDef("id", "int"), ColumnDef("v", "int")), ("id",))
+    fl = contract.flush([contract.change(Op.INSERT, schema, after=(i, i)) for i in range(5)])
+    target.apply(fl)
+    target.apply(fl)
+    contract.assert_rows(target, schema, [(i, i) for i in range(5)])
+    target.close()
+
+
+def test_state_table_is_innodb(server: MariaDBServer) -> None:
+    EmulatedColumnStore(make_config(server.url)).connect()
+    rows = server.execute("SELECT ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA='cynomys_state' "
+                          "AND TABLE_NAME='applied'")
+    assert rows == [("InnoDB",)]
+
+
+class RaisingTarget(ColumnStoreTarget):
+    """Fails between the data and the state write of a flush."""
+
+    def _write_state(self, cur: Any, state: Any) -> None:
+        raise RuntimeError("boom between data and state")
+
+
+class KilledTarget(ColumnStoreTarget):
+    """Its connection is killed between the data and the state write (once)."""
+
+    admin: MariaDBServer
+    kills = 1
+
+    def _write_state(self, cur: Any, state: Any) -> None:
+        assert self._conn is not None
+        if self.kills:
+            self.kills -= 1
+            self.admin.execute(f"KILL CONNECTION {self._conn.thread_id()}")
+        super()._write_state(cur, state)
+
+
+@pytest.mark.parametrize("cls", [RaisingTarget, KilledTarget])
+def test_failure_mid_flush_applies_nothing(server: MariaDBServer, db: str, cls: type[ColumnStoreTarget]) -> None:
+    good = ColumnStoreTarget(make_config(server.url))
+    good.connect()
+    producer = f"mid-{db}"
+    schema = TableSchema(db, "t", (ColumnDef("id", "int"), ColumnDef("v", "varchar(5)")), ("id",))
+    st1 = contract.state(seq=1, producer=producer)
+    good.apply(contract.flush([contract.change(Op.INSERT, schema, after=(1, "a"))], st1))
+
+    bad = cls(make_config(server.url))
+    if isinstance(bad, KilledTarget):
+        bad.admin = server
+    bad.connect()
+    fl = contract.flush([contract.change(Op.UPDATE, schema, before=(1, "a"), after=(1, "b")),
+                         contract.change(Op.INSERT, schema, after=(2, "c"))], contract.state(seq=2, producer=producer))
+    expected: type[BaseException] = RuntimeError if cls is RaisingTarget else TargetUnavailableError
+    with pytest.raises(expected):
+        bad.apply(fl)
+    contract.assert_rows(good, schema, [(1, "a")])
+    assert good.applied(producer) == st1
+    # The same target recovers (a new connection) and applies the flush once.
+    if isinstance(bad, KilledTarget):
+        bad.apply(fl)
+        contract.assert_rows(good, schema, [(1, "b"), (2, "c")])
+        assert good.applied(producer) == fl.state
+    bad.close()
+    good.close()
+
+
+def test_target_down_is_transient() -> None:
+    target = ColumnStoreTarget(make_config(f"mysql://root:x@127.0.0.1:{free_port()}/"))
+    with pytest.raises(TargetUnavailableError) as info:
+        target.connect()
+    assert "127.0.0.1" in str(info.value)
+
+
+def test_server_restart_is_transient_then_recovers(db: str) -> None:
+    srv = MariaDBServer(server_id=8).start()
+    try:
+        target = ColumnStoreTarget(make_config(srv.url))
+        target.connect()
+        schema = TableSchema(db, "t", (ColumnDef("id", "int"),), ("id",))
+        target.apply(contract.flush([contract.change(Op.INSERT, schema, after=(1,))]))
+        srv.kill()
+        with pytest.raises(TargetUnavailableError):
+            target.apply(contract.flush([contract.change(Op.INSERT, schema, after=(2,))]))
+        srv.start()
+        target.apply(contract.flush([contract.change(Op.INSERT, schema, after=(2,))]))
+        contract.assert_rows(target, schema, [(1,), (2,)])
+        target.close()
+    finally:
+        srv.destroy()
+
+
+def test_bad_credentials_are_terminal(server: MariaDBServer) -> None:
+    with pytest.raises(TargetRejectedError):
+        ColumnStoreTarget(make_config(f"mysql://root:wrong@127.0.0.1:{server.port}/")).connect()
+
+
+def test_server_refusing_local_infile_falls_back_to_insert(server: MariaDBServer, db: str) -> None:
+    target = ColumnStoreTarget(make_config(server.url))
+    target.connect()
+    assert target.use_load_data
+    server.execute("SET GLOBAL local_infile = 0")
+    try:
+        contract.check_all_types_round_trip(lambda **kw: target, db)
+    finally:
+        server.execute("SET GLOBAL local_infile = 1")
+    assert not target.use_load_data
+    target.close()
+
+
+def test_source_database_named_like_the_state_database_is_rejected(server: MariaDBServer) -> None:
+    target = ColumnStoreTarget(make_config(server.url))
+    target.connect()
+    schema = TableSchema("cynomys_state", "x", (ColumnDef("id", "int"),), ("id",))
+    with pytest.raises(TargetRejectedError, match="state database"):
+        target.apply(contract.flush([contract.change(Op.INSERT, schema, after=(1,))]))
+    target.close()
+
+
+def test_alter_of_a_missing_table_is_skipped(server: MariaDBServer, db: str) -> None:
+    target = ColumnStoreTarget(make_config(server.url))
+    target.connect()
+    st = contract.state()
+    target.apply_ddl(contract.ddl(db, "ALTER TABLE nowhere ADD COLUMN x INT, MODIFY y BIGINT"), st)
+    assert target.applied(contract.PRODUCER) == st
+    assert not target.table_exists(db, "nowhere")
+    target.close()
+
+
+def test_primary_key_ddl(server: MariaDBServer, db: str) -> None:
+    target = ColumnStoreTarget(make_config(server.url))
+    target.connect()
+    for sql in (f"CREATE TABLE `{db}`.k (a INT, b INT)", f"ALTER TABLE `{db}`.k ADD PRIMARY KEY (a, b)",
+                f"ALTER TABLE `{db}`.k DROP PRIMARY KEY, ADD PRIMARY KEY (b)"):
+        target.apply_ddl(contract.ddl("", sql), contract.state())
+    rows = server.execute(f"SELECT COLUMN_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA='{db}' "
+                          "AND TABLE_NAME='k' AND INDEX_NAME='PRIMARY'")
+    assert rows == [("b",)]
+    target.apply_ddl(contract.ddl("", f"ALTER TABLE `{db}`.k DROP PRIMARY KEY"), contract.state())
+    assert server.execute(f"SELECT COUNT(*) FROM information_schema.STATISTICS WHERE TABLE_SCHEMA='{db}' "
+                          "AND TABLE_NAME='k'") == [(0,)]
+    target.close()
+
+
+def test_modify_by_copy_keeps_values(server: MariaDBServer, db: str) -> None:
+    target = EmulatedColumnStore(make_config(server.url))
+    target.connect()
+    schema = TableSchema(db, "m", (ColumnDef("id", "int"), ColumnDef("v", "int")), ("id",))
+    target.apply(contract.flush([contract.change(Op.INSERT, schema, after=(i, i * 10)) for i in range(3)]))
+    target.apply_ddl(contract.ddl(db, "ALTER TABLE m MODIFY v VARCHAR(10)"), contract.state())
+    contract.assert_rows(target, TableSchema(db, "m", (ColumnDef("id", "int"), ColumnDef("v", "varchar(10)")),
+                                             ("id",)), [(i, str(i * 10)) for i in range(3)])
+    target.close()
+
+
+def test_url_is_validated() -> None:
+    from cynomys.core.errors import ConfigError
+    for url in ("", "postgres://x@h/", "mysql://u:p@h:1/somedb", "mysql://u:p@h:1/?bogus=1"):
+        with pytest.raises(ConfigError):
+            ColumnStoreTarget(make_config(url))
+    with pytest.raises(ConfigError):
+        ColumnStoreTarget(make_config("mysql://u:p@h:1/", engine="InnoDB; DROP"))
+    t = ColumnStoreTarget(make_config("mysql://us%40er:p%3Ass@db.example:3307/?local_infile=0"))
+    assert (t._dsn["user"], t._dsn["password"], t._dsn["port"], t.use_load_data) == ("us@er", "p:ss", 3307, False)
+
+
+def test_flush_with_no_tables_moves_only_the_state(server: MariaDBServer) -> None:
+    target = ColumnStoreTarget(make_config(server.url))
+    target.connect()
+    st = contract.state(producer="only-state")
+    target.apply(Flush([], st))
+    assert target.applied("only-state") == st
+    target.close()
+

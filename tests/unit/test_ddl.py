@@ -1,0 +1,237 @@
+"""reducer/ddl.py: one source DDL statement -> neutral operations."""
+from __future__ import annotations
+
+import pytest
+
+from cynomys.core.errors import TerminalError
+from cynomys.core.model import ColumnDef
+from cynomys.reducer.ddl import (
+    AddColumn,
+    AddPrimaryKey,
+    CreateDatabase,
+    CreateTable,
+    CreateTableLike,
+    DropColumn,
+    DropDatabase,
+    DropPrimaryKey,
+    DropTable,
+    ModifyColumn,
+    NoOp,
+    RenameColumn,
+    RenameTable,
+    Truncate,
+    UnsupportedDdl,
+    column_def,
+    parse_ddl,
+)
+
+
+def one(sql: str, db: str = "app") -> object:
+    ops = parse_ddl(sql, db)
+    assert len(ops) == 1, ops
+    return ops[0]
+
+
+def not_noop(sql: str, db: str = "app") -> list[object]:
+    return [op for op in parse_ddl(sql, db) if not isinstance(op, NoOp)]
+
+
+# --------------------------------------------------------------------------
+# Databases and tables
+# --------------------------------------------------------------------------
+def test_create_and_drop_database() -> None:
+    assert one("CREATE DATABASE IF NOT EXISTS shop CHARACTER SET utf8mb4") == CreateDatabase("shop", True)
+    assert one("create schema `we``ird`") == CreateDatabase("we`ird", False)
+    assert one("DROP DATABASE IF EXISTS shop") == DropDatabase("shop", True)
+    assert one("DROP SCHEMA shop") == DropDatabase("shop", False)
+    assert isinstance(one("ALTER DATABASE shop CHARACTER SET latin1"), NoOp)
+
+
+def test_create_table_columns_key_and_types() -> None:
+    op = one("""CREATE TABLE IF NOT EXISTS `shop`.`order items` (
+        `id` bigint(20) unsigned NOT NULL AUTO_INCREMENT,
+        amount DECIMAL(65,30) NOT NULL DEFAULT 0,
+        e ENUM('a','it''s','back\\\\slash') CHARACTER SET utf8mb4,
+        s SET('x','y'), b BIT(64), y YEAR(4), ts TIMESTAMP(6) NULL DEFAULT CURRENT_TIMESTAMP(6)
+            ON UPDATE CURRENT_TIMESTAMP(6),
+        t TIME(6), j JSON, bn BINARY(4), vb VARBINARY(10), tx LONGTEXT COLLATE utf8mb4_bin,
+        z INT(11) ZEROFILL, f FLOAT, f2 FLOAT(30), dp DOUBLE PRECISION, r REAL, i8 INT8, lv LONG,
+        n NUMERIC(5), d DEC, vc VARCHAR(10) CHARACTER SET binary, ch CHAR, bo BOOLEAN, dt DATETIME,
+        sr SERIAL, tt TEXT(100), g GEOMETRY,
+        PRIMARY KEY (`id`), KEY k (amount), UNIQUE KEY u (e),
+        CONSTRAINT fk FOREIGN KEY (z) REFERENCES other(id)
+    ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COMMENT='orders'""", db="ignored")
+    assert isinstance(op, CreateTable)
+    assert (op.database, op.table, op.key, op.if_not_exists) == ("shop", "order items", ("id",), True)
+    assert [(c.name, c.type, c.nullable) for c in op.columns] == [
+        ("id", "bigint unsigned", False), ("amount", "decimal(65,30)", False),
+        ("e", "enum('a','it''s','back\\\\slash')", True), ("s", "set('x','y')", True), ("b", "bit(64)", True),
+        ("y", "year", True), ("ts", "timestamp(6)", True), ("t", "time(6)", True), ("j", "json", True),
+        ("bn", "binary(4)", True), ("vb", "varbinary(10)", True), ("tx", "longtext", True),
+        ("z", "int unsigned", True), ("f", "float", True), ("f2", "double", True), ("dp", "double", True),
+        ("r", "double", True), ("i8", "bigint", True), ("lv", "mediumtext", True), ("n", "decimal(5,0)", True),
+        ("d", "decimal(10,0)", True), ("vc", "varbinary(10)", True), ("ch", "char(1)", True),
+        ("bo", "tinyint", True), ("dt", "datetime", True), ("sr", "bigint unsigned", False),
+        ("tt", "text", True), ("g", "geometry", True),
+    ]
+
+
+def test_column_types_match_the_parser_text() -> None:
+    # The binlog parser writes these texts into ColumnDef.type; DDL must agree.
+    for sql, text in [("TINYINT(4)", "tinyint"), ("SMALLINT UNSIGNED", "smallint unsigned"),
+                      ("MEDIUMINT(9) UNSIGNED ZEROFILL", "mediumint unsigned"), ("DATETIME(3)", "datetime(3)"),
+                      ("TIMESTAMP", "timestamp"), ("VARCHAR(255)", "varchar(255)"), ("CHAR(10)", "char(10)"),
+                      ("TINYBLOB", "tinyblob"), ("MEDIUMBLOB", "mediumblob"), ("BLOB", "blob"),
+                      ("DECIMAL(10,2) UNSIGNED", "decimal(10,2) unsigned"), ("DOUBLE(10,2)", "double(10,2)"),
+                      ("BIT", "bit(1)"), ("TEXT CHARSET binary", "blob")]:
+        assert column_def(sql).type == text, sql
+    assert column_def("INT NOT NULL").nullable is False
+    assert column_def("INT NULL").nullable is True
+
+
+def test_primary_key_forms() -> None:
+    assert one("CREATE TABLE t (a INT PRIMARY KEY, b INT)").key == ("a",)  # type: ignore[attr-defined]
+    op = one("CREATE TABLE t (a INT, b VARCHAR(50), CONSTRAINT pk PRIMARY KEY (b(10), a) USING BTREE)")
+    assert isinstance(op, CreateTable) and op.key == ("b", "a")
+    assert all(not c.nullable for c in op.columns)  # key columns are NOT NULL
+    op = one("CREATE TABLE t (a INT NOT NULL, UNIQUE KEY (a))")
+    assert isinstance(op, CreateTable) and op.key == ()  # a unique key is not the primary key
+
+
+def test_unqualified_names_take_the_default_database() -> None:
+    assert one("CREATE TABLE t (a INT)", db="cur").database == "cur"  # type: ignore[attr-defined]
+    assert one("CREATE TABLE other.t (a INT)", db="cur").database == "other"  # type: ignore[attr-defined]
+    with pytest.raises(UnsupportedDdl, match="no database"):
+        parse_ddl("CREATE TABLE t (a INT)", "")
+
+
+def test_quoting_and_unicode_identifiers() -> None:
+    op = one("CREATE TABLE `ta``b`.`spaced name` (`col``1` INT, `ünï` VARCHAR(3), `select` INT)")
+    assert isinstance(op, CreateTable)
+    assert (op.database, op.table) == ("ta`b", "spaced name")
+    assert [c.name for c in op.columns] == ["col`1", "ünï", "select"]
+    ops = parse_ddl("ALTER TABLE `ünï` ADD (`ä` INT, `b` INT)", "d")
+    assert ops == [AddColumn("d", "ünï", ColumnDef("ä", "int")), AddColumn("d", "ünï", ColumnDef("b", "int"))]
+
+
+def test_create_or_replace_and_like() -> None:
+    assert parse_ddl("CREATE OR REPLACE TABLE t (a INT)", "d") == [
+        DropTable((("d", "t"),), if_exists=True), CreateTable("d", "t", (ColumnDef("a", "int"),))]
+    assert one("CREATE TABLE IF NOT EXISTS t2 LIKE other.t1", db="d") == CreateTableLike("d", "t2", "other", "t1", True)
+    assert one("CREATE TABLE t2 (LIKE t1)", db="d") == CreateTableLike("d", "t2", "d", "t1", False)
+
+
+def test_create_table_select_is_unsupported() -> None:
+    with pytest.raises(UnsupportedDdl, match="SELECT"):
+        parse_ddl("CREATE TABLE t AS SELECT 1 AS a", "d")
+
+
+def test_partitioning_is_storage_only() -> None:
+    ops = parse_ddl("CREATE TABLE t (a INT, b DATE) PARTITION BY RANGE (YEAR(b)) "
+                    "(PARTITION p0 VALUES LESS THAN (2000), PARTITION p1 VALUES LESS THAN MAXVALUE)", "d")
+    assert ops[0] == CreateTable("d", "t", (ColumnDef("a", "int"), ColumnDef("b", "date")))
+    assert not_noop("CREATE TABLE t (a INT) PARTITION BY HASH(a) PARTITIONS 4", "d") == [
+        CreateTable("d", "t", (ColumnDef("a", "int"),))]
+    assert not_noop("ALTER TABLE t REMOVE PARTITIONING") == []
+    assert not_noop("ALTER TABLE t ADD PARTITION (PARTITION p3 VALUES LESS THAN (3000))") == []
+    # Names that merely look like partition words are names.
+    assert parse_ddl("CREATE TABLE partitions (partitions INT, `partition` INT, partitioning INT)", "d") == [
+        CreateTable("d", "partitions", (ColumnDef("partitions", "int"), ColumnDef("partition", "int"),
+                                        ColumnDef("partitioning", "int")))]
+    assert parse_ddl("ALTER TABLE partitions ADD partitions INT, ADD partitioning INT, DROP `partition`", "d") == [
+        AddColumn("d", "partitions", ColumnDef("partitions", "int")),
+        AddColumn("d", "partitions", ColumnDef("partitioning", "int")),
+        DropColumn("d", "partitions", "partition")]
+    for sql in ("ALTER TABLE t DROP PARTITION p0", "ALTER TABLE t TRUNCATE PARTITION p0, p1",
+                "ALTER TABLE t EXCHANGE PARTITION p0 WITH TABLE t2"):
+        with pytest.raises(UnsupportedDdl, match="without logging"):
+            parse_ddl(sql, "d")
+
+
+def test_drop_rename_truncate() -> None:
+    assert one("DROP TABLE IF EXISTS a, other.b /* generated by server */", db="d") == DropTable(
+        (("d", "a"), ("other", "b")), True)
+    assert isinstance(one("DROP TEMPORARY TABLE IF EXISTS tmp"), NoOp)
+    assert isinstance(one("CREATE TEMPORARY TABLE tmp (a INT)"), NoOp)
+    assert one("RENAME TABLE a TO b, other.c TO `x``y`.d", db="d") == RenameTable(
+        ((("d", "a"), ("d", "b")), (("other", "c"), ("x`y", "d"))))
+    assert one("/* c */ rename table if exists a to b", db="d") == RenameTable(((("d", "a"), ("d", "b")),))
+    assert one("ALTER TABLE a RENAME TO other.b", db="d") == RenameTable(((("d", "a"), ("other", "b")),))
+    assert one("ALTER TABLE a RENAME AS b", db="d") == RenameTable(((("d", "a"), ("d", "b")),))
+    assert one("TRUNCATE TABLE other.t") == Truncate("other", "t")
+    assert one("truncate t", db="d") == Truncate("d", "t")
+
+
+# --------------------------------------------------------------------------
+# ALTER TABLE
+# --------------------------------------------------------------------------
+def test_alter_with_many_specs() -> None:
+    ops = parse_ddl("ALTER TABLE `shop`.`t` ADD COLUMN c INT AFTER b, DROP COLUMN d, MODIFY COLUMN e VARCHAR(20) "
+                    "NOT NULL FIRST, CHANGE COLUMN f g BIGINT UNSIGNED, CHANGE h h TINYINT, RENAME COLUMN i TO j, "
+                    "ADD INDEX ix (a), DROP KEY k, DROP FOREIGN KEY fk, ALTER COLUMN a SET DEFAULT 5, "
+                    "ENGINE=InnoDB, COMMENT='x', AUTO_INCREMENT=5, ALGORITHM=INPLACE, LOCK=NONE", "d")
+    assert [op for op in ops if not isinstance(op, NoOp)] == [
+        AddColumn("shop", "t", ColumnDef("c", "int")),
+        DropColumn("shop", "t", "d"),
+        ModifyColumn("shop", "t", ColumnDef("e", "varchar(20)", False)),
+        RenameColumn("shop", "t", "f", "g"),
+        ModifyColumn("shop", "t", ColumnDef("g", "bigint unsigned")),
+        ModifyColumn("shop", "t", ColumnDef("h", "tinyint")),
+        RenameColumn("shop", "t", "i", "j"),
+    ]
+    assert sum(isinstance(op, NoOp) for op in ops) >= 4
+
+
+def test_alter_column_forms() -> None:
+    assert parse_ddl("ALTER TABLE t ADD COLUMN IF NOT EXISTS c INT, DROP COLUMN IF EXISTS d", "d") == [
+        AddColumn("d", "t", ColumnDef("c", "int"), True), DropColumn("d", "t", "d", True)]
+    assert parse_ddl("alter table t add c int, drop c2", "d") == [
+        AddColumn("d", "t", ColumnDef("c", "int")), DropColumn("d", "t", "c2")]
+    assert not_noop("ALTER TABLE t ADD COLUMN (c INT, d DECIMAL(10,2) NOT NULL)", "d") == [
+        AddColumn("d", "t", ColumnDef("c", "int")), AddColumn("d", "t", ColumnDef("d", "decimal(10,2)", False))]
+    assert not_noop("ALTER ONLINE IGNORE TABLE t ADD c INT", "d") == [AddColumn("d", "t", ColumnDef("c", "int"))]
+    assert not_noop("ALTER TABLE IF EXISTS t ADD c INT", "d") == [AddColumn("d", "t", ColumnDef("c", "int"))]
+    # Generated columns are plain columns on a replica: their values come in the row images.
+    assert not_noop("ALTER TABLE t ADD COLUMN v INT AS (a + 1) STORED", "d") == [
+        AddColumn("d", "t", ColumnDef("v", "int"))]
+    # A CHANGE that only changes the case of the name is still a rename.
+    assert not_noop("ALTER TABLE t CHANGE a A INT", "d") == [
+        RenameColumn("d", "t", "a", "A"), ModifyColumn("d", "t", ColumnDef("A", "int"))]
+
+
+def test_primary_key_changes() -> None:
+    assert parse_ddl("ALTER TABLE t ADD PRIMARY KEY (a, b), DROP PRIMARY KEY", "d") == [
+        AddPrimaryKey("d", "t", ("a", "b")), DropPrimaryKey("d", "t")]
+    assert one("ALTER TABLE t ADD CONSTRAINT pk PRIMARY KEY (a)", db="d") == AddPrimaryKey("d", "t", ("a",))
+    assert one("ALTER TABLE t DROP INDEX `PRIMARY`", db="d") == DropPrimaryKey("d", "t")
+    assert one("DROP INDEX `PRIMARY` ON t", db="d") == DropPrimaryKey("d", "t")
+    assert parse_ddl("ALTER TABLE t ADD COLUMN id INT PRIMARY KEY", "d") == [
+        AddColumn("d", "t", ColumnDef("id", "int", False)), AddPrimaryKey("d", "t", ("id",))]
+
+
+@pytest.mark.parametrize("sql", [
+    "CREATE INDEX ix ON t (a)", "CREATE UNIQUE INDEX ix ON t (a(10))", "DROP INDEX ix ON t",
+    "ALTER TABLE t ADD UNIQUE KEY u (a)", "ALTER TABLE t ADD FULLTEXT INDEX f (a)", "ALTER TABLE t DROP CHECK c",
+    "ALTER TABLE t ADD CONSTRAINT fk FOREIGN KEY (a) REFERENCES o (id)", "ALTER TABLE t DROP CONSTRAINT c",
+    "ALTER TABLE t RENAME INDEX a TO b", "ALTER TABLE t ENGINE=Aria", "ALTER TABLE t COMMENT 'x'",
+    "ALTER TABLE t AUTO_INCREMENT=100", "ALTER TABLE t DEFAULT CHARSET=latin1", "ALTER TABLE t ROW_FORMAT=COMPRESSED",
+    "ALTER TABLE t CONVERT TO CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci", "ALTER TABLE t FORCE",
+    "ALTER TABLE t ALTER COLUMN a DROP DEFAULT", "ALTER TABLE t ORDER BY a", "CREATE VIEW v AS SELECT 1",
+])
+def test_statements_that_change_no_rows(sql: str) -> None:
+    ops = parse_ddl(sql, "d")
+    assert ops and all(isinstance(op, NoOp) and op.reason for op in ops), ops
+
+
+@pytest.mark.parametrize("sql", [
+    "garbage here", "", "SELECT 1", "INSERT INTO t VALUES (1)", "GRANT ALL ON *.* TO 'a'@'b'",
+    "CREATE TABLE t (a INET6)", "CREATE TABLE t (a INT) WITH SYSTEM VERSIONING", "ALTER TABLE t IMPORT TABLESPACE",
+    "ALTER TABLE t CONVERT TO CHARACTER SET binary", "CREATE SEQUENCE s", "CREATE TABLE (", "ALTER TABLE",
+])
+def test_untranslatable_statements_raise(sql: str) -> None:
+    with pytest.raises(UnsupportedDdl) as info:
+        parse_ddl(sql, "d")
+    err = info.value
+    assert isinstance(err, TerminalError) and not err.transient
+    assert err.sql == sql and err.reason
+    assert "skip_ddl" in str(err) and repr(" ".join(sql.split())) in str(err)
