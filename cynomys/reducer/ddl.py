@@ -22,6 +22,8 @@ to skip the statement on purpose.
 """
 from __future__ import annotations
 
+import datetime
+import decimal
 import logging
 import re
 from dataclasses import dataclass
@@ -34,7 +36,7 @@ from sqlglot.errors import SqlglotError
 from sqlglot.tokens import Token, TokenType
 
 from cynomys.core.errors import TerminalError
-from cynomys.core.model import ColumnDef
+from cynomys.core.model import ColumnDef, RawTemporal, Value
 
 log = logging.getLogger(__name__)
 
@@ -124,10 +126,17 @@ class Truncate(DdlOp):
 
 @dataclass(frozen=True)
 class AddColumn(DdlOp):
+    """``fill`` is the value the source gave every existing row (its DEFAULT,
+    or the type's zero for NOT NULL without one) -- the binlog carries no
+    row events for that, so the target must fill them the same way.
+    ``fill_now``: the default is CURRENT_TIMESTAMP, i.e. the statement's time."""
+
     database: str
     table: str
     column: ColumnDef
     if_not_exists: bool = False
+    fill: Value = None
+    fill_now: bool = False
 
 
 @dataclass(frozen=True)
@@ -347,6 +356,60 @@ def _column(node: exp.ColumnDef) -> tuple[ColumnDef, bool]:
     return ColumnDef(node.name, text, nullable), primary
 
 
+#: What MariaDB puts into existing rows for a NOT NULL column added without a
+#: DEFAULT: the type's implicit default.
+_IMPLICIT_ZERO: dict[str, Value] = {
+    "date": RawTemporal("0000-00-00"), "datetime": RawTemporal("0000-00-00 00:00:00"),
+    "timestamp": RawTemporal("0000-00-00 00:00:00"), "time": datetime.timedelta(0), "year": 0,
+    "char": "", "varchar": "", "tinytext": "", "text": "", "mediumtext": "", "longtext": "", "json": "",
+    "set": "", "binary": b"", "varbinary": b"", "tinyblob": b"", "blob": b"", "mediumblob": b"",
+    "longblob": b"", "decimal": decimal.Decimal(0), "float": 0.0, "double": 0.0,
+}
+
+
+def _fill(node: exp.ColumnDef, col: ColumnDef) -> tuple[Value, bool]:
+    """(value for existing rows, is CURRENT_TIMESTAMP) of an added column."""
+    default: exp.Expression | None = None
+    for c in node.args.get("constraints") or []:
+        kind = c.args.get("kind") if isinstance(c, exp.ColumnConstraint) else c
+        if isinstance(kind, exp.ComputedColumnConstraint):
+            raise ValueError(f"generated column {col.name!r}: the source computes values for existing rows "
+                             "that Cynomys cannot reproduce; re-snapshot the table after this DDL")
+        if isinstance(kind, exp.DefaultColumnConstraint):
+            default = kind.this
+    if default is None:
+        if col.nullable:
+            return None, False
+        base = col.base_type
+        if base == "enum":
+            first = re.match(r"enum\('((?:[^']|'')*)'", col.type)
+            return (first.group(1).replace("''", "'") if first else ""), False
+        if base == "bit":
+            return 0, False
+        return _IMPLICIT_ZERO.get(base, 0), False
+    if isinstance(default, exp.Paren):
+        default = default.this
+    if isinstance(default, (exp.CurrentTimestamp, exp.CurrentDatetime)) or (
+            isinstance(default, (exp.Anonymous, exp.Func, exp.Column))
+            and default.name.upper() in ("NOW", "CURRENT_TIMESTAMP", "LOCALTIME", "LOCALTIMESTAMP")):
+        return None, True
+    if isinstance(default, exp.Null):
+        return None, False
+    negative = isinstance(default, exp.Neg)
+    lit = default.this if negative else default
+    if isinstance(lit, exp.Boolean):
+        return int(bool(lit.this)), False
+    if isinstance(lit, exp.Literal):
+        if lit.is_string:
+            if col.base_type in ("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"):
+                return lit.this.encode(), False
+            return lit.this, False
+        text = ("-" if negative else "") + lit.this
+        return (int(text) if re.fullmatch(r"-?\d+", text) else decimal.Decimal(text)), False
+    raise ValueError(f"column {col.name!r} has DEFAULT {default.sql(dialect=_DIALECT)}: an expression whose "
+                     "per-row values Cynomys cannot reproduce; re-snapshot the table after this DDL")
+
+
 def column_def(type_sql: str, name: str = "c") -> ColumnDef:
     """Normalise a column definition's SQL text ('INT(11) ZEROFILL NOT NULL')
     the way DDL statements are normalised (for callers and tests)."""
@@ -471,7 +534,8 @@ def _alter_action(action: exp.Expression, ref: TableRef) -> list[DdlOp]:
     db, table = ref
     if isinstance(action, exp.ColumnDef):
         col, primary = _column(action)
-        ops: list[DdlOp] = [AddColumn(db, table, col, bool(action.args.get("exists")))]
+        fill, now = _fill(action, col)
+        ops: list[DdlOp] = [AddColumn(db, table, col, bool(action.args.get("exists")), fill, now)]
         return ops + ([AddPrimaryKey(db, table, (col.name,))] if primary else [])
     if isinstance(action, exp.Drop):
         kind = (action.args.get("kind") or "").upper()

@@ -1,10 +1,12 @@
 """reducer/ddl.py: one source DDL statement -> neutral operations."""
 from __future__ import annotations
 
+import decimal
+
 import pytest
 
 from cynomys.core.errors import TerminalError
-from cynomys.core.model import ColumnDef
+from cynomys.core.model import ColumnDef, RawTemporal
 from cynomys.reducer.ddl import (
     AddColumn,
     AddPrimaryKey,
@@ -188,12 +190,11 @@ def test_alter_column_forms() -> None:
     assert parse_ddl("alter table t add c int, drop c2", "d") == [
         AddColumn("d", "t", ColumnDef("c", "int")), DropColumn("d", "t", "c2")]
     assert not_noop("ALTER TABLE t ADD COLUMN (c INT, d DECIMAL(10,2) NOT NULL)", "d") == [
-        AddColumn("d", "t", ColumnDef("c", "int")), AddColumn("d", "t", ColumnDef("d", "decimal(10,2)", False))]
+        AddColumn("d", "t", ColumnDef("c", "int")), AddColumn("d", "t", ColumnDef("d", "decimal(10,2)", False), fill=decimal.Decimal(0))]
     assert not_noop("ALTER ONLINE IGNORE TABLE t ADD c INT", "d") == [AddColumn("d", "t", ColumnDef("c", "int"))]
     assert not_noop("ALTER TABLE IF EXISTS t ADD c INT", "d") == [AddColumn("d", "t", ColumnDef("c", "int"))]
-    # Generated columns are plain columns on a replica: their values come in the row images.
-    assert not_noop("ALTER TABLE t ADD COLUMN v INT AS (a + 1) STORED", "d") == [
-        AddColumn("d", "t", ColumnDef("v", "int"))]
+    # Adding a generated column fills existing rows with values no row event
+    # carries: refused (test_added_column_with_per_row_values_is_refused).
     # A CHANGE that only changes the case of the name is still a rename.
     assert not_noop("ALTER TABLE t CHANGE a A INT", "d") == [
         RenameColumn("d", "t", "a", "A"), ModifyColumn("d", "t", ColumnDef("A", "int"))]
@@ -206,7 +207,7 @@ def test_primary_key_changes() -> None:
     assert one("ALTER TABLE t DROP INDEX `PRIMARY`", db="d") == DropPrimaryKey("d", "t")
     assert one("DROP INDEX `PRIMARY` ON t", db="d") == DropPrimaryKey("d", "t")
     assert parse_ddl("ALTER TABLE t ADD COLUMN id INT PRIMARY KEY", "d") == [
-        AddColumn("d", "t", ColumnDef("id", "int", False)), AddPrimaryKey("d", "t", ("id",))]
+        AddColumn("d", "t", ColumnDef("id", "int", False), fill=0), AddPrimaryKey("d", "t", ("id",))]
 
 
 @pytest.mark.parametrize("sql", [
@@ -235,3 +236,26 @@ def test_untranslatable_statements_raise(sql: str) -> None:
     assert isinstance(err, TerminalError) and not err.transient
     assert err.sql == sql and err.reason
     assert "skip_ddl" in str(err) and repr(" ".join(sql.split())) in str(err)
+
+
+@pytest.mark.parametrize("sql,fill,now", [
+    ("ALTER TABLE t ADD w INT DEFAULT 5", 5, False),
+    ("ALTER TABLE t ADD w INT", None, False),
+    ("ALTER TABLE t ADD w VARCHAR(5) NOT NULL", "", False),
+    ("ALTER TABLE t ADD w ENUM('x','y') NOT NULL", "x", False),
+    ("ALTER TABLE t ADD w DECIMAL(5,2) DEFAULT -1.5", decimal.Decimal("-1.5"), False),
+    ("ALTER TABLE t ADD w DATE NOT NULL", RawTemporal("0000-00-00"), False),
+    ("ALTER TABLE t ADD w TIMESTAMP NULL DEFAULT CURRENT_TIMESTAMP", None, True),
+    ("ALTER TABLE t ADD w DATETIME DEFAULT NOW()", None, True),
+    ("ALTER TABLE t ADD w TEXT DEFAULT 'it''s'", "it's", False),
+])
+def test_added_column_fills_existing_rows_like_the_source(sql: str, fill: object, now: bool) -> None:
+    (op,) = parse_ddl(sql, "d")
+    assert isinstance(op, AddColumn) and (op.fill, op.fill_now) == (fill, now)
+    assert type(op.fill) is type(fill)
+
+
+@pytest.mark.parametrize("sql", ["ALTER TABLE t ADD g INT AS (a + 1) STORED", "ALTER TABLE t ADD u CHAR(36) DEFAULT (UUID())"])
+def test_added_column_with_per_row_values_is_refused(sql: str) -> None:
+    with pytest.raises(UnsupportedDdl, match="re-snapshot"):
+        parse_ddl(sql, "d")

@@ -512,7 +512,7 @@ class ColumnStoreTarget(Target):
                     f"DDL at {position} cannot be applied to {self.where}: {_short(sql)!r}: {exc.reason}",
                     hint=f"{SKIP_HINT} (e.g. skip_ddl = [\"{position}\"])") from exc
             for op in ops:
-                ddl_ops.run(self, op, sql)
+                ddl_ops.run(self, op, sql, change.commit_ts)
             self._ready.clear()
         with self._transaction(f"recording the state after DDL at {position}") as cur:
             self._write_state(cur, state)

@@ -10,6 +10,8 @@ creates it from the source's current schema.
 """
 from __future__ import annotations
 
+import datetime
+
 import logging
 import re
 from dataclasses import dataclass, replace
@@ -36,6 +38,7 @@ class Run:
 
     target: ColumnStoreTarget
     sql: str
+    commit_ts: int = 0  # source time of the statement (for DEFAULT CURRENT_TIMESTAMP fills)
 
     def what(self, action: str) -> str:
         text = " ".join(self.sql.split())
@@ -160,7 +163,15 @@ def _add_column(r: Run, op: ddl.AddColumn) -> None:
     if not cols:
         _skip_missing(r, op.database, op.table, "add column")
     elif op.column.name.lower() not in cols:
-        r.step("add column", f"ALTER TABLE {_tbl(op.database, op.table)} ADD COLUMN {r.target.column_sql(op.column)}")
+        # Existing rows get what the source gave them (no row events carry it).
+        fill = op.fill
+        if op.fill_now:
+            fill = datetime.datetime.fromtimestamp(r.commit_ts, datetime.timezone.utc)
+            if op.column.base_type != "timestamp":
+                log.warning("%s: DEFAULT CURRENT_TIMESTAMP on a %s column filled with the statement time in UTC; "
+                            "the source used its session time zone", r.what("add column"), op.column.type)
+        default = "" if fill is None else f" DEFAULT {MARIADB.literal(fill)}"
+        r.step("add column", f"ALTER TABLE {_tbl(op.database, op.table)} ADD COLUMN {r.target.column_sql(op.column)}{default}")
     r.evolve(op.database, op.table, lambda s: replace(
         s, columns=s.columns + (op.column,)) if op.column.name.lower() not in {c.lower() for c in s.column_names} else s)
 
@@ -272,8 +283,8 @@ HANDLERS: dict[type[ddl.DdlOp], Callable[[Run, Any], None]] = {
 }
 
 
-def run(target: ColumnStoreTarget, op: ddl.DdlOp, sql: str) -> None:
+def run(target: ColumnStoreTarget, op: ddl.DdlOp, sql: str, commit_ts: int = 0) -> None:
     """Apply one operation of the DDL statement ``sql`` to ``target``."""
-    HANDLERS[type(op)](Run(target, sql), op)
+    HANDLERS[type(op)](Run(target, sql, commit_ts), op)
 
 
