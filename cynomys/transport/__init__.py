@@ -1,0 +1,1 @@
+"""Cynomys transport package."""

@@ -1,0 +1,131 @@
+"""Transport interfaces (Publisher / Subscriber) and the factory.
+
+Delivery semantics by transport (details in FORMAT.md):
+
+* Redis stream + consumer group (default): at-least-once.  An entry stays in
+  the stream until the applier acknowledges it after its target commit;
+  a crashed applier gets its unacknowledged entries again (redelivered=True).
+* Redis pub/sub (the paper's transport): at-most-once.  A subscriber that is
+  down or too slow loses messages; the SequenceTracker detects the hole.
+* File: an append-only local file; the read offset advances on ack only.
+
+Duplicates are possible with every transport; the applier removes them with
+the per-producer sequence numbers (SequenceTracker), not the transport.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, Sequence
+from urllib.parse import urlsplit, urlunsplit
+
+from cynomys.core.config import TransportConfig
+from cynomys.core.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One envelope as handed out by a Subscriber.  ``id`` is transport-specific
+    and only meaningful to the same Subscriber's ``ack``/``dead_letter``."""
+
+    id: str
+    envelope: bytes
+    redelivered: bool = False
+
+
+class Publisher(Protocol):
+    def last_sequence(self, producer_id: str) -> int:
+        """Highest sequence the transport has accepted from ``producer_id`` (0: none)."""
+        ...
+
+    def publish(self, producer_id: str, seq: int, envelope: bytes, stop: threading.Event | None = None) -> None:
+        """Return once the transport accepted the envelope; retry while it is
+        down; raise TransportUnavailableError only when ``stop`` is set."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Subscriber(Protocol):
+    def read(self, count: int, block_ms: int) -> list[Delivery]:
+        """Up to ``count`` deliveries, waiting at most ``block_ms`` for the first."""
+        ...
+
+    def ack(self, ids: Sequence[str]) -> None:
+        """The envelopes are applied (target committed): never deliver them again."""
+        ...
+
+    def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        """Set a delivery aside (rejected envelope) and acknowledge it."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Backoff:
+    """Exponential backoff delays: first, 2*first, ... capped at ``cap`` seconds."""
+
+    def __init__(self, first: float = 0.05, cap: float = 5.0) -> None:
+        self._first = first
+        self._cap = cap
+        self._next = first
+
+    def next(self) -> float:
+        delay = self._next
+        self._next = min(self._cap, self._next * 2)
+        return delay
+
+    def reset(self) -> None:
+        self._next = self._first
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ***, fit for logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    user = parts.username or ""
+    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
+
+
+def _file_path(cfg: TransportConfig) -> Path:
+    if not cfg.path:
+        raise ConfigError('[transport] kind = "file" needs a path', hint="set [transport] path to the transport file")
+    return Path(cfg.path)
+
+
+def open_publisher(cfg: TransportConfig) -> Publisher:
+    """The Publisher for ``cfg`` (Redis stream, Redis pub/sub or file).
+    ``cfg.path`` must already be resolved against the config file's folder."""
+    if cfg.kind == "file":
+        from cynomys.transport.file_bus import FilePublisher
+
+        return FilePublisher(_file_path(cfg))
+    from cynomys.transport.redis_bus import RedisPubSubPublisher, RedisStreamPublisher
+
+    if cfg.mode == "pubsub":
+        return RedisPubSubPublisher(cfg)
+    return RedisStreamPublisher(cfg)
+
+
+def open_subscriber(cfg: TransportConfig, consumer_name: str, *, claim_min_idle_ms: int | None = None) -> Subscriber:
+    """The Subscriber for ``cfg``.  ``consumer_name`` must be stable across
+    restarts of one applier: it is how a restarted applier finds the entries
+    it had read but not acknowledged."""
+    if cfg.kind == "file":
+        from cynomys.transport.file_bus import FileSubscriber
+
+        return FileSubscriber(_file_path(cfg), consumer_name)
+    from cynomys.transport.redis_bus import DEFAULT_CLAIM_MIN_IDLE_MS, RedisPubSubSubscriber, RedisStreamSubscriber
+
+    if cfg.mode == "pubsub":
+        return RedisPubSubSubscriber(cfg)
+    idle = DEFAULT_CLAIM_MIN_IDLE_MS if claim_min_idle_ms is None else claim_min_idle_ms
+    return RedisStreamSubscriber(cfg, consumer_name, claim_min_idle_ms=idle)

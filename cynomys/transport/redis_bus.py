@@ -1,0 +1,586 @@
+"""Redis transport: a stream with a consumer group (default) or pub/sub.
+
+Keys used, for stream name S (the default S is "cynomys"):
+
+* ``S``          the stream (stream mode), or the pub/sub channel (pub/sub mode);
+                 stream entries have fields {producer, seq, env};
+* ``S:seq``      hash producer id -> highest sequence accepted, updated in the
+                 same Lua script as the XADD / PUBLISH (atomic);
+* ``S:dead``     dead-letter stream (or [transport] dead_letter_stream).
+
+The publish script is idempotent per (producer, seq): a sequence at or below
+the accepted one is not written again.  That makes the publisher's blind
+retry safe when Redis executed a command but the reply was lost.
+All keys live on one Redis server (no Redis Cluster: the script touches two
+keys that may hash to different slots).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Sequence
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from cynomys.core.config import TransportConfig
+from cynomys.core.errors import (
+    ConfigError,
+    CynomysError,
+    EnvelopeRejected,
+    TerminalError,
+    TransportUnavailableError,
+)
+from cynomys.transport.bus import Backoff, Delivery, redact_url
+from cynomys.transport.envelope import peek_header
+
+log = logging.getLogger(__name__)
+
+# A replacement applier with a different consumer name takes over entries
+# another consumer has held un-acknowledged for this long.  It must exceed the
+# applier's longest read-to-commit time ([applier] max_delay_ms plus a flush),
+# or a live applier's entries would be stolen.
+DEFAULT_CLAIM_MIN_IDLE_MS = 60_000
+CLAIM_INTERVAL_S = 30.0
+# Publisher: a command slower than this counts as "Redis is slow" and is
+# retried (safe: the publish script is idempotent).
+PUBLISH_SOCKET_TIMEOUT_S = 10.0
+SUBSCRIBE_SOCKET_TIMEOUT_S = 30.0
+# XREADGROUP BLOCK must end well before the socket timeout fires.
+MAX_BLOCK_MS = 20_000
+# Check the stream length every this many publishes.
+TRIM_EVERY = 128
+# XREVRANGE page size when scanning the stream tail for a producer's last
+# entry (entries carry whole envelopes, so pages stay small).
+_TAIL_PAGE = 32
+
+# Compare two decimal strings as unsigned integers (Lua numbers are doubles
+# and would round sequences above 2**53).
+_LUA_LE = """
+local function le(a, b)
+  if #a ~= #b then return #a < #b end
+  return a <= b
+end
+"""
+_STREAM_PUBLISH = _LUA_LE + """
+local last = redis.call('HGET', KEYS[2], ARGV[1]) or '0'
+if le(ARGV[2], last) then return 0 end
+redis.call('XADD', KEYS[1], '*', 'producer', ARGV[1], 'seq', ARGV[2], 'env', ARGV[3])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+return 1
+"""
+_PUBSUB_PUBLISH = _LUA_LE + """
+local last = redis.call('HGET', KEYS[1], ARGV[1]) or '0'
+if le(ARGV[2], last) then return -1 end
+local receivers = redis.call('PUBLISH', ARGV[4], ARGV[3])
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return receivers
+"""
+
+
+# Error replies that mean "not now" rather than "never".
+_TRANSIENT_REPLIES = ("BUSY", "TRYAGAIN", "MASTERDOWN", "LOADING")
+
+
+class TransportRejectedError(TerminalError):
+    """Redis refused a command for a reason retrying will not fix."""
+
+
+def _client(url: str, socket_timeout: float) -> redis.Redis:
+    try:
+        # retry=0: our own loops own the retry policy (and log each attempt);
+        # redis-py's built-in retries would hide outages and delay `stop`.
+        return redis.Redis.from_url(
+            url,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=5.0,
+            health_check_interval=30,
+            retry=Retry(NoBackoff(), 0),
+        )
+    except ValueError as exc:
+        raise ConfigError(f"[transport] url {redact_url(url)} is not a valid Redis URL: {exc}",
+                          hint="use redis://[user:password@]host:port/db or rediss://... for TLS") from None
+
+
+def translate(exc: redis.RedisError, url: str, doing: str) -> CynomysError:
+    """A redis-py error as a Cynomys error carrying the right retry marker."""
+    where = redact_url(url)
+    if isinstance(exc, (redis.AuthenticationError, redis.exceptions.AuthorizationError,
+                        redis.exceptions.NoPermissionError)):
+        return ConfigError(f"Redis at {where} refused our credentials while {doing}: {exc}",
+                           hint="set user and password in [transport] url (or CYNOMYS_TRANSPORT_URL)")
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOnlyError,
+                        redis.exceptions.OutOfMemoryError)) or str(exc).startswith(_TRANSIENT_REPLIES):
+        # OOM: the stream is full of entries no applier has acknowledged;
+        # waiting for the applier is the right reaction (back-pressure).
+        # READONLY/MASTERDOWN: a failover is in progress.  BUSY: a slow script.
+        return TransportUnavailableError(f"Redis at {where} unavailable while {doing}: {exc}")
+    if "WRONGTYPE" in str(exc):
+        return ConfigError(f"Redis at {where}: a key used by the transport holds another type ({doing}): {exc}",
+                           hint="choose another [transport] stream name or delete the key")
+    return TransportRejectedError(f"Redis at {where} rejected a command while {doing}: {exc}")
+
+
+def _text(v: Any) -> str:
+    return v.decode("utf-8") if isinstance(v, bytes) else str(v)
+
+
+def _stream_entries(resp: Any) -> list[Any]:
+    """The (id, fields) list of the one stream in an XREAD/XREADGROUP reply
+    (a list of [name, entries] pairs under RESP2, a dict under RESP3)."""
+    if not resp:
+        return []
+    if isinstance(resp, dict):
+        entries = next(iter(resp.values()))
+        return list(entries[0]) if entries and isinstance(entries[0], list) else list(entries)
+    return list(resp[0][1])
+
+
+def _parse_id(v: Any) -> tuple[int, int]:
+    ms, _, seq = _text(v).partition("-")
+    return int(ms), int(seq or 0)
+
+
+class _RedisPublisherBase:
+    _script_text = ""
+
+    def __init__(self, cfg: TransportConfig) -> None:
+        self._cfg = cfg
+        self._url = redact_url(cfg.url)
+        self._r = _client(cfg.url, PUBLISH_SOCKET_TIMEOUT_S)
+        self._script = self._r.register_script(self._script_text)
+        self._seq_key = f"{cfg.stream}:seq"
+
+    def _run(self, producer_id: str, seq: int, envelope: bytes, stop: threading.Event | None) -> tuple[int, int]:
+        """Run the publish script until Redis accepts it (see Publisher.publish).
+        Returns (script result, attempts)."""
+        backoff = Backoff(first=0.05, cap=5.0)
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                result = int(self._call(producer_id, seq, envelope))
+            except redis.RedisError as exc:
+                err = translate(exc, self._cfg.url, f"publishing envelope {seq} of {producer_id}")
+                if not err.transient or (stop is not None and stop.is_set()):
+                    raise err from exc
+                delay = backoff.next()
+                log.warning("Redis at %s did not accept envelope %d of %s (%s); retry %d in %.2fs",
+                            self._url, seq, producer_id, exc, attempt, delay)
+                if stop is None:
+                    time.sleep(delay)
+                elif stop.wait(delay):
+                    raise TransportUnavailableError(
+                        f"Redis at {self._url} still unavailable when asked to stop; "
+                        f"envelope {seq} of {producer_id} may not have been published") from exc
+                continue
+            if attempt > 1:
+                log.info("Redis at %s accepted envelope %d of %s after %d attempts",
+                         self._url, seq, producer_id, attempt)
+            return result, attempt
+
+    def _call(self, producer_id: str, seq: int, envelope: bytes) -> Any:
+        raise NotImplementedError
+
+    def last_sequence(self, producer_id: str) -> int:
+        try:
+            v = self._r.hget(self._seq_key, producer_id)
+        except redis.RedisError as exc:
+            raise translate(exc, self._cfg.url, f"reading the last sequence of {producer_id}") from exc
+        return int(v) if v is not None else 0
+
+    def close(self) -> None:
+        self._r.close()
+
+
+class RedisStreamPublisher(_RedisPublisherBase):
+    """XADD to the stream (at-least-once with RedisStreamSubscriber)."""
+
+    _script_text = _STREAM_PUBLISH
+
+    def __init__(self, cfg: TransportConfig) -> None:
+        super().__init__(cfg)
+        self._since_trim = 0
+        self._warned_no_group = False
+
+    def _call(self, producer_id: str, seq: int, envelope: bytes) -> Any:
+        return self._script(keys=[self._cfg.stream, self._seq_key], args=[producer_id, seq, envelope])
+
+    def publish(self, producer_id: str, seq: int, envelope: bytes, stop: threading.Event | None = None) -> None:
+        result, attempts = self._run(producer_id, seq, envelope, stop)
+        # On a retry "already there" is expected (the lost reply's command ran);
+        # on a first attempt the producer re-sent an old sequence.
+        if result == 0 and attempts == 1:
+            log.warning("stream %s already holds envelope %d of %s (or a later one); not written again",
+                        self._cfg.stream, seq, producer_id)
+        self._since_trim += 1
+        if self._since_trim >= TRIM_EVERY:
+            self._since_trim = 0
+            self._trim_if_long()
+
+    def _trim_if_long(self) -> None:
+        try:
+            try:
+                length = int(self._r.xlen(self._cfg.stream))
+            except redis.RedisError as exc:
+                raise translate(exc, self._cfg.url, f"measuring stream {self._cfg.stream}") from exc
+            if length > self._cfg.max_stream_len:
+                self.trim()
+        except TransportUnavailableError as exc:
+            # Trimming is housekeeping: the envelope is already accepted, and
+            # the next TRIM_EVERY publishes try again.
+            log.warning("could not trim stream %s at %s: %s", self._cfg.stream, self._url, exc)
+
+    def trim(self) -> int:
+        """Remove entries every consumer group has acknowledged; return how many.
+
+        The cut is ``XTRIM MINID ~ B`` with B the smallest of, over all groups,
+        the oldest pending id and the id just after last-delivered-id: entries
+        below B have been delivered *and* acknowledged.  Never MAXLEN, which
+        would drop entries an applier has not committed yet.  ``~`` lets Redis
+        trim less (whole nodes only), never more."""
+        stream = self._cfg.stream
+        try:
+            groups = self._r.xinfo_groups(stream)
+            if not groups:
+                if not self._warned_no_group:
+                    log.warning("stream %s has no consumer group yet; nothing is trimmed until an applier "
+                                "has acknowledged entries", stream)
+                    self._warned_no_group = True
+                return 0
+            boundary: tuple[int, int] | None = None
+            for g in groups:
+                ms, sq = _parse_id(g["last-delivered-id"])
+                cut = (ms, sq + 1)
+                if int(g["pending"]) > 0:
+                    pend = self._r.xpending(stream, g["name"])
+                    if pend["min"] is not None:
+                        cut = min(cut, _parse_id(pend["min"]))
+                boundary = cut if boundary is None else min(boundary, cut)
+            assert boundary is not None
+            # Keep the newest entry whatever the groups say: last_sequence's
+            # fallback reads the stream's tail.
+            newest = self._r.xinfo_stream(stream)["last-generated-id"]
+            boundary = min(boundary, _parse_id(newest))
+            removed = int(self._r.xtrim(stream, minid=f"{boundary[0]}-{boundary[1]}", approximate=True))
+        except redis.RedisError as exc:
+            raise translate(exc, self._cfg.url, f"trimming stream {stream}") from exc
+        if removed:
+            log.debug("trimmed %d acknowledged entries from stream %s (below %d-%d)", removed, stream, *boundary)
+        return removed
+
+    def last_sequence(self, producer_id: str) -> int:
+        """From the ``S:seq`` hash (written atomically with each XADD); if the
+        hash has no entry (stream written by an older tool, hash deleted),
+        from the newest stream entry of this producer."""
+        seq = super().last_sequence(producer_id)
+        return seq if seq else self._scan_tail(producer_id)
+
+    def _scan_tail(self, producer_id: str) -> int:
+        want = producer_id.encode("utf-8")
+        top: str = "+"
+        try:
+            while True:
+                page = self._r.xrevrange(self._cfg.stream, max=top, min="-", count=_TAIL_PAGE)
+                if not page:
+                    return 0
+                for _, fields in page:
+                    if fields and fields.get(b"producer") == want:
+                        return int(fields[b"seq"])
+                top = f"({_text(page[-1][0])}"  # exclusive: continue below the last id seen
+        except redis.RedisError as exc:
+            raise translate(exc, self._cfg.url, f"scanning stream {self._cfg.stream} for {producer_id}") from exc
+
+
+class RedisPubSubPublisher(_RedisPublisherBase):
+    """PUBLISH on channel = stream name (at-most-once, as in the Cynomys paper)."""
+
+    _script_text = _PUBSUB_PUBLISH
+
+    def __init__(self, cfg: TransportConfig) -> None:
+        super().__init__(cfg)
+        self._warned_no_subscriber = False
+
+    def _call(self, producer_id: str, seq: int, envelope: bytes) -> Any:
+        return self._script(keys=[self._seq_key], args=[producer_id, seq, envelope, self._cfg.stream])
+
+    def publish(self, producer_id: str, seq: int, envelope: bytes, stop: threading.Event | None = None) -> None:
+        receivers, attempts = self._run(producer_id, seq, envelope, stop)
+        if receivers == -1 and attempts == 1:
+            log.warning("channel %s already had envelope %d of %s (or a later one); not published again",
+                        self._cfg.stream, seq, producer_id)
+        elif receivers == 0:
+            if not self._warned_no_subscriber:
+                log.warning("no subscriber on channel %s at %s: envelope %d of %s is lost (pub/sub is "
+                            "at-most-once); said once until a subscriber is back", self._cfg.stream, self._url,
+                            seq, producer_id)
+                self._warned_no_subscriber = True
+        elif receivers > 0:
+            self._warned_no_subscriber = False
+
+
+class _DeadLetters:
+    """XADD rejected envelopes to the dead-letter stream, capped (nobody
+    consumes it: approximate MAXLEN is fine there)."""
+
+    def __init__(self, r: redis.Redis, cfg: TransportConfig) -> None:
+        self._r = r
+        self.stream = cfg.dead_letter_stream or f"{cfg.stream}:dead"
+        self.cap = cfg.max_stream_len
+
+    def fields(self, delivery: Delivery, reason: str, source: str, consumer: str) -> dict[Any, Any]:
+        return {"env": delivery.envelope, "reason": reason, "id": delivery.id, "stream": source,
+                "consumer": consumer, "at_ms": int(time.time() * 1000)}
+
+    def describe(self, delivery: Delivery) -> str:
+        try:
+            h = peek_header(delivery.envelope)
+        except EnvelopeRejected as exc:
+            return f"entry {delivery.id} (header unreadable: {exc.reason})"
+        return f"entry {delivery.id} (claims producer {h.producer_id!r} seq {h.seq})"
+
+
+class RedisStreamSubscriber:
+    """Reads the stream through a consumer group; at-least-once.
+
+    Recovery order matters for the sequence check downstream: at start (and
+    after any connection error, when a reply may have been lost) we first
+    take over entries other consumers left idle for min-idle (XPENDING IDLE
+    + XCLAIM, ids only), then re-read our own pending list from id 0 — now
+    holding both, in stream order — and only then new entries ('>').  While
+    running, XAUTOCLAIM every ``claim_interval_s`` picks up entries of a
+    consumer that died meanwhile.  One applier should read a group at a time: a group
+    spreads new entries across its consumers, which would break per-producer
+    order."""
+
+    def __init__(self, cfg: TransportConfig, consumer_name: str, *,
+                 claim_min_idle_ms: int = DEFAULT_CLAIM_MIN_IDLE_MS,
+                 claim_interval_s: float = CLAIM_INTERVAL_S) -> None:
+        self._cfg = cfg
+        self._url = redact_url(cfg.url)
+        self._r = _client(cfg.url, SUBSCRIBE_SOCKET_TIMEOUT_S)
+        self._stream = cfg.stream
+        self._group = cfg.consumer_group
+        self.consumer = consumer_name
+        self._dead = _DeadLetters(self._r, cfg)
+        self._min_idle = claim_min_idle_ms
+        self._claim_interval = claim_interval_s
+        self._group_ready = False
+        self._recovering = True
+        self._took_over = False
+        self._pel_cursor = "0"
+        self._claim_cursor = "0-0"
+        self._next_claim = 0.0
+        # Ids handed out and not yet acked: a periodic XAUTOCLAIM may return
+        # them (the applier may hold them longer than min idle) and they must
+        # not be delivered twice in one life.
+        self._in_flight: set[str] = set()
+
+    def read(self, count: int, block_ms: int) -> list[Delivery]:
+        try:
+            self._ensure_group()
+            if self._recovering:
+                if not self._took_over:
+                    self._take_over_idle()
+                    self._took_over = True
+                out = self._read_own_pending(count)
+                if out:
+                    return out
+                self._recovering = False
+            if time.monotonic() >= self._next_claim:
+                out = self._claim_idle(count)
+                if out:
+                    return out
+            return self._read_new(count, block_ms)
+        except redis.RedisError as exc:
+            # A lost reply may have moved entries into our pending list that we
+            # never saw: re-read it before any new entry.
+            self._recovering = True
+            self._took_over = False
+            self._pel_cursor = "0"
+            if "NOGROUP" in str(exc):
+                self._group_ready = False
+                raise TransportUnavailableError(
+                    f"consumer group {self._group} of stream {self._stream} at {self._url} vanished "
+                    "(Redis restarted without persistence?); it will be recreated") from exc
+            raise translate(exc, self._cfg.url, f"reading stream {self._stream}") from exc
+
+    def _ensure_group(self) -> None:
+        if self._group_ready:
+            return
+        try:
+            # Id 0: a new group starts at the beginning of the stream, so
+            # entries published before the first applier started are applied.
+            self._r.xgroup_create(self._stream, self._group, id="0", mkstream=True)
+            log.info("created consumer group %s on stream %s at %s", self._group, self._stream, self._url)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._group_ready = True
+
+    def _deliveries(self, entries: list[Any], redelivered: bool) -> list[Delivery]:
+        out: list[Delivery] = []
+        gone: list[str] = []
+        for raw_id, fields in entries:
+            entry_id = _text(raw_id)
+            if entry_id in self._in_flight:
+                continue
+            if not fields or b"env" not in fields:
+                gone.append(entry_id)
+                continue
+            self._in_flight.add(entry_id)
+            out.append(Delivery(entry_id, bytes(fields[b"env"]), redelivered))
+        if gone:
+            self._drop_deleted(gone)
+        return out
+
+    def _drop_deleted(self, ids: list[str]) -> None:
+        # An entry deleted while pending cannot be redelivered; acknowledge it
+        # so it leaves the pending list.  The sequence check downstream reports
+        # the hole with the missing range.
+        log.error("stream %s: pending entries %s were deleted before being acknowledged; "
+                  "the applier will report the missing sequence numbers", self._stream, ", ".join(ids))
+        self._r.xack(self._stream, self._group, *ids)
+
+    def _take_over_idle(self) -> None:
+        """Startup: move every entry other consumers left idle for min-idle
+        into our pending list (ids only; _read_own_pending then returns them
+        with our own, in stream order)."""
+        start = "-"
+        taken = 0
+        while True:
+            pending = self._r.xpending_range(self._stream, self._group, min=start, max="+", count=500,
+                                             idle=self._min_idle)
+            if not pending:
+                break
+            ids: list[Any] = [_text(p["message_id"]) for p in pending if _text(p["consumer"]) != self.consumer]
+            if ids:
+                taken += len(self._r.xclaim(self._stream, self._group, self.consumer, self._min_idle, ids,
+                                            justid=True))
+            start = "(" + _text(pending[-1]["message_id"])
+        if taken:
+            log.warning("took over %d entries left idle by crashed consumers of group %s", taken, self._group)
+        self._claim_cursor = "0-0"
+        self._next_claim = time.monotonic() + self._claim_interval
+
+    def _claim_idle(self, count: int) -> list[Delivery]:
+        """Periodic XAUTOCLAIM of entries idle for min-idle (a consumer died
+        while we run).  They come after newer entries we have already read."""
+        resp = self._r.xautoclaim(self._stream, self._group, self.consumer, self._min_idle,
+                                  start_id=self._claim_cursor, count=count)
+        cursor, claimed = resp[0], resp[1]
+        deleted = [_text(i) for i in resp[2]] if len(resp) > 2 else []
+        if deleted:
+            log.error("stream %s: idle pending entries %s were deleted before being acknowledged",
+                      self._stream, ", ".join(deleted))
+        self._claim_cursor = _text(cursor)
+        if self._claim_cursor == "0-0":
+            self._next_claim = time.monotonic() + self._claim_interval
+        out = self._deliveries(claimed, redelivered=True)
+        if out:
+            log.warning("took over %d idle entries (from %s) of consumer group %s", len(out), out[0].id, self._group)
+        return out
+
+    def _read_own_pending(self, count: int) -> list[Delivery]:
+        while True:
+            entries = _stream_entries(
+                self._r.xreadgroup(self._group, self.consumer, {self._stream: self._pel_cursor}, count=count))
+            if not entries:
+                return []
+            self._pel_cursor = _text(entries[-1][0])
+            out = self._deliveries(entries, redelivered=True)
+            if out:
+                return out
+
+    def _read_new(self, count: int, block_ms: int) -> list[Delivery]:
+        block = min(block_ms, MAX_BLOCK_MS)
+        # BLOCK 0 means "forever" to Redis; block_ms 0 means "don't wait" here.
+        entries = _stream_entries(self._r.xreadgroup(self._group, self.consumer, {self._stream: ">"},
+                                                     count=count, block=block if block > 0 else None))
+        return self._deliveries(entries, redelivered=False)
+
+    def ack(self, ids: Sequence[str]) -> None:
+        if not ids:
+            return
+        try:
+            self._r.xack(self._stream, self._group, *ids)
+        except redis.RedisError as exc:
+            raise translate(exc, self._cfg.url, f"acknowledging {len(ids)} entries of {self._stream}") from exc
+        self._in_flight.difference_update(ids)
+
+    def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        # XADD + XACK in one MULTI/EXEC: the entry is either set aside and
+        # acknowledged, or still pending — never acknowledged and lost.
+        try:
+            with self._r.pipeline(transaction=True) as pipe:
+                pipe.xadd(self._dead.stream, self._dead.fields(delivery, reason, self._stream, self.consumer),
+                          maxlen=self._dead.cap, approximate=True)
+                pipe.xack(self._stream, self._group, delivery.id)
+                pipe.execute()
+        except redis.RedisError as exc:
+            raise translate(exc, self._cfg.url, f"dead-lettering entry {delivery.id}") from exc
+        self._in_flight.discard(delivery.id)
+        log.warning("dead-lettered %s to %s: %s", self._dead.describe(delivery), self._dead.stream, reason)
+
+    def close(self) -> None:
+        self._r.close()
+
+
+class RedisPubSubSubscriber:
+    """SUBSCRIBE to channel = stream name.  At-most-once: what is published
+    while this subscriber is not connected is gone; ``ack`` does nothing."""
+
+    def __init__(self, cfg: TransportConfig) -> None:
+        self._cfg = cfg
+        self._url = redact_url(cfg.url)
+        self._r = _client(cfg.url, SUBSCRIBE_SOCKET_TIMEOUT_S)
+        self._dead = _DeadLetters(self._r, cfg)
+        self._channel = cfg.stream
+        self._ps = self._r.pubsub(ignore_subscribe_messages=True)
+        self._subscribed = False
+        self._counter = 0
+
+    def read(self, count: int, block_ms: int) -> list[Delivery]:
+        out: list[Delivery] = []
+        deadline = time.monotonic() + block_ms / 1000.0
+        try:
+            if not self._subscribed:
+                self._ps.subscribe(self._channel)
+                self._subscribed = True
+            while len(out) < count:
+                # Wait for the first message only; then take what is buffered.
+                timeout = max(0.0, deadline - time.monotonic()) if not out else 0.0
+                msg = self._ps.get_message(timeout=timeout)
+                if msg is None:
+                    if out or time.monotonic() >= deadline:
+                        break
+                    continue
+                if msg.get("type") != "message":
+                    continue
+                self._counter += 1
+                out.append(Delivery(f"pubsub-{self._counter}", bytes(msg["data"]), False))
+        except redis.RedisError as exc:
+            # The subscription died with the connection; subscribe afresh next
+            # time.  Whatever was published meanwhile is lost (at-most-once).
+            self._ps.close()
+            self._ps = self._r.pubsub(ignore_subscribe_messages=True)
+            self._subscribed = False
+            raise translate(exc, self._cfg.url, f"receiving from channel {self._channel}") from exc
+        return out
+
+    def ack(self, ids: Sequence[str]) -> None:
+        """Nothing to acknowledge in pub/sub."""
+
+    def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        try:
+            self._r.xadd(self._dead.stream, self._dead.fields(delivery, reason, self._channel, "pubsub"),
+                         maxlen=self._dead.cap, approximate=True)
+        except redis.RedisError as exc:
+            raise translate(exc, self._cfg.url, f"dead-lettering {delivery.id}") from exc
+        log.warning("dead-lettered %s to %s: %s", self._dead.describe(delivery), self._dead.stream, reason)
+
+    def close(self) -> None:
+        self._ps.close()
+        self._r.close()
