@@ -1,4 +1,4 @@
-"""A throwaway MariaDB server for tests and the sample job.
+"""A throwaway MariaDB server for the sample job and the tests.
 
 Started as a plain process (no container engine here) in a temp datadir on a
 free loopback port, with the binlog settings Cynomys needs.  ``kill()`` /

@@ -1,0 +1,78 @@
+"""Delay commit: buffer net changes across envelopes, flush in large batches.
+
+Column stores pay dearly per statement (a DELETE or INSERT touches whole
+column extents), so the paper's applier buffers changes and commits them in
+bulk.  Changes to one (table, key) fold across envelopes with the producer's
+rules table (reducer.fold), so a row updated 100 times between flushes is
+written once.
+
+A flush must end on a source transaction boundary (Databus's consistency
+window): the buffer only reports itself flushable when the last envelope
+it took was ``complete``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from cynomys.core.model import Change, Position
+from cynomys.reducer.fold import Folder
+
+
+@dataclass
+class DelayBuffer:
+    buffer_rows: int
+    max_delay_s: float
+    folder: Folder = field(default_factory=Folder)
+    raw_rows: int = 0
+    envelopes: int = 0                    # envelopes taken since the last flush (even empty ones)
+    oldest: float = 0.0                   # monotonic time of the oldest envelope taken
+    complete: bool = True                 # the last batch taken ends a source transaction
+    end: Position | None = None           # position after the last complete batch taken
+    last_commit_ts: int = 0
+
+    def __len__(self) -> int:
+        return self.raw_rows
+
+    def add(self, changes: list[Change] | tuple[Change, ...]) -> None:
+        self.folder.extend(changes)
+        self.raw_rows += len(changes)
+
+    def mark(self, end: Position, complete: bool, last_commit_ts: int) -> None:
+        """Record where the envelope just taken ends.  An envelope with no
+        changes still moves the state, which must be committed too."""
+        if not self.envelopes:
+            self.oldest = time.monotonic()
+        self.envelopes += 1
+        self.complete = complete
+        if complete:
+            self.end = end
+            self.last_commit_ts = max(self.last_commit_ts, last_commit_ts)
+
+    def age(self) -> float:
+        return time.monotonic() - self.oldest if self.envelopes else 0.0
+
+    def due(self) -> bool:
+        """Time to flush: full or old enough, and on a transaction boundary."""
+        if not self.envelopes or not self.complete:
+            return False
+        return self.raw_rows >= self.buffer_rows or self.age() >= self.max_delay_s
+
+    def wait_s(self) -> float:
+        """How long the loop may block before the buffer is due by age."""
+        if not self.envelopes or not self.complete:
+            return 0.5
+        return max(0.0, min(0.5, self.max_delay_s - self.age()))
+
+    def discard(self) -> None:
+        """Drop everything buffered (an obsolete attempt of a large transaction)."""
+        self.folder = Folder()
+        self.raw_rows = 0
+        self.complete = True
+
+    def take(self) -> list[Change]:
+        changes = self.folder.changes()
+        self.folder = Folder()
+        self.raw_rows = 0
+        self.envelopes = 0
+        return changes

@@ -1,0 +1,87 @@
+"""`cynomys tail`: decode envelopes on the transport and print them as SQL.
+
+Reads without consuming: a Redis stream is read with XRANGE/XREAD (never
+through the applier's consumer group, whose pending list must not change);
+a file transport is read from its start by a throwaway reader that never
+acknowledges; pub/sub shows what is published from now on.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+from dataclasses import replace
+from typing import Iterator, TextIO
+
+from cynomys.core.config import Config
+from cynomys.core.errors import EnvelopeRejected, SchemaError
+from cynomys.reducer.sql import MARIADB, render
+from cynomys.schemas import codec
+
+log = logging.getLogger(__name__)
+
+
+def _stream_envelopes(cfg: Config, stop: threading.Event, follow: bool) -> Iterator[bytes]:
+    import redis
+
+    r = redis.Redis.from_url(cfg.transport.url)
+    last = "0-0"
+    while not stop.is_set():
+        if follow:
+            reply = r.xread({cfg.transport.stream: last}, count=100, block=500)
+            entries = reply[0][1] if reply else []
+        else:
+            entries = r.xrange(cfg.transport.stream, min="(" + last if last != "0-0" else "-", count=100)
+            if not entries:
+                return
+        for entry_id, fields in entries:
+            last = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+            if b"env" in fields:
+                yield bytes(fields[b"env"])
+
+
+def _other_envelopes(cfg: Config, stop: threading.Event, follow: bool) -> Iterator[bytes]:
+    from cynomys.transport.bus import open_subscriber
+
+    tcfg = cfg.transport
+    if tcfg.kind == "file":
+        tcfg = replace(tcfg, path=str(cfg.resolve(tcfg.path)))
+    sub = open_subscriber(tcfg, f"cynomys-tail-{threading.get_ident()}")
+    try:
+        while not stop.is_set():
+            got = sub.read(100, 500)
+            if not got and not follow:
+                return
+            for d in got:
+                yield d.envelope
+    finally:
+        sub.close()
+
+
+def tail(cfg: Config, stop: threading.Event, *, follow: bool, limit: int, out: TextIO) -> int:
+    """Print records as SQL; returns how many records were printed."""
+    from cynomys.applier.loop import make_opener
+
+    opener = make_opener(cfg)
+    source = _stream_envelopes if cfg.transport.kind == "redis" and cfg.transport.mode == "stream" else _other_envelopes
+    printed = 0
+    for env in source(cfg, stop, follow):
+        try:
+            opened = opener.open(env)
+            batch = codec.decode(opened.payload)
+        except (EnvelopeRejected, SchemaError) as exc:
+            print(f"-- rejected envelope: {exc}", file=out)
+            continue
+        when = datetime.datetime.fromtimestamp(batch.last_commit_ts, datetime.timezone.utc).isoformat() \
+            if batch.last_commit_ts else "-"
+        print(f"-- envelope {opened.seq} from {opened.producer_id}: {len(batch.changes)} changes, "
+              f"up to {batch.end}{'' if batch.complete else ' (transaction continues)'}, source time {when}", file=out)
+        for c in batch.changes:
+            print(f"-- tid {c.tid} {c.op.value} {c.database}.{c.table}".rstrip("."), file=out)
+            for stmt in render([c], MARIADB):
+                print(stmt + ";", file=out)
+            printed += 1
+            if limit and printed >= limit:
+                return printed
+        out.flush()
+    return printed

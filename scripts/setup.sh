@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what Cynomys and its tests need on a fresh Debian/Ubuntu machine:
+# MariaDB and Redis server binaries (the tests and the demo start their own
+# throwaway servers on free loopback ports; no system service is used), a
+# Java 17 runtime (Spark), and a Python virtual environment in .venv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || need+=(mariadb-server mariadb-client)
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "setup: installing ${need[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  # Do not start the packaged services: Cynomys runs its own server processes.
+  DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e '.[columnstore,test]'
+echo "setup: ready (.venv)"
