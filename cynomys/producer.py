@@ -218,6 +218,9 @@ class Producer:
                 if at_boundary() and frag == 0:
                     assert last_commit is not None
                     flush(True, last_commit.end)
+                if time.monotonic() - last_save > 1.0:  # idle: keep `cynomys status` current
+                    self._save()
+                    last_save = time.monotonic()
                 continue
             if item is _EOF:
                 if at_boundary() and frag == 0:

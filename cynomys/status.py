@@ -63,7 +63,9 @@ def collect(cfg: Config) -> dict[str, Any]:
         report["applier"] = {"reachable": True} if st is None else {
             "reachable": True, "sequence": st.seq, "position": str(st.position),
             "lag_bytes": _bytes_behind(source_end, st.position),
-            "lag_s": round(time.time() - st.commit_ts, 1) if st.commit_ts else None,
+            # Caught up means no lag, however old the last change is.
+            "lag_s": 0.0 if source_end is not None and st.position.file == source_end.file
+            and st.position.pos >= source_end.pos else (round(time.time() - st.commit_ts, 1) if st.commit_ts else None),
             "envelopes_behind_producer": max(0, pstate.seq - st.seq),
         }
     except (CynomysError, OSError) as exc:

@@ -11,10 +11,12 @@ import datetime
 import logging
 import threading
 from dataclasses import replace
+from itertools import groupby
 from typing import Iterator, TextIO
 
 from cynomys.core.config import Config
 from cynomys.core.errors import EnvelopeRejected, SchemaError
+from cynomys.core.model import Op
 from cynomys.reducer.sql import MARIADB, render
 from cynomys.schemas import codec
 
@@ -76,11 +78,17 @@ def tail(cfg: Config, stop: threading.Event, *, follow: bool, limit: int, out: T
             if batch.last_commit_ts else "-"
         print(f"-- envelope {opened.seq} from {opened.producer_id}: {len(batch.changes)} changes, "
               f"up to {batch.end}{'' if batch.complete else ' (transaction continues)'}, source time {when}", file=out)
-        for c in batch.changes:
-            print(f"-- tid {c.tid} {c.op.value} {c.database}.{c.table}".rstrip("."), file=out)
-            for stmt in render([c], MARIADB):
+        # One header per run of changes of one transaction, op and table;
+        # the run renders as one multi-row statement where it can.
+        for (tid, op, db, table), group in groupby(batch.changes, key=lambda c: (c.tid, c.op, c.database, c.table)):
+            changes = list(group)
+            if limit:
+                changes = changes[: limit - printed]
+            print(f"-- tid {tid} {op.value} {db}.{table}".rstrip(".") + f" ({len(changes)} rows)" * (op is not Op.DDL),
+                  file=out)
+            for stmt in render(changes, MARIADB):
                 print(stmt + ";", file=out)
-            printed += 1
+            printed += len(changes)
             if limit and printed >= limit:
                 return printed
         out.flush()
