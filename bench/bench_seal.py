@@ -29,6 +29,7 @@ import fastavro
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import cpu_model  # noqa: E402
 from cynomys.transport.envelope import Opener, Sealer  # noqa: E402
 from cynomys.transport.keys import (  # noqa: E402
     PrivateKey,
@@ -139,16 +140,6 @@ def measure(level: int, name: str, size: int, keys: Keys, min_time: float, repea
         "aes_gcm_decrypt_only_MBps": rate(lambda: aes.decrypt(nonce, ct, b""), n, min_time, repeats),
     }
     return {k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main() -> None:

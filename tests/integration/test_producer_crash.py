@@ -18,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pymysql
 import pytest
 
 from cynomys.core.config import load_config
@@ -112,18 +113,25 @@ def _workload(srv: MariaDBServer, stop: threading.Event, seed: int, counter: lis
             k = rnd.randrange(300)
             cur.execute("BEGIN")
             choice = rnd.random()
-            if choice < 0.45:
-                cur.execute("INSERT INTO t VALUES (%s, %s, 0) ON DUPLICATE KEY UPDATE v = v + 1, ver = ver + 1", (k, rnd.randrange(1000)))
-            elif choice < 0.7:
-                cur.execute("UPDATE t SET v = v + 1, ver = ver + 1 WHERE id BETWEEN %s AND %s", (k, k + 5))
-            elif choice < 0.8:
-                cur.execute("UPDATE t SET id = id + 1000 WHERE id = %s", (k,))
-            elif choice < 0.9:
-                cur.execute("DELETE FROM t WHERE id = %s", (k,))
-            else:
-                cur.execute("INSERT INTO n VALUES (%s, %s)", (k % 7, k % 3))
-                cur.execute("DELETE FROM n WHERE a = %s LIMIT 1", (rnd.randrange(7),))
-            cur.execute("COMMIT")
+            try:
+                if choice < 0.45:
+                    cur.execute("INSERT INTO t VALUES (%s, %s, 0) ON DUPLICATE KEY UPDATE v = v + 1, ver = ver + 1",
+                                (k, rnd.randrange(1000)))
+                elif choice < 0.7:
+                    cur.execute("UPDATE t SET v = v + 1, ver = ver + 1 WHERE id BETWEEN %s AND %s", (k, k + 5))
+                elif choice < 0.8:
+                    cur.execute("UPDATE t SET id = id + 1000 WHERE id = %s", (k,))
+                elif choice < 0.9:
+                    cur.execute("DELETE FROM t WHERE id = %s", (k,))
+                else:
+                    cur.execute("INSERT INTO n VALUES (%s, %s)", (k % 7, k % 3))
+                    cur.execute("DELETE FROM n WHERE a = %s LIMIT 1", (rnd.randrange(7),))
+                cur.execute("COMMIT")
+            except (pymysql.err.IntegrityError, pymysql.err.OperationalError) as exc:
+                if exc.args[0] not in (1062, 1213, 1205):  # key clash, deadlock, lock wait: the next one
+                    raise
+                cur.execute("ROLLBACK")
+                continue
             counter[0] += 1
     conn.close()
 

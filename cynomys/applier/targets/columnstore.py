@@ -488,9 +488,10 @@ class ColumnStoreTarget(Target):
         col = re.search(r"column '([^']+)'", message)
         target_type = ""
         if col:
-            for c in schema.columns:
+            for i, c in enumerate(schema.columns):
                 if c.name == col.group(1):
-                    target_type = f" (source type {c.type}, target type {self.profile.target_type(c)})"
+                    value = f", value {_short(repr(rows[int(m.group(1)) - 1][i]))}" if detail and m else ""
+                    target_type = f" (source type {c.type}, mapped to {self.profile.target_type(c)}{value})"
         return TargetRejectedError(
             f"target table {schema.name} rejected a value: {message}{target_type}{detail}",
             hint="widen the column on the target (ALTER TABLE ... MODIFY) or fix the value on the source; "
