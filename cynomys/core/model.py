@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import functools
 import re
 from dataclasses import dataclass, field
 from enum import Enum
@@ -131,13 +132,19 @@ class TableSchema:
     def name(self) -> str:
         return f"{self.database}.{self.table}"
 
-    @property
+    # Cached: asked for every row change (folding, flushes).  A frozen
+    # dataclass still has an instance __dict__, which cached_property uses.
+    @functools.cached_property
     def column_names(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.columns)
 
-    def key_indexes(self) -> tuple[int, ...]:
+    @functools.cached_property
+    def _key_indexes(self) -> tuple[int, ...]:
         names = self.column_names
         return tuple(names.index(k) for k in self.key)
+
+    def key_indexes(self) -> tuple[int, ...]:
+        return self._key_indexes
 
 
 @dataclass(frozen=True)

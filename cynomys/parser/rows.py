@@ -174,39 +174,41 @@ def _binary_fixed(width: int) -> Callable[[bytes], Value]:
 
 
 def _decimal(precision: int, scale: int) -> Decoder:
+    """strings/decimal.c bin2decimal: groups of 9 digits in 4 bytes, the
+    leftover digits in 1-4 bytes, big-endian; the first bit flipped is the
+    sign, and a negative number has every byte inverted.  The whole field is
+    read as one integer and split with precomputed shifts (hot path)."""
     intg = precision - scale
     intg0, intg0x = divmod(intg, 9)
     frac0, frac0x = divmod(scale, 9)
-    size = intg0 * 4 + _DIG2BYTES[intg0x] + frac0 * 4 + _DIG2BYTES[frac0x]
-    parts: list[tuple[int, int]] = []  # (bytes, digits) in order
+    groups: list[tuple[int, int]] = []  # (bytes, digits), most significant first
     if intg0x:
-        parts.append((_DIG2BYTES[intg0x], intg0x))
-    parts += [(4, 9)] * intg0
-    int_parts = len(parts)
-    parts += [(4, 9)] * frac0
+        groups.append((_DIG2BYTES[intg0x], intg0x))
+    groups += [(4, 9)] * (intg0 + frac0)
     if frac0x:
-        parts.append((_DIG2BYTES[frac0x], frac0x))
+        groups.append((_DIG2BYTES[frac0x], frac0x))
+    size = sum(b for b, _ in groups)
+    bits = 8 * size
+    sign_bit = 1 << (bits - 1)
+    all_ones = (1 << bits) - 1
+    plan: list[tuple[int, int, int]] = []  # (shift, mask, 10**digits)
+    shift = bits
+    for nbytes, ndig in groups:
+        shift -= 8 * nbytes
+        plan.append((shift, (1 << (8 * nbytes)) - 1, 10 ** ndig))
+    exponent = -scale
+    Dec = decimal.Decimal
 
     def dec(buf: bytes, off: int) -> tuple[Value, int]:
-        raw = bytearray(buf[off:off + size])
-        negative = not (raw[0] & 0x80)
-        raw[0] ^= 0x80
+        raw = int.from_bytes(buf[off:off + size], "big") ^ sign_bit
+        negative = raw & sign_bit  # the stored sign bit was 0
         if negative:
-            raw = bytearray(b ^ 0xFF for b in raw)
-        pos = 0
-        digits: list[str] = []
-        for i, (nbytes, ndig) in enumerate(parts):
-            v = int.from_bytes(raw[pos:pos + nbytes], "big")
-            pos += nbytes
-            if i == int_parts:
-                digits.append(".")
-            digits.append(str(v).zfill(ndig))
-        if int_parts == len(parts):
-            digits.append(".")
-        text = "".join(digits)
-        whole, _, frac = text.partition(".")
-        text = (whole.lstrip("0") or "0") + ("." + frac if frac else "")
-        return decimal.Decimal(("-" if negative else "") + text), off + size
+            raw ^= all_ones
+        n = 0
+        for sh, mask, base in plan:
+            n = n * base + ((raw >> sh) & mask)
+        # From text: exact, whatever the decimal context's precision.
+        return Dec(f"{'-' if negative else ''}{n}E{exponent}"), off + size
 
     return dec
 

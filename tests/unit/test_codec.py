@@ -64,3 +64,24 @@ def test_bad_payloads_are_rejected_with_schema_error() -> None:
 def test_unencodable_value_names_the_problem() -> None:
     with pytest.raises(SchemaError, match="complex"):
         codec.encode(_batch([1, complex(1, 2)]))
+
+
+def test_column_blocks_with_nulls_and_mixed_kinds_round_trip() -> None:
+    cols = tuple(ColumnDef(f"c{i}", "text") for i in range(6))
+    schema = TableSchema("d", "t", cols, ("c0",))
+    rows = []
+    for i in range(300):
+        rows.append((
+            i,
+            None if i % 3 == 0 else f"s{i}",                                    # sparse NULLs
+            None,                                                               # all NULL
+            RawTemporal("0000-00-00") if i % 7 == 0 else dt.date(2020, 1, 1 + i % 28),  # mixed kinds
+            18446744073709551615 - i if i % 2 else i,                           # beyond int64 in places
+            None if i % 5 else dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc),
+        ))
+    changes = tuple(Change(Op.INSERT if i % 4 else Op.UPDATE, "d", "t", str(i), Position("b.000001", 4 + i), 0, schema,
+                           None if i % 4 else rows[i - 1], r) for i, r in enumerate(rows))
+    b = Batch("p", changes, Position("b.000001", 9999))
+    out = codec.decode(codec.encode(b))
+    assert out == b
+    assert [type(v) for v in out.changes[7].after or ()][3] is RawTemporal

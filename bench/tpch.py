@@ -1,0 +1,40 @@
+"""TPC-H lineitem rows for the benchmarks, from duckdb's tpch extension
+(PyPI duckdb + duckdb-extension-tpch; loaded from the wheel's file, offline)."""
+from __future__ import annotations
+
+import glob
+import os
+from typing import Any
+
+#: lineitem in MySQL/MariaDB, keyed like TPC-H (orderkey, linenumber).
+LINEITEM_DDL = """CREATE TABLE lineitem (
+  l_orderkey BIGINT NOT NULL, l_partkey BIGINT NOT NULL, l_suppkey BIGINT NOT NULL, l_linenumber INT NOT NULL,
+  l_quantity DECIMAL(15,2) NOT NULL, l_extendedprice DECIMAL(15,2) NOT NULL, l_discount DECIMAL(15,2) NOT NULL,
+  l_tax DECIMAL(15,2) NOT NULL, l_returnflag CHAR(1) NOT NULL, l_linestatus CHAR(1) NOT NULL,
+  l_shipdate DATE NOT NULL, l_commitdate DATE NOT NULL, l_receiptdate DATE NOT NULL,
+  l_shipinstruct CHAR(25) NOT NULL, l_shipmode CHAR(10) NOT NULL, l_comment VARCHAR(44) NOT NULL,
+  PRIMARY KEY (l_orderkey, l_linenumber))"""
+
+
+def _extension() -> str:
+    import duckdb_extension_tpch
+
+    found = glob.glob(os.path.join(os.path.dirname(duckdb_extension_tpch.__file__), "extensions", "*",
+                                   "tpch.duckdb_extension"))
+    if not found:
+        raise SystemExit("tpch.duckdb_extension not found: pip install duckdb-extension-tpch")
+    return found[0]
+
+
+def lineitem(rows: int) -> list[tuple[Any, ...]]:
+    """The first ``rows`` lineitem rows (scale factor chosen to have enough:
+    sf=0.17 gives about 1.02M)."""
+    import duckdb
+
+    sf = max(0.01, round(rows / 6_000_000 + 0.005, 3))
+    con = duckdb.connect(config={"allow_unsigned_extensions": "true"})
+    con.execute(f"LOAD '{_extension()}'")
+    con.execute(f"CALL dbgen(sf={sf})")
+    out = con.execute(f"SELECT * FROM lineitem ORDER BY l_orderkey, l_linenumber LIMIT {int(rows)}").fetchall()
+    con.close()
+    return out
