@@ -170,9 +170,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _log_peak_memory() -> None:
+    # VmHWM, not ru_maxrss: on Linux ru_maxrss survives fork+exec, so a
+    # daemon started by a big parent would report the parent's peak.
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                log.info("peak RSS %.1f MB", int(line.split()[1]) / 1024)
+                return
+    except OSError:
+        pass
     import resource
 
-    log.info("peak RSS %.1f MB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    log.info("peak RSS %.1f MB (ru_maxrss)", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
 def main(argv: list[str] | None = None) -> int:

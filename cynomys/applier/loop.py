@@ -12,6 +12,7 @@ Exactly-once effect, by construction:
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cynomys.applier.batcher import DelayBuffer
+from cynomys.core.checkpoint import write_json_atomic
 from cynomys.applier.targets.base import AppliedState, Target, build_flush, open_target
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, CynomysError, EnvelopeRejected, SchemaError, TerminalError
@@ -79,6 +81,7 @@ class Applier:
         # State to commit with the next flush: the last *complete* envelope taken.
         self.pending_state: AppliedState | None = None
         self.last_delivery = time.monotonic()
+        self.report_path = cfg.resolve(cfg.applier.state_dir) / "applier.json"
 
     # ------------------------------------------------------------------
     def start(self) -> None:
@@ -206,6 +209,17 @@ class Applier:
             log.debug("flushed %d net changes in %.3fs up to %s", len(changes), time.monotonic() - t0, state.position)
         self.applied[state.producer_id] = state
         self._ack()
+        self._report(state)
+
+    def _report(self, state: AppliedState) -> None:
+        """``state_dir/applier.json``: what the target holds, for `cynomys
+        status` and monitoring without a target connection.  The truth is
+        the state committed in the target; this file only mirrors it."""
+        write_json_atomic(self.report_path, {
+            "producer_id": state.producer_id, "seq": state.seq, "position": state.position.to_dict(),
+            "commit_ts": state.commit_ts, "flushed_at": time.time(),
+            "stats": {**dataclasses.asdict(self.stats), "rejected": dict(self.stats.rejected)},
+        }, durable=False)
 
     def _ack(self) -> None:
         if self.unacked and self.buffer.complete and not self.buffer.envelopes:

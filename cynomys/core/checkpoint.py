@@ -13,20 +13,24 @@ from typing import Any
 from cynomys.core.errors import TerminalError
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+def write_json_atomic(path: Path, data: dict[str, Any], *, durable: bool = True) -> None:
+    """``durable=False`` skips the fsyncs: still never torn (rename is
+    atomic), but may be lost in a power cut -- for informational files."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as fh:
             json.dump(data, fh, indent=1, sort_keys=True)
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)  # make the rename itself durable
-        finally:
-            os.close(dfd)
+        if durable:
+            dfd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)  # make the rename itself durable
+            finally:
+                os.close(dfd)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
