@@ -12,7 +12,7 @@ import logging
 import threading
 from dataclasses import replace
 from itertools import groupby
-from typing import Iterator, TextIO
+from typing import Any, Iterator, TextIO
 
 from cynomys.core.config import Config
 from cynomys.core.errors import EnvelopeRejected, SchemaError
@@ -28,12 +28,13 @@ def _stream_envelopes(cfg: Config, stop: threading.Event, follow: bool) -> Itera
 
     r = redis.Redis.from_url(cfg.transport.url)
     last = "0-0"
+    entries: list[Any]
     while not stop.is_set():
         if follow:
-            reply = r.xread({cfg.transport.stream: last}, count=100, block=500)
+            reply: Any = r.xread({cfg.transport.stream: last}, count=100, block=500)
             entries = reply[0][1] if reply else []
         else:
-            entries = r.xrange(cfg.transport.stream, min="(" + last if last != "0-0" else "-", count=100)
+            entries = list(r.xrange(cfg.transport.stream, min="(" + last if last != "0-0" else "-", count=100))  # type: ignore[arg-type]
             if not entries:
                 return
         for entry_id, fields in entries:

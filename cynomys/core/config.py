@@ -134,11 +134,18 @@ class TargetConfig:
 
 @dataclass(frozen=True)
 class SnapshotConfig:
+    """Full-state capture (cynomys/snapshot): DBLog watermarks, or GTID
+    watermarks with ``read_only`` (no writes to the source)."""
+
     chunk_size: int = field(default=5000, metadata=_POSITIVE)
     watermark_schema: str = "cynomys_meta"
     read_only: bool = False
     allow_no_primary_key: bool = False
     throttle_ms: int = field(default=0, metadata=_NON_NEGATIVE)
+    # On the producer's first start (no checkpoint) with [source] start =
+    # "current", snapshot every included table: the binlog before that point
+    # is not read, so a new target would otherwise miss the existing rows.
+    initial: bool = True
 
 
 @dataclass(frozen=True)
@@ -238,7 +245,7 @@ def _build(cls: type, data: Mapping[str, Any], section: str, file: str, env: Map
             raw = data.get(name, {})
             if not isinstance(raw, dict):
                 raise ConfigError(f"{where} in {file}: expected a table [{sub}]")
-            kwargs[name] = _build(tp, raw, sub, file, env)
+            kwargs[name] = _build(typing.cast(type, tp), raw, sub, file, env)
             continue
         env_name = "CYNOMYS_" + sub.replace(".", "_").upper()
         if env_name in env:

@@ -160,9 +160,9 @@ def _encode_column(values: list[Value]) -> tuple[str, dict[str, Any]]:
         elif t is datetime.datetime:
             naive = {v.tzinfo is None for v in present}  # type: ignore[union-attr]
             if naive == {True}:
-                name, out = "DateTimeColumn", [_td_us(v - _EPOCH_NAIVE) for v in present]  # type: ignore[operator]
+                name, out = "DateTimeColumn", [_td_us(v - _EPOCH_NAIVE) for v in present]  # type: ignore[operator,arg-type]
             elif naive == {False}:
-                name, out = "TimestampColumn", [_td_us(v - _EPOCH_UTC) for v in present]  # type: ignore[operator]
+                name, out = "TimestampColumn", [_td_us(v - _EPOCH_UTC) for v in present]  # type: ignore[operator,arg-type]
         elif t in _COLUMN_OF_TYPE:
             name, conv = _COLUMN_OF_TYPE[t]
             if conv is not _ident:

@@ -1,0 +1,75 @@
+"""The command line as a user runs it: keygen, config check, produce, tail,
+status, and a clean exit on SIGTERM."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import wait_for, write_config
+from tests.servers.mariadb import MariaDBServer
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).parents[2]
+
+
+def cli(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    p = subprocess.run([sys.executable, "-m", "cynomys.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                       timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"cynomys {' '.join(args)} -> {p.returncode}\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def test_keygen_writes_private_keys_0600_and_refuses_to_overwrite(tmp_path: Path) -> None:
+    out = cli("keygen", "--out", str(tmp_path / "k"), "--bits", "2048").stdout
+    assert "applier_private_key" in out and "producer_public_key" in out
+    for name in ("applier_private.pem", "producer_private.pem"):
+        assert stat.S_IMODE(os.stat(tmp_path / "k" / name).st_mode) == 0o600
+    again = cli("keygen", "--out", str(tmp_path / "k"), check=False)
+    assert again.returncode == 2 and "--force" in again.stderr + again.stdout
+
+
+def test_config_check_names_the_bad_key(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[producer]\nbatch_max_event = 5\n")
+    p = cli("config", "check", "-c", str(bad), check=False)
+    assert p.returncode == 2 and "unknown key [producer] batch_max_event" in p.stderr and str(bad) in p.stderr
+
+
+def test_produce_tail_status_and_sigterm(mariadb: MariaDBServer, tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    cli("keygen", "--out", str(keys), "--bits", "2048")
+    start = "{}:{}".format(*mariadb.execute("SHOW MASTER STATUS")[0][:2])
+    cfg = write_config(tmp_path / "c.toml", mariadb, source={"include_tables": ["clidb.*"], "start": start},
+                       transport={"kind": "file", "path": str(tmp_path / "t.bin")},
+                       security={k: str(keys / f"{k.replace('_key', '')}.pem") for k in
+                                 ("applier_public_key", "producer_private_key", "applier_private_key",
+                                  "producer_public_key")},
+                       target={"kind": "columnstore", "url": "mysql://nobody:x@127.0.0.1:1/"})
+    assert "OK" in cli("config", "check", "-c", str(cfg)).stdout
+    mariadb.execute("CREATE DATABASE clidb", "CREATE TABLE clidb.t (id INT PRIMARY KEY, v VARCHAR(20))",
+                    "INSERT INTO clidb.t VALUES (1, 'it''s'), (2, 'b')", "DELETE FROM clidb.t WHERE id = 2")
+    daemon = subprocess.Popen([sys.executable, "-m", "cynomys.cli", "produce", "-c", str(cfg)], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    state = tmp_path / "producer-state" / "producer.json"
+    wait_for(lambda: state.exists() and json.loads(state.read_text())["seq"] >= 1, 60, "a batch to be shipped")
+    time.sleep(0.5)
+    daemon.send_signal(signal.SIGTERM)
+    out, _ = daemon.communicate(timeout=60)
+    assert daemon.returncode == 0, out
+    assert "peak RSS" in out
+    tail = cli("tail", "-c", str(cfg), "-n", "10").stdout
+    assert "INSERT INTO `clidb`.`t` (`id`, `v`) VALUES\n  (1, 'it''s')" in tail
+    assert "CREATE TABLE clidb.t" in tail
+    status = json.loads(cli("status", "-c", str(cfg), "--json").stdout)
+    assert status["source"]["reachable"] is True
+    assert status["producer"]["checkpoint"] and status["producer"]["sequence"] >= 1
+    assert status["applier"]["reachable"] is False and "127.0.0.1:1" in status["applier"]["error"]
