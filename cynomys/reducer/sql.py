@@ -83,7 +83,8 @@ class Dialect:
 
 
 MARIADB = Dialect("mariadb", "`", True, lambda b: "X'" + b.hex() + "'" if b else "''", "<=>", True, "REPLACE")
-MONETDB = Dialect("monetdb", '"', False, lambda b: "BLOB '" + b.hex() + "'", "IS NOT DISTINCT FROM", False, "")
+# MonetDB reads backslash escapes in '...' literals unless started with raw_strings.
+MONETDB = Dialect("monetdb", '"', True, lambda b: "BLOB '" + b.hex() + "'", "IS NOT DISTINCT FROM", False, "")
 SPARK = Dialect("spark", "`", True, lambda b: "X'" + b.hex() + "'", "<=>", False, "")
 DIALECTS = {d.name: d for d in (MARIADB, MONETDB, SPARK)}
 

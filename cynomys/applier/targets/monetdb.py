@@ -1,0 +1,782 @@
+"""MonetDB target over pymonetdb.
+
+Each source database becomes a MonetDB schema of the same name; each table
+keeps its name and primary key; column types follow ``monetdb_types``
+(MonetDB has no unsigned types, keeps each integer type's minimum as NULL,
+has a 0-24h TIME, and no zero dates, so the mapping is a table of its own).
+
+One flush is one MonetDB transaction: deletes by key (``IN`` lists of up to
+1000 keys; composite keys through a temporary table and one semijoin),
+keyless deletes (no DELETE ... LIMIT: count the copies, delete them all,
+insert the surplus back), a bulk ``COPY n RECORDS INTO ... FROM STDIN`` of
+the final images (or multi-row INSERTs with ``?bulk=insert``), and the
+applier state row.  A missing table is created just before, in a
+transaction of its own.  A DDL statement and its state row commit together
+(MonetDB DDL is transactional: ``transactional_ddl``), so a crash never
+leaves the two apart; DDL operations still check the catalog first, so
+applying one twice changes nothing.
+
+Works with MonetDB 11.33 (Apr2019) and later: no MERGE, no IF [NOT] EXISTS,
+no IS [NOT] DISTINCT FROM; existence is read from the catalog (sys.schemas,
+sys.tables, sys.columns, sys.keys, sys.comments).  What differs between
+releases (HUGEINT, microsecond timestamps, the NULL of REAL/DOUBLE, backslash
+escapes in literals, JSON text, ALTER COLUMN type) is probed once per
+connection into ``ServerFeatures``.  Only a server built from 11.53.15
+(Mar2025) was available to test against.
+
+MonetDB runs optimistic concurrency control: a transaction that conflicts
+with another one fails (at the statement or at COMMIT); that is reported as
+transient (TargetUnavailableError) and the flush is retried.
+
+[target] url: ``monetdb://user:password@host:port/database`` (``monetdbs://``
+for TLS), options ``bulk=copy|insert`` and ``integers=widen|native``.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import socket
+import ssl
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Iterator, Sequence
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+import pymonetdb
+
+from cynomys.applier.targets import monetdb_ddl as ddl_ops
+from cynomys.applier.targets.base import (
+    AppliedState,
+    Capabilities,
+    Flush,
+    TableFlush,
+    Target,
+)
+from cynomys.applier.targets.monetdb_types import (
+    Codec,
+    ServerFeatures,
+    Unstorable,
+    codec,
+    comment_for,
+    native_source_type,
+    qualified,
+    quote_ident,
+    source_type_from_comment,
+    string_literal,
+)
+from cynomys.core.config import Config
+from cynomys.core.errors import ConfigError, TargetRejectedError, TargetUnavailableError
+from cynomys.core.model import Change, ColumnDef, Position, Row, TableSchema, Value
+from cynomys.reducer.ddl import SKIP_HINT, UnsupportedDdl, parse_ddl
+
+log = logging.getLogger(__name__)
+
+Cursor = Any  # pymonetdb.sql.cursors.Cursor (untyped)
+
+#: Words in a MonetDB error that mean "the server or the connection is gone
+#: or busy, or another transaction won": retrying later may succeed.
+TRANSIENT_MESSAGES = (
+    "concurrency conflict",        # optimistic concurrency control lost at COMMIT (SQLSTATE 40000/40001)
+    "transaction is aborted because of concurrency",
+    "conflict with another transaction",  # ... or at the statement (11.41+: "Update failed due to conflict")
+    "server closed connection",
+    "not connected",
+    "connection refused",
+    "connection reset",
+    "broken pipe",
+    "timed out",
+    "under maintenance",           # monetdbd: database being locked / started
+    "starting up",
+    "shutting down",
+    "no more client slots",
+    "too many clients",
+)
+_STATEMENT_BYTES = 4 * 1024 * 1024  # per multi-row INSERT
+
+
+def _sqlstate(message: str) -> str:
+    m = re.match(r"\s*([0-9A-Z]{5})!", message)
+    return m.group(1) if m else ""
+
+
+def _message(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return re.sub(r"^[0-9A-Z]{5}!", "", text)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether retrying later may help (the marker TargetUnavailableError carries)."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return False  # a certificate that does not verify stays so: fix the url
+    if isinstance(exc, (OSError, socket.timeout, EOFError)):
+        return True
+    if isinstance(exc, pymonetdb.Error):
+        text = str(exc).lower()
+        return any(m in text for m in TRANSIENT_MESSAGES) or _sqlstate(str(exc)) == "40001"
+    return False
+
+
+def target_error(exc: BaseException, what: str, hint: str | None = None) -> TargetUnavailableError | TargetRejectedError:
+    """A driver/socket error -> TargetUnavailableError (transient) or TargetRejectedError."""
+    text = _message(exc) or type(exc).__name__
+    if is_transient(exc):
+        return TargetUnavailableError(f"{what}: target unavailable ({text})",
+                                      hint="check that the MonetDB server is running and reachable; Cynomys retries")
+    return TargetRejectedError(f"{what}: target refused it ({text})", hint=hint)
+
+
+@dataclass(frozen=True)
+class TargetColumn:
+    """A column as the MonetDB catalog has it."""
+
+    name: str
+    type: str            # sys.columns.type: 'int', 'varchar', 'decimal', 'timestamptz', ...
+    digits: int
+    scale: int
+    nullable: bool
+    remark: str | None   # its comment
+
+    @property
+    def source_type(self) -> str:
+        """The source type recorded in the comment, else one that decodes it."""
+        return source_type_from_comment(self.remark) or native_source_type(self.type, self.digits, self.scale)
+
+
+class MonetDBTarget(Target):
+    """MonetDB over pymonetdb; see the module docstring."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        transactional_ddl=True, max_statement_rows=1000, supports_keys=True)
+    #: Where the applier state lives on the target.
+    state_schema: ClassVar[str] = "cynomys_state"
+    state_table: ClassVar[str] = "applied"
+    #: [target] url query options and their allowed values.
+    #: bulk: COPY INTO ... FROM STDIN or multi-row INSERT; integers: signed
+    #: integers one size wider (lossless) or at the source width (the type's
+    #: minimum, MonetDB's NULL, refused).
+    url_options: ClassVar[dict[str, tuple[str, ...]]] = {"bulk": ("copy", "insert"), "integers": ("widen", "native")}
+    #: Rows per COPY INTO statement (bounds the request held in memory).
+    copy_rows: ClassVar[int] = 20_000
+    #: Session-local temporary table that holds composite keys to delete.
+    key_table: ClassVar[str] = "cynomys_delete_keys"
+
+    def __init__(self, cfg: Config) -> None:
+        super().__init__(cfg)
+        self._dsn, options = self._parse_url(cfg.target.url)
+        self.use_copy = options.get("bulk", "copy") == "copy"
+        self.native_integers = options.get("integers", "widen") == "native"
+        self._conn: Any = None
+        self.features = ServerFeatures()
+        # Tables known to match a schema (created, columns present).
+        self._ready: dict[tuple[str, str], TableSchema] = {}
+        # Source schemas seen (flushes, DDL): column order for fetch_rows;
+        # kept in step by monetdb_ddl.  Types come from column comments.
+        self.schemas: dict[tuple[str, str], TableSchema] = {}
+        self._codecs: dict[TableSchema, list[Codec]] = {}
+
+    # ------------------------------------------------------------------
+    # Connection
+    # ------------------------------------------------------------------
+    @classmethod
+    def _parse_url(cls, url: str) -> tuple[dict[str, Any], dict[str, str]]:
+        """'monetdb://user:pass@host:port/database?bulk=insert' -> (connect kwargs, options)."""
+        example = "monetdb://monetdb:monetdb@127.0.0.1:50000/demo"
+        if not url:
+            raise ConfigError("[target] url is empty", hint=f"set it to {example}")
+        parts = urlsplit(url)
+        if parts.scheme not in ("monetdb", "monetdbs"):
+            raise ConfigError(f"[target] url scheme {parts.scheme!r} is not monetdb://", hint=f"write it as {example}")
+        database = unquote(parts.path.lstrip("/"))
+        if not database or "/" in database:
+            raise ConfigError("[target] url names no MonetDB database", hint=f"end the url with the database: {example}")
+        options = dict(parse_qsl(parts.query))
+        for key, value in options.items():
+            allowed = cls.url_options.get(key)
+            if allowed is None:
+                raise ConfigError(f"[target] url has an unknown option {key!r}",
+                                  hint="known: " + ", ".join(f"{k}={'|'.join(v)}" for k, v in cls.url_options.items()))
+            if value not in allowed:
+                raise ConfigError(f"[target] url option {key}={value!r} is not one of {'|'.join(allowed)}")
+        try:
+            port = parts.port or 50000
+        except ValueError:
+            raise ConfigError("[target] url has a bad port", hint=f"write it as {example}") from None
+        dsn: dict[str, Any] = {
+            "database": database, "hostname": parts.hostname or "127.0.0.1", "port": port,
+            "username": unquote(parts.username or "monetdb"), "password": unquote(parts.password or "monetdb"),
+        }
+        if parts.scheme == "monetdbs":
+            dsn["tls"] = True
+        return dsn, options
+
+    @property
+    def where(self) -> str:
+        return f"MonetDB target {self._dsn['hostname']}:{self._dsn['port']}/{self._dsn['database']}"
+
+    def _open(self) -> Any:
+        if self._conn is not None:
+            return self._conn
+        try:
+            # timezone=0: the session runs in UTC, so TIMESTAMP WITH TIME
+            # ZONE values are written and read as UTC instants.
+            conn = pymonetdb.connect(**self._dsn, autocommit=False, timezone=0, connect_timeout=10,
+                                     replysize="10000", maxprefetch="100000")
+        except (pymonetdb.Error, OSError) as exc:
+            raise target_error(exc, f"cannot connect to {self.where}",
+                               hint="check [target] url (user, password, host, port, database)") from exc
+        try:
+            self.features = self._probe(conn)
+        except (pymonetdb.Error, OSError) as exc:
+            self._discard(conn)
+            raise target_error(exc, f"cannot read the server's abilities on {self.where}") from exc
+        self._codecs.clear()
+        self._conn = conn
+        return conn
+
+    def _probe(self, conn: Any) -> ServerFeatures:
+        """What this server can do (see ServerFeatures); leaves nothing behind.
+        A probe the server refuses takes the conservative answer."""
+        cur = conn.cursor()
+        try:
+            def one(sql: str, default: Any) -> Any:
+                try:
+                    cur.execute(sql)
+                    row = cur.fetchone()
+                    return row[0] if row else default
+                except pymonetdb.Error as exc:
+                    if is_transient(exc):
+                        raise
+                    log.debug("probe %r refused: %s", sql, exc)
+                    conn.rollback()
+                    return default
+
+            version = str(one("SELECT value FROM sys.environment WHERE name = 'monet_version'", None)
+                          or one("SELECT value FROM sys.env() WHERE name = 'monet_version'", "unknown"))
+            hugeint = bool(one("SELECT COUNT(*) FROM sys.types WHERE sqlname = 'hugeint'", 0))
+            # Two backslashes: 3 characters where '...' reads escapes, else 4.
+            backslash = one("SELECT LENGTH('a\\\\b')", 3) == 3
+            micro = "123456" in str(one("SELECT CAST(TIMESTAMP '2000-01-01 00:00:00.123456' AS VARCHAR(40))", ""))
+            float_nil = bool(one("SELECT CAST(-1.7976931348623157e308 AS DOUBLE) IS NULL", True))
+            json_text = one("SELECT CAST(CAST('{\"a\": 1}' AS JSON) AS CLOB)", None) == '{"a": 1}'
+            conn.rollback()
+            alter = self._probe_alter_column(conn, cur)
+        finally:
+            cur.close()
+        features = ServerFeatures(version, hugeint, micro, float_nil, backslash, json_text, alter)
+        log.info("%s runs MonetDB %s: %s", self.where, version, features)
+        return features
+
+    @staticmethod
+    def _probe_alter_column(conn: Any, cur: Cursor) -> bool:
+        """Whether ALTER TABLE ... ALTER COLUMN c <type> works, tried in a
+        throwaway schema inside a transaction that is rolled back."""
+        probe = quote_ident("cynomys_probe_" + uuid.uuid4().hex[:12])
+        try:
+            cur.execute(f"CREATE SCHEMA {probe}")
+            cur.execute(f'CREATE TABLE {probe}."t" ("c" INT)')
+            cur.execute(f'INSERT INTO {probe}."t" VALUES (1)')
+            cur.execute(f'ALTER TABLE {probe}."t" ALTER COLUMN "c" BIGINT')
+            return True
+        except pymonetdb.Error as exc:
+            if is_transient(exc):
+                raise
+            log.debug("ALTER COLUMN <type> is not supported here: %s", exc)
+            return False
+        finally:
+            conn.rollback()
+
+    def _discard(self, conn: Any = None) -> None:
+        """Drop a connection that failed; the next call opens a new one."""
+        conn = conn or self._conn
+        if conn is self._conn:
+            self._conn = None
+        if conn is not None:
+            try:
+                conn.close()
+            except (pymonetdb.Error, OSError) as exc:  # already broken; nothing more to release
+                log.debug("closing a failed connection to %s: %s", self.where, exc)
+
+    @contextlib.contextmanager
+    def _transaction(self, what: str, hint: str | None = None) -> Iterator[Cursor]:
+        """One target transaction: commit on success; roll back, translate
+        the driver error and raise on failure."""
+        conn = self._open()
+        cur = conn.cursor()
+        try:
+            yield cur
+            conn.commit()
+        except BaseException as exc:
+            self._rollback(conn)
+            if isinstance(exc, (pymonetdb.Error, OSError)):
+                err = target_error(exc, f"{what} on {self.where}", hint)
+                if isinstance(err, TargetUnavailableError):
+                    self._discard(conn)
+                raise err from exc
+            raise
+        finally:
+            with contextlib.suppress(pymonetdb.Error, OSError):  # closing a cursor only frees client memory
+                cur.close()
+
+    def _rollback(self, conn: Any) -> None:
+        try:
+            conn.rollback()
+        except (pymonetdb.Error, OSError) as exc:
+            # The connection is gone: the server rolls back on disconnect.
+            log.warning("rollback on %s failed (%s); the server rolls back when the connection drops", self.where, exc)
+            self._discard(conn)
+
+    def connect(self) -> None:
+        with self._transaction("creating the state table", hint="grant the target user the right to create schemas") as cur:
+            if self.schema_info(cur, self.state_schema) is None:
+                cur.execute(f"CREATE SCHEMA {quote_ident(self.state_schema)}")
+            if self.table_id(cur, self.state_schema, self.state_table) is None:
+                cur.execute(
+                    f"CREATE TABLE {qualified(self.state_schema, self.state_table)} ("
+                    "producer_id VARCHAR(255) NOT NULL PRIMARY KEY, seq BIGINT NOT NULL, file VARCHAR(255) NOT NULL,"
+                    " pos BIGINT NOT NULL, gtid CLOB NOT NULL, commit_ts BIGINT NOT NULL, updated_at TIMESTAMP)")
+        log.info("connected to %s (MonetDB %s)", self.where, self.features.version)
+
+    def close(self) -> None:
+        self._discard()
+
+    # ------------------------------------------------------------------
+    # Catalog
+    # ------------------------------------------------------------------
+    def lit(self, text: str) -> str:
+        """A string literal for this server."""
+        return string_literal(text, self.features)
+
+    def schema_info(self, cur: Cursor, schema: str) -> tuple[int, bool] | None:
+        """(id, is a system schema) of a schema, None when missing."""
+        cur.execute(f"SELECT id, system FROM sys.schemas WHERE name = {self.lit(schema)}")
+        row = cur.fetchone()
+        return None if row is None else (int(row[0]), bool(row[1]))
+
+    def table_id(self, cur: Cursor, schema: str, table: str) -> int | None:
+        cur.execute("SELECT t.id FROM sys.tables t JOIN sys.schemas s ON t.schema_id = s.id "
+                    f"WHERE s.name = {self.lit(schema)} AND t.name = {self.lit(table)} AND t.query IS NULL")
+        row = cur.fetchone()
+        return None if row is None else int(row[0])
+
+    def target_columns(self, cur: Cursor, schema: str, table: str) -> list[TargetColumn]:
+        """The table's columns in catalog order; [] when the table is missing."""
+        tid = self.table_id(cur, schema, table)
+        if tid is None:
+            return []
+        cur.execute('SELECT c.name, c.type, c.type_digits, c.type_scale, c."null", r.remark FROM sys.columns c '
+                    f"LEFT JOIN sys.comments r ON r.id = c.id WHERE c.table_id = {tid} ORDER BY c.number")
+        return [TargetColumn(str(n), str(t), int(d), int(s), bool(null), r) for n, t, d, s, null, r in cur.fetchall()]
+
+    def primary_key(self, cur: Cursor, schema: str, table: str) -> tuple[str, tuple[str, ...]] | None:
+        """(constraint name, columns) of the table's primary key, or None."""
+        tid = self.table_id(cur, schema, table)
+        if tid is None:
+            return None
+        # sys.keys.type 0 = PRIMARY KEY; sys.objects lists its columns by nr.
+        cur.execute(f"SELECT k.name, o.name FROM sys.keys k JOIN sys.objects o ON o.id = k.id "
+                    f"WHERE k.table_id = {tid} AND k.type = 0 ORDER BY o.nr")
+        rows = cur.fetchall()
+        return (str(rows[0][0]), tuple(str(r[1]) for r in rows)) if rows else None
+
+    def table_exists(self, database: str, table: str) -> bool:
+        with self._transaction(f"looking up {database}.{table}") as cur:
+            return self.table_id(cur, database, table) is not None
+
+    def check_database(self, cur: Cursor, database: str) -> None:
+        """Refuse a source database that would land on Cynomys' state schema
+        or one of MonetDB's own schemas (sys, tmp, json, ...)."""
+        if database == self.state_schema:
+            raise TargetRejectedError(f"the source database {database!r} has the name of Cynomys' state schema",
+                                      hint="exclude it in [source] exclude_tables")
+        info = self.schema_info(cur, database)
+        if info is not None and info[1]:
+            raise TargetRejectedError(f"the source database {database!r} has the name of a MonetDB system schema",
+                                      hint="exclude it in [source] exclude_tables")
+
+    def ensure_schema(self, cur: Cursor, database: str) -> None:
+        self.check_database(cur, database)
+        if self.schema_info(cur, database) is None:
+            cur.execute(f"CREATE SCHEMA {quote_ident(database)}")
+
+    # ------------------------------------------------------------------
+    # Tables
+    # ------------------------------------------------------------------
+    def codecs(self, schema: TableSchema) -> list[Codec]:
+        got = self._codecs.get(schema)
+        if got is None:
+            try:
+                got = [self.codec(c) for c in schema.columns]
+            except TypeError as exc:
+                raise TargetRejectedError(f"table {schema.name}: {exc}",
+                                          hint="exclude the table in [source] exclude_tables") from exc
+            self._codecs[schema] = got
+        return got
+
+    def codec(self, col: ColumnDef) -> Codec:
+        """How a source column lives here (TypeError for an unknown type)."""
+        return codec(col, self.features, self.native_integers)
+
+    def column_sql(self, col: ColumnDef, key: Sequence[str] = ()) -> str:
+        """A column definition: mapped type; NOT NULL only for key columns
+        (rows come from the source, which enforced the rest)."""
+        c = self.codec(col)
+        in_key = col.name.lower() in {k.lower() for k in key}
+        return f"{quote_ident(col.name)} {c.sql_type}" + (" NOT NULL" if in_key else "")
+
+    def comment_sql(self, database: str, table: str, col: ColumnDef) -> str:
+        return (f"COMMENT ON COLUMN {qualified(database, table)}.{quote_ident(col.name)} "
+                f"IS {self.lit(comment_for(col))}")
+
+    def create_table(self, cur: Cursor, database: str, table: str, columns: Sequence[ColumnDef],
+                     key: Sequence[str]) -> None:
+        try:
+            defs = [self.column_sql(c, key) for c in columns]
+        except TypeError as exc:
+            raise TargetRejectedError(f"table {database}.{table}: {exc}",
+                                      hint="exclude the table in [source] exclude_tables") from exc
+        if key:
+            defs.append("PRIMARY KEY (" + ", ".join(quote_ident(k) for k in key) + ")")
+        cur.execute(f"CREATE TABLE {qualified(database, table)} (\n  " + ",\n  ".join(defs) + "\n)")
+        for col in columns:
+            cur.execute(self.comment_sql(database, table, col))
+        log.info("created table %s.%s on %s", database, table, self.where)
+
+    def add_column(self, cur: Cursor, database: str, table: str, col: ColumnDef) -> None:
+        cur.execute(f"ALTER TABLE {qualified(database, table)} ADD COLUMN {self.column_sql(col)}")
+        cur.execute(self.comment_sql(database, table, col))
+
+    def _ensure_table(self, cur: Cursor, schema: TableSchema) -> None:
+        """Create the table, or add columns the schema has and the target
+        lacks (a DDL that was skipped or arrived late)."""
+        ident = (schema.database, schema.table)
+        self.ensure_schema(cur, schema.database)
+        have = {c.name.lower() for c in self.target_columns(cur, *ident)}
+        if not have:
+            self.create_table(cur, schema.database, schema.table, schema.columns, schema.key)
+        for col in schema.columns:
+            if have and col.name.lower() not in have:
+                self.add_column(cur, schema.database, schema.table, col)
+                log.warning("added column %s.%s (%s): the target lacked it", schema.name, col.name, col.type)
+
+    # ------------------------------------------------------------------
+    # State
+    # ------------------------------------------------------------------
+    def applied(self, producer_id: str) -> AppliedState | None:
+        with self._transaction("reading the applier state") as cur:
+            cur.execute(f"SELECT seq, file, pos, gtid, commit_ts FROM {qualified(self.state_schema, self.state_table)}"
+                        f" WHERE producer_id = {self.lit(producer_id)}")
+            row = cur.fetchone()
+        if row is None:
+            return None
+        seq, file, pos, gtid, commit_ts = row
+        return AppliedState(producer_id, int(seq), Position(str(file), int(pos), str(gtid or "")), int(commit_ts))
+
+    def _write_state(self, cur: Cursor, state: AppliedState) -> None:
+        # No MERGE before 11.37 (and no upsert at all): UPDATE, then INSERT
+        # when no row was there.
+        tbl = qualified(self.state_schema, self.state_table)
+        p = state.position
+        values = (f"seq = {int(state.seq)}, file = {self.lit(p.file)}, pos = {int(p.pos)}, gtid = {self.lit(p.gtid)}, "
+                  f"commit_ts = {int(state.commit_ts)}, updated_at = CURRENT_TIMESTAMP")
+        cur.execute(f"UPDATE {tbl} SET {values} WHERE producer_id = {self.lit(state.producer_id)}")
+        if cur.rowcount == 0:
+            cur.execute(f"INSERT INTO {tbl} (producer_id, seq, file, pos, gtid, commit_ts, updated_at) VALUES "
+                        f"({self.lit(state.producer_id)}, {int(state.seq)}, {self.lit(p.file)}, {int(p.pos)}, "
+                        f"{self.lit(p.gtid)}, {int(state.commit_ts)}, CURRENT_TIMESTAMP)")
+
+    # ------------------------------------------------------------------
+    # Flush
+    # ------------------------------------------------------------------
+    def apply(self, flush: Flush) -> None:
+        t0 = time.monotonic()
+        for tf in flush.tables:
+            self._prepare(tf.schema)
+        what = f"applying a flush of {len(flush.tables)} table(s) up to {flush.state.position}"
+        try:
+            with self._transaction(what) as cur:
+                for tf in flush.tables:
+                    self._apply_table(cur, tf)
+                self._write_state(cur, flush.state)
+        except BaseException:
+            # Look at the catalog again on the retry: the failure may be a
+            # table dropped or changed behind our back, or a restored server.
+            for tf in flush.tables:
+                self._ready.pop((tf.schema.database, tf.schema.table), None)
+            raise
+        log.debug("%s: %d rows in %.3fs", what, sum(tf.rows for tf in flush.tables), time.monotonic() - t0)
+
+    def _prepare(self, schema: TableSchema) -> None:
+        """Create a missing table (or add missing columns) in a transaction
+        before the flush's: a table that matches the source schema is right
+        whether or not the flush that needed it commits, and a rejected
+        flush then leaves an empty table to look at, as on other targets."""
+        ident = (schema.database, schema.table)
+        if self._ready.get(ident) == schema:
+            return
+        with self._transaction(f"preparing table {schema.name}") as cur:
+            self._ensure_table(cur, schema)
+        self._ready[ident] = schema
+        self.schemas[ident] = schema
+
+    def _apply_table(self, cur: Cursor, tf: TableFlush) -> None:
+        schema = tf.schema
+        codecs = self.codecs(schema)
+        self._delete_keys(cur, schema, codecs, list(dict.fromkeys(tf.delete_keys)))  # each key once
+        inserts = list(tf.inserts)
+        for row, n in tf.delete_rows.items():
+            inserts.extend(self._delete_row(cur, schema, codecs, row, n))
+        if inserts:
+            if self.use_copy:
+                self._copy(cur, schema, codecs, inserts)
+            else:
+                self._insert_values(cur, schema, codecs, inserts)
+
+    def _literal(self, schema: TableSchema, c: Codec, v: Value, row: Row | None = None) -> str:
+        if v is None:
+            return "NULL"
+        try:
+            return c.literal(v)
+        except Unstorable as exc:
+            raise self._unstorable(schema, c, v, exc, row) from None
+
+    def _delete_keys(self, cur: Cursor, schema: TableSchema, codecs: list[Codec],
+                     keys: Sequence[tuple[Value, ...]]) -> None:
+        if not keys:
+            return
+        tbl = qualified(schema.database, schema.table)
+        kc = [codecs[i] for i in schema.key_indexes()]
+        cols = [quote_ident(k) for k in schema.key]
+        if len(cols) == 1:
+            step = self.capabilities.max_statement_rows
+            for i in range(0, len(keys), step):
+                chunk = keys[i:i + step]
+                values = ", ".join(self._literal(schema, kc[0], k[0]) for k in chunk)
+                self._execute(cur, f"DELETE FROM {tbl} WHERE {cols[0]} IN ({values})", schema)
+            return
+        # Composite keys: no row-value IN on old releases, and an OR of ANDs
+        # costs MonetDB ~3 ms per key to plan.  The keys go into a temporary
+        # table instead, and one semijoin deletes them (5000 keys: 16 ms).
+        tmp = TableSchema("tmp", self.key_table, tuple(ColumnDef(c.source.name, c.source.type) for c in kc), ())
+        defs = ", ".join(f"{quote_ident(c.source.name)} {c.sql_type}" for c in kc)
+        self._execute(cur, f"CREATE LOCAL TEMPORARY TABLE {quote_ident(tmp.table)} ({defs}) ON COMMIT DROP", schema)
+        if self.use_copy:
+            self._copy(cur, tmp, kc, list(keys))
+        else:
+            self._insert_values(cur, tmp, kc, list(keys))
+        alias = quote_ident("cynomys_k")
+        match = " AND ".join(f"{alias}.{col} = {quote_ident(schema.table)}.{col}" for col in cols)
+        self._execute(cur, f"DELETE FROM {tbl} WHERE EXISTS (SELECT 1 FROM {qualified(tmp.database, tmp.table)} "
+                           f"AS {alias} WHERE {match})", schema)
+        self._execute(cur, f"DROP TABLE {qualified(tmp.database, tmp.table)}", schema)
+
+    def _eq(self, schema: TableSchema, c: Codec, ident: str, v: Value) -> str:
+        # '= literal' / 'IS NULL': IS NOT DISTINCT FROM is missing in old releases.
+        return f"{ident} IS NULL" if v is None else f"{ident} = {self._literal(schema, c, v)}"
+
+    def _delete_row(self, cur: Cursor, schema: TableSchema, codecs: list[Codec], row: Row, n: int) -> list[Row]:
+        """Remove n copies of a whole row.  MonetDB has no DELETE ... LIMIT:
+        count the copies, delete them all, and return the surplus to insert back."""
+        tbl = qualified(schema.database, schema.table)
+        where = " AND ".join(self._eq(schema, c, quote_ident(col.name), v)
+                             for c, col, v in zip(codecs, schema.columns, row))
+        cur.execute(f"SELECT COUNT(*) FROM {tbl} WHERE {where}")
+        (present,) = cur.fetchone()
+        if int(present):
+            self._execute(cur, f"DELETE FROM {tbl} WHERE {where}", schema)
+        return [row] * max(int(present) - n, 0)
+
+    def _execute(self, cur: Cursor, sql: str, schema: TableSchema) -> None:
+        try:
+            cur.execute(sql)
+        except pymonetdb.Error as exc:
+            if is_transient(exc):
+                raise
+            raise TargetRejectedError(
+                f"table {schema.name} on {self.where}: target refused it ({_message(exc)})",
+                hint=f"check that {schema.name} on the target has the source's columns and types; "
+                     "fix it with ALTER TABLE on the target") from exc
+
+    # -- bulk insert -------------------------------------------------------
+    def _copy(self, cur: Cursor, schema: TableSchema, codecs: list[Codec], rows: list[Row]) -> None:
+        """COPY n RECORDS INTO ... FROM STDIN: the records follow the
+        statement in the same request.  Fields end at '|', records at a
+        newline, text is quoted with '"' (there is no default quote), NULL
+        is the unquoted default marker null."""
+        # The newline is written '\n': read as an escape by the scanner where
+        # '...' reads escapes, and by the COPY code (GDKstrFromStr) in old
+        # releases that kept literals raw; E'\n' where the server runs with
+        # raw_strings.
+        newline = "'\\n'" if self.features.literal_backslash else "E'\\n'"
+        head = (f"COPY {{n}} RECORDS INTO {qualified(schema.database, schema.table)} ("
+                + ", ".join(quote_ident(c) for c in schema.column_names)
+                + f") FROM STDIN USING DELIMITERS '|', {newline}, '\"';\n")
+        fields = [c.field for c in codecs]
+        join = "|".join
+        step = self.copy_rows
+        for start in range(0, len(rows), step):
+            chunk = rows[start:start + step]
+            try:
+                # Column by column with map(): the per-value work stays in
+                # the codecs' fast paths (this loop is the applier's hot spot).
+                columns = [list(map(f, col)) for f, col in zip(fields, zip(*chunk))]
+            except Unstorable as exc:
+                raise self._unstorable_in(schema, codecs, chunk, exc) from None
+            self._run_copy(cur, schema, head, list(map(join, zip(*columns))), rows, start)
+
+    def _run_copy(self, cur: Cursor, schema: TableSchema, head: str, lines: list[str], rows: list[Row],
+                  start: int) -> None:
+        try:
+            cur.execute(head.format(n=len(lines)) + "\n".join(lines) + "\n")
+        except pymonetdb.Error as exc:
+            if is_transient(exc):
+                raise
+            raise self._rejected(schema, rows[start:start + len(lines)], _message(exc)) from exc
+
+    def _insert_values(self, cur: Cursor, schema: TableSchema, codecs: list[Codec], rows: list[Row]) -> None:
+        head = (f"INSERT INTO {qualified(schema.database, schema.table)} ("
+                + ", ".join(quote_ident(c) for c in schema.column_names) + ") VALUES ")
+        batch: list[str] = []
+        size, start = 0, 0
+        for i, row in enumerate(rows):
+            text = "(" + ", ".join(self._literal(schema, c, v, row) for c, v in zip(codecs, row)) + ")"
+            full = len(batch) >= self.capabilities.max_statement_rows or size + len(text) > _STATEMENT_BYTES
+            if batch and full:
+                self._run_insert(cur, schema, head + ", ".join(batch), rows[start:i])
+                batch, size, start = [], 0, i
+            batch.append(text)
+            size += len(text)
+        if batch:
+            self._run_insert(cur, schema, head + ", ".join(batch), rows[start:])
+
+    def _run_insert(self, cur: Cursor, schema: TableSchema, sql: str, rows: list[Row]) -> None:
+        try:
+            cur.execute(sql)
+        except pymonetdb.Error as exc:
+            if is_transient(exc):
+                raise
+            raise self._rejected(schema, rows, _message(exc)) from exc
+
+    # -- naming what was rejected -----------------------------------------
+    @staticmethod
+    def _row_name(schema: TableSchema, row: Row | None) -> str:
+        if row is None:
+            return ""
+        shown = tuple(row[i] for i in schema.key_indexes()) if schema.key else row
+        return f" in the row {'with key ' if schema.key else ''}{_short(repr(shown))}"
+
+    def _unstorable(self, schema: TableSchema, c: Codec, v: Value, exc: Unstorable,
+                    row: Row | None = None) -> TargetRejectedError:
+        return TargetRejectedError(
+            f"target table {schema.name} cannot store a value of column {c.source.name} (source type "
+            f"{c.source.type}, MonetDB {c.sql_type}){self._row_name(schema, row)}: {exc.reason}",
+            hint=exc.hint + "; the flush was rolled back and will be retried from the same position")
+
+    def _unstorable_in(self, schema: TableSchema, codecs: list[Codec], rows: list[Row],
+                       exc: Unstorable) -> TargetRejectedError:
+        for row in rows:  # find the row and column (encoding stopped at one)
+            for c, v in zip(codecs, row):
+                try:
+                    c.field(v)
+                except Unstorable as inner:
+                    return self._unstorable(schema, c, v, inner, row)
+        return TargetRejectedError(f"target table {schema.name} cannot store a value: {exc.reason}", hint=exc.hint)
+
+    def _rejected(self, schema: TableSchema, rows: list[Row], message: str) -> TargetRejectedError:
+        """Name the table, the column/row the server named, and the fix."""
+        detail = ""
+        m = re.search(r"line (\d+)", message)
+        if m and 0 < int(m.group(1)) <= len(rows):
+            detail = self._row_name(schema, rows[int(m.group(1)) - 1])
+        named = [c for c in schema.columns if re.search(r"\b" + re.escape(c.name) + r"\b", message)]
+        target_type = ""
+        if named:
+            c = named[0]
+            target_type = f" (column {c.name}: source type {c.type}, MonetDB {self.codec(c).sql_type})"
+        return TargetRejectedError(
+            f"target table {schema.name} rejected a value: {_short(message, 400)}{target_type}{detail}",
+            hint="widen the column on the target (ALTER TABLE ... ALTER COLUMN) or fix the value on the source; "
+                 "the flush was rolled back and will be retried from the same position")
+
+    # ------------------------------------------------------------------
+    # DDL
+    # ------------------------------------------------------------------
+    def apply_ddl(self, change: Change, state: AppliedState) -> None:
+        sql = change.sql or ""
+        position = f"{change.txn.file}:{change.txn.pos}"
+        ops: list[Any] = []
+        if self._skipped(sql, position):
+            log.warning("skipping DDL at %s on purpose ([applier] skip_ddl): %s", position, _short(sql))
+        else:
+            try:
+                ops = parse_ddl(sql, change.database)
+            except UnsupportedDdl as exc:
+                raise TargetRejectedError(
+                    f"DDL at {position} cannot be applied to {self.where}: {_short(sql)!r}: {exc.reason}",
+                    hint=f"{SKIP_HINT} (e.g. skip_ddl = [\"{position}\"])") from exc
+        schemas_before = dict(self.schemas)
+        try:
+            # MonetDB DDL is transactional: the operations and the state
+            # commit together, or neither does.
+            with self._transaction(f"DDL at {position}: {_short(sql)!r}",
+                                   hint="fix the target by hand, or " + SKIP_HINT) as cur:
+                for op in ops:
+                    ddl_ops.run(self, cur, op, sql, change.commit_ts)
+                self._write_state(cur, state)
+        except BaseException:
+            self.schemas = schemas_before
+            raise
+        finally:
+            self._ready.clear()
+            self._codecs.clear()
+
+    def _skipped(self, sql: str, position: str) -> bool:
+        norm = " ".join(sql.split())
+        return any(s == position or " ".join(s.split()) == norm for s in self.cfg.applier.skip_ddl)
+
+    # ------------------------------------------------------------------
+    # Reading back
+    # ------------------------------------------------------------------
+    def fetch_rows(self, database: str, table: str) -> list[Row]:
+        with self._transaction(f"reading {database}.{table}") as cur:
+            have = self.target_columns(cur, database, table)
+            if not have:
+                raise TargetRejectedError(f"table {database}.{table} does not exist on {self.where}")
+            # Each column decodes by the source type in its comment.  The
+            # order is the source schema's when we know it with the same
+            # columns (a type change by copy moves a column last), else the
+            # catalog's.
+            by_name = {c.name.lower(): c for c in have}
+            known = self.schemas.get((database, table))
+            if known is not None and sorted(c.lower() for c in known.column_names) == sorted(by_name):
+                ordered = [by_name[n.lower()] for n in known.column_names]
+            else:
+                ordered = have
+            codecs = [self.codec(ColumnDef(c.name, c.source_type, c.nullable)) for c in ordered]
+            exprs = [c.select.format(c=quote_ident(t.name)) for c, t in zip(codecs, ordered)]
+            cur.execute(f"SELECT {', '.join(exprs)} FROM {qualified(database, table)}")
+            decoders = [c.decode for c in codecs]
+            return [tuple(None if v is None else d(v) for d, v in zip(decoders, row)) for row in cur.fetchall()]
+
+    def ddl_step(self, cur: Cursor, what: str, sql: str, hint: str) -> None:
+        """One statement of a DDL (monetdb_ddl), inside the open transaction;
+        a refusal names the statement."""
+        try:
+            cur.execute(sql)
+        except pymonetdb.Error as exc:
+            if is_transient(exc):
+                raise
+            raise TargetRejectedError(f"{what} on {self.where}: target refused it ({_message(exc)})",
+                                      hint=hint) from exc
+
+    def query(self, fn: Callable[[Cursor], Any], what: str) -> Any:
+        """Run ``fn`` in a transaction of its own (tests, tools)."""
+        with self._transaction(what) as cur:
+            return fn(cur)
+
+
+def _short(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
