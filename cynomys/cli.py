@@ -6,6 +6,7 @@
     cynomys apply -c FILE          (applier daemon, analytics host)
     cynomys tail -c FILE           (decode records and print them as SQL)
     cynomys status -c FILE [--json]
+    cynomys snapshot -c FILE [--tables db.t1,db.t2] [--where SQL]   (full-state capture via the producer)
     cynomys demo                   (the sample job: throwaway MariaDB + Redis + keys)
 
 Exit codes: 0 done (also after SIGTERM/SIGINT, once flushed and
@@ -115,6 +116,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    from cynomys.snapshot.command import run_snapshot_command
+
+    cfg = _config(args)
+    action, job_id = "list" if args.list else None, "*"
+    for name in ("cancel", "pause", "resume"):
+        if getattr(args, name) is not None:
+            action, job_id = name, getattr(args, name)
+    tables = [t.strip() for t in args.tables.split(",") if t.strip()]
+    return run_snapshot_command(cfg, tables=tables, where=args.where, action=action, job_id=job_id,
+                                wait=not args.no_wait, progress=not args.no_progress)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from cynomys.sandbox.demo import run_demo
 
@@ -160,6 +174,17 @@ def build_parser() -> argparse.ArgumentParser:
     st = with_config(sub.add_parser("status", help="positions and lag"))
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=cmd_status)
+
+    sn = with_config(sub.add_parser("snapshot", help="snapshot tables through the running producer (DBLog watermarks)"))
+    sn.add_argument("--tables", default="", help="db.t1,db.t2 (default: every replicated table)")
+    sn.add_argument("--where", default="", help="SQL condition choosing rows, e.g. \"id IN (1, 2)\"")
+    sn_act = sn.add_mutually_exclusive_group()
+    for name in ("cancel", "pause", "resume"):
+        sn_act.add_argument(f"--{name}", nargs="?", const="*", metavar="ID", help=f"{name} a snapshot (default: all)")
+    sn_act.add_argument("--list", action="store_true", help="list snapshots and their progress")
+    sn.add_argument("--no-wait", action="store_true", help="return once the request is written")
+    sn.add_argument("--no-progress", action="store_true", help="no progress bar while waiting")
+    sn.set_defaults(func=cmd_snapshot)
 
     dm = sub.add_parser("demo", help="sample job: throwaway MariaDB + Redis + keys, a workload, replication")
     dm.add_argument("--workdir", default="./cynomys-demo")

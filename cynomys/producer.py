@@ -11,6 +11,14 @@ applied by their start position, so replays change nothing.  A transaction
 larger than ``batch_max_events`` is sent in several batches (all but the
 last marked incomplete) so memory stays bounded; the checkpoint still moves
 only at its end.
+
+Snapshots (cynomys/snapshot) run inside this loop: every assembled item
+passes through the SnapshotCoordinator (``observe``), which drops the
+watermark table's events; once per loop turn ``poll`` may run one chunk
+select between watermarks, or hand back a finished chunk as READ changes
+plus a Commit at the current transaction boundary, which are processed like
+any other transaction.  ``_set_checkpoint`` tells the coordinator each time
+the checkpoint moves: only then is a chunk recorded as finished.
 """
 from __future__ import annotations
 
@@ -27,9 +35,10 @@ from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, CynomysError
 from cynomys.core.model import Batch, Change, Op, Position
 from cynomys.parser.stream import BinlogSource, SourceInspector, TableFilter
-from cynomys.parser.txn import Assembler, Commit, Progress
+from cynomys.parser.txn import Assembler, Commit, Item, Progress
 from cynomys.reducer.fold import Folder
 from cynomys.reducer.sql import MARIADB, render_one
+from cynomys.snapshot.coordinator import SnapshotCoordinator
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +104,7 @@ class Producer:
         self.max_events = cfg.producer.batch_max_events
         self.max_delay = cfg.producer.batch_max_delay_ms / 1000.0
         self.stats = {"batches": 0, "changes_in": 0, "changes_out": 0, "transactions": 0}
+        self.snap: SnapshotCoordinator | None = None
 
     # ------------------------------------------------------------------
     def _start_position(self, inspector: SourceInspector) -> Position:
@@ -125,6 +135,7 @@ class Producer:
     def run(self) -> None:
         """Read until stopped (or, non-blocking, until the binlog's end)."""
         self._recover_pending()
+        first_start = self.state.checkpoint is None
         inspector = SourceInspector(self.cfg.source)
         try:
             inspector.check_settings()
@@ -132,17 +143,22 @@ class Producer:
             mariadb = inspector.is_mariadb
         finally:
             inspector.close()
+        # Snapshot chunks need the log to go on past their high watermark, so
+        # a non-blocking run (--once) only records snapshot requests.
+        self.snap = SnapshotCoordinator(self.cfg, start=start, first_start=first_start, enabled=self.blocking)
+        table_filter = TableFilter(self.cfg.source.include_tables, self.cfg.source.exclude_tables)
         source = BinlogSource(self.cfg.source, start, blocking=self.blocking, is_mariadb=mariadb,
-                              table_filter=TableFilter(self.cfg.source.include_tables, self.cfg.source.exclude_tables))
+                              table_filter=self.snap.table_filter(table_filter))
         events: queue.Queue[Any] = queue.Queue(maxsize=256)
         reader = threading.Thread(target=self._read, args=(source, events), name="binlog-reader", daemon=True)
         reader.start()
         try:
-            self._loop(events)
+            self._loop(events, self.snap)
         finally:
             self.stop.set()
             source.close()
             reader.join(timeout=5)
+            self.snap.close()
 
     def _read(self, source: BinlogSource, events: queue.Queue[Any]) -> None:
         try:
@@ -161,7 +177,12 @@ class Producer:
                 events.put(exc)
 
     # ------------------------------------------------------------------
-    def _loop(self, events: queue.Queue[Any]) -> None:
+    def _set_checkpoint(self, pos: Position) -> None:
+        self.state.checkpoint = pos
+        if self.snap is not None:
+            self.snap.checkpointed(pos)
+
+    def _loop(self, events: queue.Queue[Any], snap: SnapshotCoordinator) -> None:
         asm = Assembler()
         folder = Folder()
         raw_in_batch = 0
@@ -193,12 +214,32 @@ class Producer:
             self.stats["changes_out"] += len(changes)
             frag = 0 if complete else frag + 1
             if complete:
-                self.state.checkpoint = end
+                self._set_checkpoint(end)
             folder = Folder()
             raw_in_batch = 0
 
         def at_boundary() -> bool:
             return asm.begin is None and raw_in_batch > 0 and last_commit is not None
+
+        def handle(out: Item) -> None:
+            nonlocal raw_in_batch, batch_started, last_commit
+            if isinstance(out, Change):
+                if not raw_in_batch:
+                    batch_started = time.monotonic()
+                folder.add(out)
+                raw_in_batch += 1
+            elif isinstance(out, Commit):
+                last_commit = out
+                self.stats["transactions"] += 1
+                if raw_in_batch == 0 and frag == 0:
+                    # Nothing to ship (filtered or empty): the checkpoint
+                    # may still move, so a restart does not re-read it.
+                    self._set_checkpoint(out.end)
+                elif frag or raw_in_batch >= self.max_events or \
+                        time.monotonic() - batch_started >= self.max_delay:
+                    flush(True, out.end)
+            elif isinstance(out, Progress) and asm.begin is None and raw_in_batch == 0 and frag == 0:
+                self._set_checkpoint(out.end)
 
         while True:
             if self.stop.is_set():
@@ -209,9 +250,13 @@ class Producer:
                     flush(True, last_commit.end)
                 self._save()
                 return
-            timeout = 0.5
+            # Snapshot work happens here, between events: a chunk select, or
+            # a closed chunk's READ rows (only between source transactions).
+            for out in snap.poll(at_boundary=asm.begin is None):
+                handle(out)
+            timeout = snap.wait_s()
             if at_boundary():
-                timeout = max(0.0, batch_started + self.max_delay - time.monotonic())
+                timeout = min(timeout, max(0.0, batch_started + self.max_delay - time.monotonic()))
             try:
                 item = events.get(timeout=timeout)
             except queue.Empty:
@@ -235,23 +280,9 @@ class Producer:
             if ev.timestamp:
                 self.state.last_event_ts = ev.timestamp
             for out in asm.feed(ev):
-                if isinstance(out, Change):
-                    if not raw_in_batch:
-                        batch_started = time.monotonic()
-                    folder.add(out)
-                    raw_in_batch += 1
-                elif isinstance(out, Commit):
-                    last_commit = out
-                    self.stats["transactions"] += 1
-                    if raw_in_batch == 0 and frag == 0:
-                        # Nothing to ship (filtered or empty): the checkpoint
-                        # may still move, so a restart does not re-read it.
-                        self.state.checkpoint = out.end
-                    elif frag or raw_in_batch >= self.max_events or \
-                            time.monotonic() - batch_started >= self.max_delay:
-                        flush(True, out.end)
-                elif isinstance(out, Progress) and asm.begin is None and raw_in_batch == 0 and frag == 0:
-                    self.state.checkpoint = out.end
+                seen = snap.observe(out)  # None: a watermark-table event, never shipped
+                if seen is not None:
+                    handle(seen)
             if raw_in_batch >= self.max_events and asm.begin is not None:
                 # A large transaction: ship what we have and keep reading, so
                 # memory stays bounded; the checkpoint waits for its commit.

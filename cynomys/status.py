@@ -70,7 +70,18 @@ def collect(cfg: Config) -> dict[str, Any]:
         }
     except (CynomysError, OSError) as exc:
         report["applier"] = {"reachable": False, "error": str(exc)}
+    report["snapshot"] = _snapshot_section(cfg)
     return report
+
+
+def _snapshot_section(cfg: Config) -> dict[str, Any]:
+    """Snapshot jobs as the producer records them (cynomys/snapshot/state.py)."""
+    from cynomys.snapshot.state import status_report
+
+    try:
+        return status_report(cfg.resolve(cfg.producer.state_dir))
+    except CynomysError as exc:
+        return {"error": str(exc)}
 
 
 def render_text(report: dict[str, Any]) -> str:
@@ -79,4 +90,14 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(f"{part}:")
         for k, v in report.get(part, {}).items():
             lines.append(f"  {k}: {v}")
+    snap = report.get("snapshot", {})
+    lines.append("snapshot:")
+    for k, v in snap.items():
+        if k != "jobs":
+            lines.append(f"  {k}: {v}")
+    for ident, job in snap.get("jobs", {}).items():
+        lines.append(f"  {ident}: {job['status']}, {job['tables_done']}/{job['tables']} tables, "
+                     f"{job['rows_read']}/{job['rows_estimate']} rows ({job['progress']})"
+                     + (f", at {job['current_table']}" if job["current_table"] else "")
+                     + (f", errors: {job['errors']}" if job["errors"] else ""))
     return "\n".join(lines)

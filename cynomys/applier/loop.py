@@ -101,6 +101,8 @@ class Applier:
                 self.last_delivery = time.monotonic()
             for d in deliveries:
                 self.handle(d)
+                if self.buffer.due():  # checked per envelope: a read brings up to 200 of them
+                    self.flush()
             if self.buffer.due():
                 self.flush()
             self._ack()  # envelopes seen again after a restart: nothing to commit for them

@@ -1,0 +1,143 @@
+"""A table as information_schema describes it -> the binlog decoder's terms.
+
+READ changes travel next to the binlog's own row changes of the same table
+and the applier requires one shape per table in a flush, so a snapshot's
+``TableSchema`` must equal the one the row decoder builds from TABLE_MAP
+(``parser.rows.column_defs``): column order, type text (no display widths,
+'bigint unsigned', 'longtext' for a MariaDB JSON), ``nullable`` left at its
+default, the primary key in key order.  Row values are converted from what
+pymysql returns into the value domain of ``core.model`` (the table there):
+
+=================  ===============================================
+column             pymysql gives          -> model value
+=================  ===============================================
+TIMESTAMP          naive UTC datetime     -> UTC-aware datetime
+                   (the session runs with time_zone '+00:00')
+DATE/DATETIME/     str for zero dates     -> RawTemporal
+TIMESTAMP
+BIT(n)             bytes (big-endian)     -> int
+FLOAT              double of CAST(AS DOUBLE) -> the single-precision value
+BINARY/BLOB        bytes (a str never)    -> bytes
+=================  ===============================================
+"""
+from __future__ import annotations
+
+import datetime
+import re
+import struct
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from cynomys.core.model import ColumnDef, RawTemporal, Row, TableSchema, Value
+from cynomys.snapshot.errors import SnapshotError
+
+_INTS = ("tinyint", "smallint", "mediumint", "int", "bigint")
+_SPATIAL = ("geometry", "point", "linestring", "polygon", "multipoint", "multilinestring",
+            "multipolygon", "geometrycollection")
+# Types whose binlog image the row decoder reads as something else than the
+# SQL value (MariaDB's INET4/INET6/UUID are binary in the binlog, text in a SELECT).
+_UNSUPPORTED = ("inet4", "inet6", "uuid", "vector")
+_UTC = datetime.timezone.utc
+
+
+def normalize_type(column_type: str) -> str:
+    """information_schema COLUMN_TYPE -> the decoder's type text
+    ('int(11) unsigned zerofill' -> 'int unsigned', 'year(4)' -> 'year',
+    'float(7,3)' -> 'float', 'point' -> 'geometry')."""
+    t = column_type.strip()
+    low = t.lower()
+    base = re.split(r"[(\s]", low, maxsplit=1)[0]
+    if base in ("enum", "set"):
+        return base + t[len(base):]  # member text keeps its case
+    low = low.replace(" zerofill", "")
+    unsigned = " unsigned" in low
+    if base in _INTS:
+        return base + (" unsigned" if unsigned else "")
+    if base in ("float", "double", "real"):
+        return "double" if base == "real" else base
+    if base == "year":
+        return "year"
+    if base in _SPATIAL:
+        return "geometry"
+    if base in ("decimal", "numeric"):
+        m = re.match(r"\w+\((\d+)(?:,(\d+))?\)", low)
+        p, s = (m.group(1), m.group(2) or "0") if m else ("10", "0")
+        return f"decimal({p},{s})" + (" unsigned" if unsigned else "")
+    return low
+
+
+def _timestamp(v: Any) -> Value:
+    if isinstance(v, datetime.datetime):
+        return v.replace(tzinfo=_UTC)
+    return RawTemporal(v) if isinstance(v, str) else v  # type: ignore[no-any-return]
+
+
+def _temporal(v: Any) -> Value:
+    return RawTemporal(v) if isinstance(v, str) else v  # type: ignore[no-any-return]
+
+
+def _bit(v: Any) -> Value:
+    return int.from_bytes(v, "big") if isinstance(v, (bytes, bytearray)) else v  # type: ignore[no-any-return]
+
+
+_F32 = struct.Struct("<f")
+
+
+def _float(v: Any) -> Value:
+    return _F32.unpack(_F32.pack(v))[0] if isinstance(v, float) else v  # type: ignore[no-any-return]
+
+
+def _binary(v: Any) -> Value:
+    return v.encode() if isinstance(v, str) else v  # type: ignore[no-any-return]
+
+
+_CONVERT: dict[str, Callable[[Any], Value]] = {
+    "timestamp": _timestamp, "date": _temporal, "datetime": _temporal, "bit": _bit, "float": _float,
+    "binary": _binary, "varbinary": _binary, "tinyblob": _binary, "blob": _binary, "mediumblob": _binary,
+    "longblob": _binary, "geometry": _binary,
+}
+
+
+def row_converter(columns: Sequence[ColumnDef]) -> Callable[[Sequence[Any]], Row]:
+    """A function turning one driver row into a model row."""
+    convs = [(i, _CONVERT[c.base_type]) for i, c in enumerate(columns) if c.base_type in _CONVERT]
+    if not convs:
+        return tuple
+
+    def convert(raw: Sequence[Any]) -> Row:
+        out = list(raw)
+        for i, f in convs:
+            if out[i] is not None:
+                out[i] = f(out[i])
+        return tuple(out)
+
+    return convert
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    """What a snapshot needs to know about a source table."""
+
+    schema: TableSchema
+    engine: str
+    rows_estimate: int
+
+    @property
+    def name(self) -> str:
+        return self.schema.name
+
+
+def table_info(database: str, table: str, columns: Sequence[tuple[str, str]], primary_key: Sequence[str],
+               engine: str, rows_estimate: int) -> TableInfo:
+    """``columns`` as (COLUMN_NAME, COLUMN_TYPE) in ORDINAL_POSITION order,
+    ``primary_key`` in key order."""
+    defs = []
+    for name, ctype in columns:
+        base = re.split(r"[(\s]", ctype.strip().lower(), maxsplit=1)[0]
+        if base in _UNSUPPORTED:
+            raise SnapshotError(
+                f"column {database}.{table}.{name} has type {ctype}, which a snapshot cannot read in the "
+                "binlog's value form",
+                hint=f"leave {database}.{table} out of the snapshot (--tables), or change the column type")
+        defs.append(ColumnDef(name, normalize_type(ctype)))
+    return TableInfo(TableSchema(database, table, tuple(defs), tuple(primary_key)), engine, rows_estimate)

@@ -1,0 +1,120 @@
+"""The snapshot's SQL connection to the source.
+
+Its session is set up so that chunk rows come out in the binlog decoder's
+value domain and from a fresh, lock-free view:
+- ``time_zone = '+00:00'``: TIMESTAMP values come back in UTC;
+- REPEATABLE READ + autocommit: every chunk SELECT is its own consistent
+  (MVCC) read, taking no row or table locks on InnoDB;
+- utf8mb4: text of every column charset arrives as Python str.
+Driver errors are translated here: a lost connection is transient (the
+producer restarts and the snapshot resumes from its last finished chunk),
+anything else is a SnapshotError naming the statement.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+import pymysql
+
+from cynomys.core.config import SourceConfig
+from cynomys.core.errors import CynomysError, SourceUnavailableError
+from cynomys.core.model import Position
+from cynomys.snapshot.columns import TableInfo, table_info
+from cynomys.snapshot.errors import SnapshotError
+
+log = logging.getLogger(__name__)
+
+_CONNECTION_ERRORS = {2003, 2006, 2013, 2055, 1053, 1927}
+_SYSTEM_SCHEMAS = ("mysql", "information_schema", "performance_schema", "sys")
+
+
+def translate(exc: pymysql.err.MySQLError, cfg: SourceConfig, what: str) -> CynomysError:
+    code = exc.args[0] if exc.args else 0
+    if code in _CONNECTION_ERRORS or (isinstance(exc, pymysql.err.OperationalError) and isinstance(code, int)
+                                      and code >= 2000):
+        return SourceUnavailableError(f"snapshot: cannot reach the source {cfg.host}:{cfg.port}: {exc}")
+    if code in (1142, 1044, 1227, 1045):  # command denied, access denied, need privilege
+        return SnapshotError(
+            f"snapshot: the source {cfg.host}:{cfg.port} refused {what}: {exc.args[1] if len(exc.args) > 1 else exc}",
+            hint="grant the Cynomys user the privilege named above, or set [snapshot] read_only = true to "
+                 "snapshot with GTID watermarks and SELECT only")
+    return SnapshotError(f"snapshot: the source {cfg.host}:{cfg.port} refused {what}: {exc}")
+
+
+class SnapshotConnection:
+    def __init__(self, cfg: SourceConfig) -> None:
+        self.cfg = cfg
+        try:
+            self.conn = pymysql.connect(
+                host=cfg.host, port=cfg.port, user=cfg.user, password=cfg.password,
+                connect_timeout=int(cfg.connect_timeout_s), autocommit=True, charset="utf8mb4")
+        except pymysql.err.MySQLError as exc:
+            raise translate(exc, cfg, "a connection") from None
+        self.query("SET time_zone = '+00:00'")
+        self.query("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        self.is_mariadb = "mariadb" in self.conn.get_server_info().lower()
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        except pymysql.err.Error:
+            pass  # already closed by the server
+
+    def query(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+        try:
+            with self.conn.cursor() as cur:
+                cur.execute(sql, tuple(params) if params is not None else None)
+                return list(cur.fetchall())
+        except pymysql.err.MySQLError as exc:
+            raise translate(exc, self.cfg, " ".join(sql.split())[:300]) from None
+
+    def scalar(self, sql: str) -> Any:
+        rows = self.query(sql)
+        return rows[0][0] if rows else None
+
+    # -- positions -----------------------------------------------------------
+    def binlog_end(self) -> Position:
+        rows = self.query("SHOW MASTER STATUS")
+        if not rows:
+            raise SnapshotError("SHOW MASTER STATUS is empty on the source: its binlog is off",
+                                hint="enable log_bin on the source")
+        return Position(str(rows[0][0]), int(rows[0][1]))
+
+    def binlog_filters(self) -> tuple[list[str], list[str]]:
+        """(Binlog_Do_DB, Binlog_Ignore_DB) of the source."""
+        rows = self.query("SHOW MASTER STATUS")
+        if not rows or len(rows[0]) < 4:
+            return [], []
+        split = lambda s: [x for x in str(s or "").split(",") if x]  # noqa: E731
+        return split(rows[0][2]), split(rows[0][3])
+
+    # -- tables ----------------------------------------------------------------
+    def describe(self, database: str, table: str) -> TableInfo:
+        rows = self.query(
+            "SELECT ENGINE, TABLE_ROWS, TABLE_TYPE FROM information_schema.TABLES "
+            "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s", (database, table))
+        if not rows:
+            raise SnapshotError(f"table {database}.{table} does not exist on the source {self.cfg.host}:{self.cfg.port}",
+                                hint="check the name given to --tables (db.table, case-sensitive)")
+        engine, est, ttype = rows[0]
+        if ttype != "BASE TABLE":
+            raise SnapshotError(f"{database}.{table} is a {str(ttype).lower()}, not a table: it has no rows of its own "
+                                "in the binlog", hint=f"leave {database}.{table} out of --tables")
+        cols = self.query(
+            "SELECT COLUMN_NAME, COLUMN_TYPE FROM information_schema.COLUMNS "
+            "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION", (database, table))
+        pk = self.query(
+            "SELECT COLUMN_NAME FROM information_schema.STATISTICS "
+            "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s AND INDEX_NAME = 'PRIMARY' ORDER BY SEQ_IN_INDEX",
+            (database, table))
+        return table_info(database, table, [(str(n), str(t)) for n, t in cols], [str(r[0]) for r in pk],
+                          str(engine or ""), int(est or 0))
+
+    def base_tables(self) -> list[tuple[str, str]]:
+        """Every base table outside the system schemas, (db, table) sorted."""
+        marks = ",".join(["%s"] * len(_SYSTEM_SCHEMAS))
+        rows = self.query(
+            "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES "
+            f"WHERE TABLE_TYPE = 'BASE TABLE' AND TABLE_SCHEMA NOT IN ({marks}) ORDER BY 1, 2", _SYSTEM_SCHEMAS)
+        return [(str(d), str(t)) for d, t in rows]

@@ -1,0 +1,182 @@
+"""Snapshot jobs as the producer persists them, and requests to the producer.
+
+``<producer state_dir>/snapshot.json`` holds every job and, per table, the
+last key of the last *finished* chunk: one whose READ rows are in a batch
+the transport accepted and behind the producer's checkpoint.  A producer
+restarted after a crash resumes each table after that key, so a chunk is
+either finished or done again (READ rows are upserts: doing one twice is
+harmless).  Written atomically (tmp + fsync + rename).
+
+``<producer state_dir>/snapshot-requests/*.json`` are requests (start,
+pause, resume, cancel) written by `cynomys snapshot`; the running producer
+picks them up in name order, records the result in snapshot.json and only
+then removes the request file (a crash in between applies it again, and
+applying a request twice changes nothing).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from cynomys.core.checkpoint import read_json, write_json_atomic
+
+# Table states.
+PENDING, DONE, FAILED, SKIPPED = "pending", "done", "failed", "skipped"
+# Job states.
+QUEUED, RUNNING, PAUSED, FINISHED, CANCELLED = "queued", "running", "paused", "done", "cancelled"
+JOB_ACTIVE = (QUEUED, RUNNING)
+JOB_OVER = (FINISHED, CANCELLED, FAILED)
+
+STATE_FILE = "snapshot.json"
+REQUEST_DIR = "snapshot-requests"
+
+
+@dataclass(frozen=True)
+class TableProgress:
+    name: str                          # 'db.table'
+    status: str = PENDING
+    last_key: list[Any] | None = None  # chunker.encode_key of the last finished chunk's last key
+    chunks: int = 0
+    rows: int = 0                      # READ rows emitted (finished chunks)
+    scanned: int = 0                   # rows selected (finished chunks)
+    dropped: int = 0                   # selected rows dropped because the log changed them in the window
+    estimate: int = 0                  # information_schema TABLE_ROWS when the job started
+    error: str = ""
+
+    @property
+    def database(self) -> str:
+        return self.name.split(".", 1)[0]
+
+    @property
+    def table(self) -> str:
+        return self.name.split(".", 1)[1]
+
+    @property
+    def over(self) -> bool:
+        return self.status in (DONE, FAILED, SKIPPED)
+
+
+@dataclass(frozen=True)
+class SnapshotJob:
+    id: str
+    origin: str                        # 'initial' (first start) or 'request' (cynomys snapshot)
+    status: str
+    tables: tuple[TableProgress, ...] = ()
+    where: str = ""
+    created: float = 0.0
+    updated: float = 0.0
+    finished: float = 0.0
+    error: str = ""
+
+    @property
+    def active(self) -> bool:
+        return self.status in JOB_ACTIVE
+
+    def table(self, name: str) -> TableProgress:
+        for t in self.tables:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def with_table(self, progress: TableProgress) -> SnapshotJob:
+        return replace(self, tables=tuple(progress if t.name == progress.name else t for t in self.tables),
+                       updated=time.time())
+
+    def settle(self) -> SnapshotJob:
+        """Mark the job over once every table is over."""
+        if self.active and all(t.over for t in self.tables):
+            failed = [t for t in self.tables if t.status == FAILED]
+            return replace(self, status=FAILED if failed else FINISHED, finished=time.time(),
+                           error="; ".join(f"{t.name}: {t.error}" for t in failed))
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SnapshotJob:
+        tables = tuple(TableProgress(**t) for t in d.get("tables", ()))
+        return cls(**{**d, "tables": tables})
+
+
+def new_job_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+
+
+@dataclass
+class SnapshotStore:
+    state_dir: Path
+    path: Path = field(init=False)
+    requests: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.path = self.state_dir / STATE_FILE
+        self.requests = self.state_dir / REQUEST_DIR
+
+    def load(self) -> list[SnapshotJob]:
+        d = read_json(self.path)
+        return [] if d is None else [SnapshotJob.from_dict(j) for j in d.get("jobs", [])]
+
+    def save(self, jobs: list[SnapshotJob], live: dict[str, Any] | None = None) -> None:
+        """``live``: the chunk in flight, for `cynomys status` (not needed to resume)."""
+        write_json_atomic(self.path, {"jobs": [j.to_dict() for j in jobs], "live": live, "updated": time.time()})
+
+    def load_live(self) -> dict[str, Any] | None:
+        d = read_json(self.path)
+        return None if d is None else d.get("live")
+
+    # -- requests --------------------------------------------------------------
+    def submit(self, request: dict[str, Any]) -> Path:
+        """Write a request file for the producer (atomically: the producer
+        never reads half a request)."""
+        name = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json"
+        path = self.requests / name
+        write_json_atomic(path, {**request, "submitted": time.time()})
+        return path
+
+    def pending_requests(self) -> list[tuple[Path, dict[str, Any]]]:
+        try:
+            names = sorted(n for n in os.listdir(self.requests) if n.endswith(".json"))
+        except FileNotFoundError:
+            return []
+        out = []
+        for n in names:
+            p = self.requests / n
+            try:
+                with open(p) as fh:
+                    out.append((p, json.load(fh)))
+            except FileNotFoundError:
+                continue
+            except ValueError:
+                out.append((p, {"action": "invalid", "file": str(p)}))
+        return out
+
+
+def status_report(state_dir: Path, recent: int = 5) -> dict[str, Any]:
+    """The snapshot section of `cynomys status`: active and recent jobs,
+    the chunk in flight, requests not yet picked up."""
+    store = SnapshotStore(state_dir)
+    jobs = store.load()
+    shown = [j for j in jobs if not (j.status in JOB_OVER)] + [j for j in jobs if j.status in JOB_OVER][-recent:]
+    out: dict[str, Any] = {"pending_requests": len(store.pending_requests()), "in_flight": store.load_live(),
+                           "jobs": {}}
+    for j in shown:
+        scanned = sum(t.scanned for t in j.tables)
+        estimate = sum(max(t.estimate, t.scanned) for t in j.tables)
+        current = next((t for t in j.tables if not t.over), None)
+        out["jobs"][j.id] = {
+            "status": j.status, "origin": j.origin, "where": j.where or None,
+            "tables_done": sum(1 for t in j.tables if t.over), "tables": len(j.tables),
+            "rows_read": scanned, "rows_emitted": sum(t.rows for t in j.tables),
+            "rows_left_to_log": sum(t.dropped for t in j.tables), "rows_estimate": estimate,
+            "progress": f"{100.0 * scanned / estimate:.1f}%" if estimate else ("100.0%" if j.status == FINISHED else "0.0%"),
+            "current_table": current.name if current and j.status not in JOB_OVER else None,
+            "resume_after_key": current.last_key if current and j.status not in JOB_OVER else None,
+            "errors": {t.name: t.error for t in j.tables if t.error} or (j.error or None),
+        }
+    return out

@@ -1,0 +1,153 @@
+"""Watermarks around a chunk select, in the two flavours.
+
+DBLog (default): the producer writes a fresh UUID into its row of a
+watermark table before the select (low) and after it (high).  Both writes
+are committed transactions, so they sit in the binlog exactly where they
+happened relative to every other transaction: what precedes the low one
+in the binlog was committed before the select began and is in the chunk
+(MariaDB, and MySQL with binlog_order_commits, make transactions visible in
+binlog order); what follows the high one is not.  The watermark table's
+row events are swallowed by the producer and never shipped.
+
+Read-only (Debezium, ``[snapshot] read_only = true``): no writes.  The
+watermarks are the executed GTID sets before and after the select
+(MariaDB ``@@gtid_binlog_pos``, MySQL ``@@gtid_executed``); on MariaDB the
+select runs in START TRANSACTION WITH CONSISTENT SNAPSHOT, whose
+``Binlog_snapshot_position`` is exactly where its view ends (see
+``window.GtidMarks`` for why that matters).
+"""
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from cynomys.core.model import Change, Position
+from cynomys.snapshot.chunker import ChunkQuery, quote_ident
+from cynomys.snapshot.errors import SnapshotError
+from cynomys.snapshot.gtid import GtidSet
+from cynomys.snapshot.source import SnapshotConnection
+from cynomys.snapshot.window import GtidMarks
+
+log = logging.getLogger(__name__)
+
+WATERMARK_TABLE = "watermark"
+
+
+def watermark_ddl(schema: str) -> tuple[str, str]:
+    """The two statements creating the watermark table.  Their text is
+    fixed so the producer recognises them in the binlog and does not ship
+    them (a target has no use for the table)."""
+    s = quote_ident(schema)
+    return (f"CREATE DATABASE IF NOT EXISTS {s}",
+            f"CREATE TABLE IF NOT EXISTS {s}.{quote_ident(WATERMARK_TABLE)} ("
+            "producer_id VARCHAR(64) NOT NULL PRIMARY KEY, uuid CHAR(36) NOT NULL, "
+            "kind VARCHAR(4) NOT NULL, written DATETIME(6) NOT NULL) ENGINE=InnoDB")
+
+
+def same_statement(a: str, b: str) -> bool:
+    return " ".join(a.split()) == " ".join(b.split())
+
+
+@dataclass(frozen=True)
+class Watermark:
+    uuid: str
+    kind: str  # "low" | "high"
+    producer_id: str
+
+
+def read_watermark(change: Change) -> Watermark | None:
+    """The watermark a row change of the watermark table carries."""
+    if change.schema is None:
+        return None
+    image = change.after if change.after is not None else change.before
+    if image is None:
+        return None
+    row = dict(zip(change.schema.column_names, image))
+    if "uuid" not in row:
+        return None
+    return Watermark(str(row["uuid"]), str(row.get("kind", "")), str(row.get("producer_id", "")))
+
+
+class WatermarkTable:
+    """DBLog watermarks: one row per producer in ``<schema>.watermark``."""
+
+    def __init__(self, conn: SnapshotConnection, schema: str, producer_id: str) -> None:
+        self.conn = conn
+        self.schema = schema
+        self.producer_id = producer_id
+        self.ready = False
+
+    def ensure(self) -> None:
+        """Create the schema and table if missing, and check the source
+        writes them to its binlog."""
+        if self.ready:
+            return
+        do_db, ignore_db = self.conn.binlog_filters()
+        if self.schema in ignore_db or (do_db and self.schema not in do_db):
+            raise SnapshotError(
+                f"the source does not write schema {self.schema} to its binlog (binlog_do_db={do_db}, "
+                f"binlog_ignore_db={ignore_db}): snapshot watermarks would never be seen",
+                hint=f"let the source log {self.schema}, or set [snapshot] watermark_schema to a logged schema")
+        exists = self.conn.query("SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
+                                 (self.schema, WATERMARK_TABLE))
+        if not exists:
+            log.info("creating the snapshot watermark table %s.%s on the source", self.schema, WATERMARK_TABLE)
+            for sql in watermark_ddl(self.schema):
+                self.conn.query(sql)  # no parameters: the text goes to the binlog unchanged
+        self.ready = True
+
+    def write(self, kind: str) -> str:
+        mark = str(uuid.uuid4())
+        table = f"{quote_ident(self.schema)}.{quote_ident(WATERMARK_TABLE)}".replace("%", "%%")
+        self.conn.query(
+            f"INSERT INTO {table} (producer_id, uuid, kind, written) VALUES (%s, %s, %s, NOW(6)) "
+            "ON DUPLICATE KEY UPDATE uuid = VALUES(uuid), kind = VALUES(kind), written = VALUES(written)",
+            (self.producer_id, mark, kind))
+        return mark
+
+
+class GtidWatermarker:
+    """Read-only watermarks: executed GTID sets around the select."""
+
+    def __init__(self, conn: SnapshotConnection) -> None:
+        self.conn = conn
+        self.flavor = "mariadb" if conn.is_mariadb else "mysql"
+        self.checked = False
+
+    def check(self) -> None:
+        if self.checked:
+            return
+        if self.flavor == "mysql":
+            mode = str(self.conn.scalar("SELECT @@GLOBAL.gtid_mode") or "OFF").upper()
+            if mode != "ON":
+                raise SnapshotError(
+                    f"read-only snapshots need GTIDs, and the source has gtid_mode={mode}",
+                    hint="SET GLOBAL gtid_mode=ON (through OFF_PERMISSIVE, ON_PERMISSIVE) with enforce_gtid_consistency=ON, "
+                         "or set [snapshot] read_only = false to use a watermark table")
+        self.checked = True
+
+    def _executed(self) -> GtidSet:
+        var = "@@GLOBAL.gtid_binlog_pos" if self.flavor == "mariadb" else "@@GLOBAL.gtid_executed"
+        return GtidSet.parse(self.flavor, str(self.conn.scalar(f"SELECT {var}") or ""))
+
+    def select(self, query: ChunkQuery) -> tuple[list[tuple[Any, ...]], GtidMarks]:
+        """Run the chunk select between the two GTID watermarks."""
+        self.check()
+        low = self._executed()
+        snapshot_pos: Position | None = None
+        if self.flavor == "mariadb":
+            self.conn.query("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+            try:
+                status = dict(self.conn.query("SHOW STATUS LIKE 'binlog_snapshot_%'"))
+                if status.get("Binlog_snapshot_file"):
+                    snapshot_pos = Position(str(status["Binlog_snapshot_file"]), int(status["Binlog_snapshot_position"]))
+                rows = self.conn.query(query.sql, query.params)
+            finally:
+                self.conn.query("COMMIT")
+        else:
+            rows = self.conn.query(query.sql, query.params)
+        high = self._executed()
+        high_end = self.conn.binlog_end()
+        return rows, GtidMarks(low, high, high_end, snapshot_pos)

@@ -1,0 +1,140 @@
+"""The watermark window of one chunk: which selected rows may still be emitted.
+
+DBLog's rule: the chunk was selected between a low and a high watermark.  A
+row whose key a binlog event changed *inside* the window may be older than
+what that event already delivered (or newer than what comes before it), so
+it is dropped from the chunk: the log carries that key's state, and full row
+images make every event a complete image of the row.  What is left is
+emitted, as READ changes, once the log is past the high watermark; every
+later event then comes after it in the stream, as it did on the source.
+
+Dropping is always safe (a dropped key is delivered by its event), so the
+window may be held open longer than needed, never shorter: it opens no later
+than the low watermark and closes no earlier than the high one.
+
+Phases:
+  WAIT_LOW  selected; the low watermark is not yet in the processed log.
+            Events here are before the select: the chunk includes them.
+  OPEN      inside the window: changed keys are dropped.
+  CLOSING   past the high watermark; still dropping until the rows are
+            emitted at the next transaction boundary of the stream.
+
+This module is pure (no I/O); the coordinator feeds it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Sequence
+
+from cynomys.core.model import Change, Position, Row, Value
+from cynomys.snapshot.gtid import GtidSet
+
+
+class Phase(str, Enum):
+    WAIT_LOW = "wait_low"
+    OPEN = "open"
+    CLOSING = "closing"
+
+
+@dataclass(frozen=True)
+class GtidMarks:
+    """Read-only watermarks (Debezium): executed GTID sets before and after
+    the select, made exact with the binlog position of the select's
+    consistent snapshot where the server reports one (MariaDB).
+
+    MariaDB adds a transaction to ``@@gtid_binlog_pos`` when it is written to
+    the binlog, a moment *before* InnoDB makes it visible; a transaction in
+    the low set may thus be invisible to the select.  Taken alone the low set
+    would call it "before the window" and let the chunk's older row overwrite
+    it.  ``snapshot_pos`` (``Binlog_snapshot_position`` of START TRANSACTION
+    WITH CONSISTENT SNAPSHOT) is exactly where the select's view ends, so
+    a transaction is before the window only if it is in the low set *and*
+    begins before that position.  MySQL updates ``@@gtid_executed`` after the
+    engine commit, so there the low set alone is safe (``snapshot_pos`` None).
+
+    ``high_end`` is the binlog end read after the high set: once the log is
+    processed up to it (a commit or a heartbeat at or past it) every
+    transaction of the high set has been seen, even when the source is idle.
+    """
+
+    low: GtidSet
+    high: GtidSet
+    high_end: Position
+    snapshot_pos: Position | None = None
+
+    def before_window(self, gtid: str, begin: Position) -> bool:
+        if not self.low.contains(gtid):
+            return False
+        return self.snapshot_pos is None or begin < self.snapshot_pos
+
+    def past_high(self, gtid: str) -> bool:
+        """A transaction not in the high set was written after it: every
+        transaction of the high set precedes it in the binlog."""
+        return bool(gtid) and not self.high.contains(gtid)
+
+    def reached(self, end: Position) -> bool:
+        return self.high_end <= end
+
+    def to_dict(self) -> dict[str, str]:
+        return {"low": str(self.low), "high": str(self.high), "high_end": str(self.high_end),
+                "snapshot_pos": str(self.snapshot_pos) if self.snapshot_pos else ""}
+
+
+@dataclass
+class ChunkWindow:
+    """One chunk between its watermarks.
+
+    ``rows`` maps primary key -> row (model values, key order kept); a
+    keyless table (read whole) keeps a list and is *dirty* as soon as any
+    event touches the table in the window: it cannot tell rows apart, so the
+    read is thrown away and done again."""
+
+    database: str
+    table: str
+    key_indexes: tuple[int, ...]
+    phase: Phase
+    rows: dict[tuple[Value, ...], Row] = field(default_factory=dict)
+    keyless_rows: list[Row] = field(default_factory=list)
+    selected: int = 0
+    dropped: int = 0
+    dirty: bool = False
+    low_uuid: str = ""
+    high_uuid: str = ""
+    marks: GtidMarks | None = None
+
+    @classmethod
+    def of(cls, database: str, table: str, key_indexes: Sequence[int], rows: Sequence[Row],
+           phase: Phase, **kw: object) -> ChunkWindow:
+        w = cls(database, table, tuple(key_indexes), phase, **kw)  # type: ignore[arg-type]
+        if w.key_indexes:
+            for r in rows:
+                w.rows[tuple(r[i] for i in w.key_indexes)] = r
+        else:
+            w.keyless_rows = list(rows)
+        w.selected = len(rows)
+        return w
+
+    def _drop(self, image: Row | None) -> None:
+        if image is None:
+            return
+        k = tuple(image[i] for i in self.key_indexes)
+        if self.rows.pop(k, None) is not None:
+            self.dropped += 1
+
+    def on_change(self, change: Change, in_window: bool) -> None:
+        """A row change of this chunk's table, ``in_window`` as the
+        watermarks classify it."""
+        if not in_window:
+            return
+        if not self.key_indexes:
+            self.dirty = True
+            return
+        # Both images: an UPDATE that moves a row to another key changes both.
+        self._drop(change.before)
+        self._drop(change.after)
+
+    def remaining(self) -> list[Row]:
+        if not self.key_indexes:
+            return list(self.keyless_rows)
+        return list(self.rows.values())

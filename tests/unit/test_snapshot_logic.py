@@ -1,0 +1,189 @@
+"""Snapshot logic without a server: chunk queries, key persistence, type
+normalisation, value conversion, GTID sets, window key tracking, job state."""
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+from pathlib import Path
+
+import pytest
+
+from cynomys.core.model import Change, ColumnDef, Op, Position, RawTemporal, TableSchema
+from cynomys.snapshot.chunker import build_chunk_query, decode_key, encode_key, key_condition
+from cynomys.snapshot.columns import normalize_type, row_converter, table_info
+from cynomys.snapshot.errors import SnapshotError
+from cynomys.snapshot.gtid import GtidSet
+from cynomys.snapshot.state import DONE, FAILED, FINISHED, QUEUED, SnapshotJob, SnapshotStore, TableProgress
+from cynomys.snapshot.watermark import read_watermark, same_statement, watermark_ddl
+from cynomys.snapshot.window import ChunkWindow, GtidMarks, Phase
+
+COLS = (ColumnDef("a", "int"), ColumnDef("b", "varchar(10)"), ColumnDef("v", "float"))
+
+
+# -- chunk queries -------------------------------------------------------------
+def test_first_chunk_has_no_key_condition() -> None:
+    q = build_chunk_query("db", "t", COLS, ("a",), None, 1000)
+    assert q.sql == "SELECT `a`, `b`, CAST(`v` AS DOUBLE) FROM `db`.`t` ORDER BY `a` LIMIT 1000"
+    assert q.params == ()
+
+
+def test_single_column_key_is_a_plain_range() -> None:
+    q = build_chunk_query("db", "t", COLS, ("a",), (41,), 500)
+    assert q.sql.endswith("FROM `db`.`t` WHERE `a` > %s ORDER BY `a` LIMIT 500")
+    assert q.params == (41,)
+
+
+def test_composite_key_row_constructor_plus_range_disjunction() -> None:
+    cond, params = key_condition(("a", "b", "c"), (1, "x", 9))
+    assert cond == ("(`a`, `b`, `c`) > (%s, %s, %s) AND "
+                    "(`a` > %s OR (`a` = %s AND `b` > %s) OR (`a` = %s AND `b` = %s AND `c` > %s))")
+    assert params == (1, "x", 9, 1, 1, "x", 1, "x", 9)
+    assert cond.count("%s") == len(params)
+
+
+def test_where_clause_and_odd_names_are_escaped_for_the_driver() -> None:
+    q = build_chunk_query("my%db", "t`x", COLS, ("a", "b"), (1, "q"), 10, where="b LIKE 'a%'")
+    assert "FROM `my%%db`.`t``x`" in q.sql
+    assert "AND (b LIKE 'a%%')" in q.sql
+    assert q.sql.endswith("ORDER BY `a`, `b` LIMIT 10")
+    # What the driver sends after formatting: percent signs single again.
+    assert (q.sql % tuple("?" * len(q.params))).count("'a%'") == 1
+
+
+def test_keyless_table_is_read_whole() -> None:
+    q = build_chunk_query("db", "t", COLS, (), None, None, where="a < 3")
+    assert q.sql == "SELECT `a`, `b`, CAST(`v` AS DOUBLE) FROM `db`.`t` WHERE (a < 3)"
+    with pytest.raises(ValueError):
+        build_chunk_query("db", "t", COLS, (), None, 100)
+
+
+def test_last_keys_survive_json_exactly() -> None:
+    key = (2**64 - 1, -5, "x\u00e9", b"\x00\xff", decimal.Decimal("1.500"), dt.datetime(2020, 1, 2, 3, 4, 5, 6),
+           dt.date(1000, 1, 1), -dt.timedelta(hours=838, microseconds=1), 0.1, "0000-00-00")
+    back = decode_key(encode_key(key))
+    assert back == key
+    assert [type(v) for v in back] == [type(v) for v in key]  # type: ignore[union-attr]
+    assert str(back[4]) == "1.500"  # type: ignore[index]
+    assert decode_key(None) is None
+
+
+# -- schema and values -----------------------------------------------------------
+@pytest.mark.parametrize("column_type, want", [
+    ("int(11)", "int"), ("bigint(20) unsigned", "bigint unsigned"), ("int(5) unsigned zerofill", "int unsigned"),
+    ("tinyint(1)", "tinyint"), ("decimal(10,2) unsigned zerofill", "decimal(10,2) unsigned"),
+    ("decimal(65,30)", "decimal(65,30)"), ("float(7,3)", "float"), ("double", "double"), ("year(4)", "year"),
+    ("datetime(6)", "datetime(6)"), ("timestamp", "timestamp"), ("bit(64)", "bit(64)"), ("char(10)", "char(10)"),
+    ("varbinary(10)", "varbinary(10)"), ("longtext", "longtext"), ("point", "geometry"),
+    ("enum('a','B','c d')", "enum('a','B','c d')"), ("set('X','y')", "set('X','y')"),
+])
+def test_type_text_matches_the_row_decoder(column_type: str, want: str) -> None:
+    assert normalize_type(column_type) == want
+
+
+def test_table_info_keeps_order_and_key_and_refuses_text_only_types() -> None:
+    info = table_info("d", "t", [("id", "int(11)"), ("k", "varchar(5)"), ("x", "double")], ["k", "id"], "InnoDB", 7)
+    assert info.schema == TableSchema("d", "t", (ColumnDef("id", "int"), ColumnDef("k", "varchar(5)"),
+                                                 ColumnDef("x", "double")), ("k", "id"))
+    with pytest.raises(SnapshotError, match="d.t.ip has type inet6"):
+        table_info("d", "t", [("ip", "inet6")], [], "InnoDB", 0)
+
+
+def test_driver_values_are_converted_to_the_model_domain() -> None:
+    cols = (ColumnDef("ts", "timestamp(6)"), ColumnDef("d", "date"), ColumnDef("b", "bit(5)"),
+            ColumnDef("f", "float"), ColumnDef("bn", "binary(2)"), ColumnDef("n", "int"), ColumnDef("z", "datetime"))
+    conv = row_converter(cols)
+    row = conv((dt.datetime(2020, 1, 1, 12), "0000-00-00", b"\x05", 0.10000000149011612, "ab", 3, None))
+    assert row == (dt.datetime(2020, 1, 1, 12, tzinfo=dt.timezone.utc), RawTemporal("0000-00-00"), 5,
+                   0.10000000149011612, b"ab", 3, None)
+    assert type(row[1]) is RawTemporal
+    assert row_converter((ColumnDef("n", "int"),))([4]) == (4,)
+
+
+# -- GTID sets -----------------------------------------------------------------------
+def test_mariadb_gtid_positions() -> None:
+    s = GtidSet.parse_mariadb("0-1-100,2-7-5")
+    assert s.contains("0-1-100") and s.contains("0-9-3") and s.contains("2-1-5")
+    assert not s.contains("0-1-101") and not s.contains("1-1-1") and not s.contains("mysql-bin.000001:4")
+    assert not GtidSet.parse_mariadb("").contains("0-1-1")
+    with pytest.raises(SnapshotError):
+        GtidSet.parse_mariadb("0-1")
+
+
+def test_mysql_gtid_sets_with_intervals_and_tags() -> None:
+    u1, u2 = "3e11fa47-71ca-11e1-9e33-c80aa9429562", "2174b383-5441-11e8-b90a-c80aa9429562"
+    s = GtidSet.parse_mysql(f"{u1.upper()}:1-5:11-18,\n{u2}:1-3:tg:7-9")
+    assert s.contains(f"{u1}:1") and s.contains(f"{u1}:5") and s.contains(f"{u1}:11")
+    assert not s.contains(f"{u1}:6") and not s.contains(f"{u1}:19")
+    assert s.contains(f"{u2}:3") and not s.contains(f"{u2}:7")
+    assert s.contains(f"{u2}:tg:8") and not s.contains(f"{u2}:tg:3")
+
+
+def test_gtid_watermarks_classify_transactions() -> None:
+    marks = GtidMarks(GtidSet.parse_mariadb("0-1-10"), GtidSet.parse_mariadb("0-1-14"),
+                      high_end=Position("b.000001", 900), snapshot_pos=Position("b.000001", 500))
+    assert marks.before_window("0-1-9", Position("b.000001", 400))
+    # In the low set but after the select's snapshot: not visible to it, so in the window.
+    assert not marks.before_window("0-1-10", Position("b.000001", 500))
+    assert not marks.before_window("0-1-12", Position("b.000001", 600))
+    assert not marks.past_high("0-1-14") and marks.past_high("0-1-15") and not marks.past_high("")
+    assert marks.reached(Position("b.000001", 900)) and marks.reached(Position("b.000002", 4))
+    assert not marks.reached(Position("b.000001", 899))
+    mysql = GtidMarks(GtidSet.parse_mysql("u:1-10"), GtidSet.parse_mysql("u:1-12"), Position("b.1", 4))
+    assert mysql.before_window("u:10", Position("b.9", 4)) and not mysql.before_window("u:11", Position("b.1", 4))
+
+
+# -- the window ---------------------------------------------------------------------
+SCHEMA = TableSchema("d", "t", (ColumnDef("id", "int"), ColumnDef("v", "int")), ("id",))
+P = Position("b.000001", 4)
+
+
+def _change(op: Op, before: tuple[int, int] | None, after: tuple[int, int] | None) -> Change:
+    return Change(op, "d", "t", "0-1-1", P, 0, SCHEMA, before, after)
+
+
+def test_window_drops_every_key_the_log_changes_in_it() -> None:
+    w = ChunkWindow.of("d", "t", (0,), [(1, 10), (2, 20), (3, 30), (4, 40), (5, 50)], Phase.OPEN)
+    w.on_change(_change(Op.UPDATE, (2, 20), (2, 21)), in_window=True)
+    w.on_change(_change(Op.DELETE, (3, 30), None), in_window=True)
+    w.on_change(_change(Op.UPDATE, (4, 40), (9, 40)), in_window=True)   # key moved: both keys out
+    w.on_change(_change(Op.INSERT, None, (7, 70)), in_window=True)      # not in the chunk: nothing to drop
+    w.on_change(_change(Op.UPDATE, (5, 50), (5, 51)), in_window=False)  # before the window: kept
+    assert w.remaining() == [(1, 10), (5, 50)]
+    assert (w.selected, w.dropped) == (5, 3)
+
+
+def test_keyless_window_is_dirty_on_any_change() -> None:
+    w = ChunkWindow.of("d", "t", (), [(1, 1), (1, 1)], Phase.OPEN)
+    w.on_change(_change(Op.INSERT, None, (2, 2)), in_window=False)
+    assert not w.dirty and w.remaining() == [(1, 1), (1, 1)]
+    w.on_change(_change(Op.INSERT, None, (2, 2)), in_window=True)
+    assert w.dirty
+
+
+# -- watermark table and job state ----------------------------------------------------
+def test_watermark_rows_and_ddl_are_recognised() -> None:
+    schema = TableSchema("cynomys_meta", "watermark", (ColumnDef("producer_id", "varchar(64)"),
+                         ColumnDef("uuid", "char(36)"), ColumnDef("kind", "varchar(4)"), ColumnDef("written", "datetime(6)")),
+                         ("producer_id",))
+    c = Change(Op.UPDATE, "cynomys_meta", "watermark", "0-1-3", P, 0, schema, ("p1", "u0", "low", None),
+               ("p1", "u1", "high", None))
+    wm = read_watermark(c)
+    assert wm is not None and (wm.uuid, wm.kind, wm.producer_id) == ("u1", "high", "p1")
+    create_db, create_table = watermark_ddl("cynomys_meta")
+    assert create_db == "CREATE DATABASE IF NOT EXISTS `cynomys_meta`"
+    assert same_statement(" ".join(create_table.split(" ")).replace(", ", ",\n  "), create_table)
+
+
+def test_jobs_round_trip_and_settle(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path)
+    job = SnapshotJob("j1", "request", QUEUED, (TableProgress("d.a"), TableProgress("d.b", estimate=3)), "id < 5")
+    store.save([job], live={"table": "d.a"})
+    assert store.load() == [job] and store.load_live() == {"table": "d.a"}
+    job = job.with_table(TableProgress("d.a", status=DONE, last_key=encode_key((5,)), rows=5))
+    assert job.settle() is job  # d.b still pending
+    job = job.with_table(TableProgress("d.b", status=FAILED, error="gone")).settle()
+    assert job.status == FAILED and "d.b: gone" in job.error
+    ok = SnapshotJob("j2", "request", QUEUED, (TableProgress("d.a", status=DONE),)).settle()
+    assert ok.status == FINISHED
+    r = store.submit({"action": "cancel", "id": "j1"})
+    assert [(p, d["action"]) for p, d in store.pending_requests()] == [(r, "cancel")]
