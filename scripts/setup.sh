@@ -23,5 +23,5 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[columnstore,test]'
+.venv/bin/python -m pip install -q -e '.[columnstore,monetdb,spark,test,bench]'
 echo "setup: ready (.venv)"

@@ -47,6 +47,8 @@ class Dialect:
     null_safe_eq: str  # operator for NULL-safe equality
     supports_limit_in_dml: bool
     upsert_keyword: str  # how a READ (upsert of a full row) is written
+    # Spark SQL reads 'it''s' as 'its': quotes must be backslash-escaped there.
+    doubled_quotes: bool = True
 
     def ident(self, name: str) -> str:
         q = self.ident_quote
@@ -58,7 +60,9 @@ class Dialect:
     def string(self, s: str) -> str:
         if self.backslash_escapes:
             s = s.replace("\\", "\\\\").replace("\0", "\\0")
-        return "'" + s.replace("'", "''") + "'"
+        if self.doubled_quotes:
+            return "'" + s.replace("'", "''") + "'"
+        return "'" + s.replace("'", "\\'") + "'"
 
     def literal(self, v: Value) -> str:
         if v is None:
@@ -85,7 +89,7 @@ class Dialect:
 MARIADB = Dialect("mariadb", "`", True, lambda b: "X'" + b.hex() + "'" if b else "''", "<=>", True, "REPLACE")
 # MonetDB reads backslash escapes in '...' literals unless started with raw_strings.
 MONETDB = Dialect("monetdb", '"', True, lambda b: "BLOB '" + b.hex() + "'", "IS NOT DISTINCT FROM", False, "")
-SPARK = Dialect("spark", "`", True, lambda b: "X'" + b.hex() + "'", "<=>", False, "")
+SPARK = Dialect("spark", "`", True, lambda b: "X'" + b.hex() + "'", "<=>", False, "", doubled_quotes=False)
 DIALECTS = {d.name: d for d in (MARIADB, MONETDB, SPARK)}
 
 

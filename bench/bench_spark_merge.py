@@ -1,0 +1,274 @@
+"""Spark/Iceberg apply throughput: rows/s of one flush against buffer size.
+
+    /tmp/venv/bin/python bench/bench_spark_merge.py [--quick] [--base-rows N]
+
+A 5-column keyed table (BIGINT key, INT, VARCHAR(32), DECIMAL(12,2),
+DATETIME(6)) is loaded with ``--base-rows`` rows, then flushes of
+{100, 1000, 10000, 50000} net changes are applied through SparkTarget.apply
+(Arrow encode, one MERGE, the applier state write): 50% inserts of new keys,
+30% updates and 20% deletes of existing keys.  Also measured:
+
+- the fixed cost of an (almost) empty flush: one updated row, and a flush
+  with no rows (only the applier state moves);
+- where the time of a flush goes: Python/Arrow encoding vs Spark (MERGE +
+  state);
+- merge-on-read (the target's choice) against copy-on-write on the same
+  workload, for the middle buffer sizes;
+- how a flush slows down as merge-on-read files pile up without compaction.
+
+Local mode (``local[*]``), warehouse on local disk.  Writes
+bench/results/spark_merge.json with the machine description.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, ClassVar
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import common  # noqa: E402
+from cynomys.applier.targets.base import AppliedState, Flush, TableFlush  # noqa: E402
+from cynomys.applier.targets.spark import SparkTarget  # noqa: E402
+from cynomys.applier.targets.spark_session import bundled_iceberg_jar  # noqa: E402
+from cynomys.core.config import Config, SparkConfig, TargetConfig  # noqa: E402
+from cynomys.core.model import ColumnDef, Position, Row, TableSchema  # noqa: E402
+
+SIZES = (100, 1000, 10000, 50000)
+LOAD_CHUNK = 250_000
+CONF = {"spark.ui.enabled": "false", "spark.driver.memory": "2g"}
+PRODUCER = "bench"
+WORDS = "furiously regular deposits sleep quickly final packages haggle carefully ironic accounts".split()
+
+
+class CopyOnWriteTarget(SparkTarget):
+    """The same target with copy-on-write row-level operations."""
+
+    table_properties: ClassVar[dict[str, str]] = {
+        **SparkTarget.table_properties,
+        "write.delete.mode": "copy-on-write", "write.update.mode": "copy-on-write",
+        "write.merge.mode": "copy-on-write",
+    }
+
+
+class Workload:
+    """Keys and rows of one table; every flush moves it forward."""
+
+    def __init__(self, database: str, table: str, seed: int = 7) -> None:
+        self.schema = TableSchema(database, table, (
+            ColumnDef("id", "bigint"), ColumnDef("qty", "int"), ColumnDef("note", "varchar(32)"),
+            ColumnDef("price", "decimal(12,2)"), ColumnDef("at", "datetime(6)")), ("id",))
+        self.rnd = random.Random(seed)
+        self.live: list[int] = []
+        self.next_key = 1
+
+    def row(self, key: int) -> Row:
+        r = self.rnd
+        return (key, r.randrange(1, 10_000), " ".join(r.choices(WORDS, k=3))[:32],
+                Decimal(r.randrange(100, 10_000_000)).scaleb(-2),
+                datetime.datetime(2024, 1, 1) + datetime.timedelta(microseconds=r.randrange(0, 10**13)))
+
+    def load(self, n: int) -> TableFlush:
+        keys = list(range(self.next_key, self.next_key + n))
+        self.next_key += n
+        self.live.extend(keys)
+        return TableFlush(self.schema, inserts=[self.row(k) for k in keys])
+
+    def changes(self, n: int) -> TableFlush:
+        """n net changes: 50% inserts, 30% updates, 20% deletes."""
+        n_ins, n_upd = n // 2, n * 3 // 10
+        n_del = n - n_ins - n_upd
+        touched = self.rnd.sample(range(len(self.live)), n_upd + n_del)
+        upd = [self.live[i] for i in touched[:n_upd]]
+        dele = [self.live[i] for i in touched[n_upd:]]
+        gone = set(dele)
+        self.live = [k for k in self.live if k not in gone]
+        new = list(range(self.next_key, self.next_key + n_ins))
+        self.next_key += n_ins
+        self.live.extend(new)
+        # As build_flush makes them: an update is delete key + insert final image.
+        return TableFlush(self.schema, delete_keys=[(k,) for k in upd + dele],
+                          inserts=[self.row(k) for k in upd + new])
+
+
+class Bench:
+    def __init__(self, warehouse: Path) -> None:
+        self.warehouse = warehouse
+        self.seq = 0
+
+    def target(self, cls: type[SparkTarget] = SparkTarget) -> SparkTarget:
+        spark = SparkConfig(master="local[*]", warehouse=str(self.warehouse), catalog="bench", conf=dict(CONF))
+        t = cls(Config(target=TargetConfig(kind="spark", spark=spark)))
+        t.connect()
+        return t
+
+    def state(self) -> AppliedState:
+        self.seq += 1
+        return AppliedState(PRODUCER, self.seq, Position("mysql-bin.000001", 1000 + self.seq), self.seq)
+
+    def timed(self, target: SparkTarget, tables: list[TableFlush]) -> dict[str, float]:
+        # Encoding alone (the Python/Arrow side), then the whole apply.
+        t0 = time.perf_counter()
+        for tf in tables:
+            target._plan(tf)
+        encode = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        target.apply(Flush(tables, self.state()))
+        total = time.perf_counter() - t0
+        return {"total_s": total, "encode_s": encode}
+
+
+def run_sizes(bench: Bench, target: SparkTarget, table: str, sizes: tuple[int, ...], repeats: dict[int, int],
+              base_rows: int) -> list[dict[str, Any]]:
+    w = Workload("bench", table)
+    t0 = time.perf_counter()
+    for start in range(0, base_rows, LOAD_CHUNK):  # the source of one MERGE lives in the driver
+        bench.timed(target, [w.load(min(LOAD_CHUNK, base_rows - start))])
+    print(f"  {table}: loaded {base_rows} rows in {time.perf_counter() - t0:.1f}s", flush=True)
+    for _ in range(5):  # warm-up: JIT and code generation of the MERGE plan
+        bench.timed(target, [w.changes(100)])
+    out = []
+    for n in sizes:
+        runs = [bench.timed(target, [w.changes(n)]) for _ in range(repeats[n])]
+        totals = [r["total_s"] for r in runs]
+        med = statistics.median(totals)
+        res = {"buffer_rows": n, "repeats": len(runs), "median_s": round(med, 3), "min_s": round(min(totals), 3),
+               "rows_per_s": round(n / med, 1), "encode_s": round(statistics.median(r["encode_s"] for r in runs), 4),
+               "table_rows_after": len(w.live)}
+        print(f"  {table}: {n:>6} rows  median {med:7.3f}s  {n / med:10.1f} rows/s  "
+              f"(encode {res['encode_s']:.3f}s)", flush=True)
+        out.append(res)
+    return out
+
+
+def fixed_cost(bench: Bench, target: SparkTarget, repeats: int) -> dict[str, Any]:
+    w = Workload("bench", "fixed")
+    bench.timed(target, [w.load(1000)])
+    for _ in range(3):  # warm-up
+        bench.timed(target, [w.changes(10)])
+    one_row, state_only = [], []
+    for _ in range(repeats):
+        k = w.live[0]
+        tf = TableFlush(w.schema, delete_keys=[(k,)], inserts=[w.row(k)])
+        one_row.append(bench.timed(target, [tf])["total_s"])
+        t0 = time.perf_counter()
+        target.apply(Flush([], bench.state()))
+        state_only.append(time.perf_counter() - t0)
+    return {"one_row_update_flush_s": round(statistics.median(one_row), 3),
+            "one_row_update_flush_min_s": round(min(one_row), 3),
+            "state_only_flush_s": round(statistics.median(state_only), 4), "repeats": repeats}
+
+
+def drift(bench: Bench, target: SparkTarget, flushes: int, base_rows: int) -> dict[str, Any]:
+    """Consecutive 1000-row flushes without compaction: merge-on-read adds
+    data and delete files each time, and each MERGE reads them all."""
+    w = Workload("bench", "drift")
+    bench.timed(target, [w.load(base_rows)])
+    times = [bench.timed(target, [w.changes(1000)])["total_s"] for _ in range(flushes)]
+    files = target.spark.sql(f"SELECT content, count(*) AS n FROM {target.qualified('bench', 'drift')}.files "
+                             "GROUP BY content").collect()
+    counts = {("data" if r.content == 0 else "position_deletes" if r.content == 1 else "equality_deletes"): r.n
+              for r in files}
+    k = max(1, flushes // 6)
+    out = {"flushes": flushes, "rows_per_flush": 1000, "first_median_s": round(statistics.median(times[:k]), 3),
+           "last_median_s": round(statistics.median(times[-k:]), 3), "files_after": counts,
+           "all_s": [round(t, 3) for t in times]}
+    print(f"  drift over {flushes} flushes: {out['first_median_s']}s -> {out['last_median_s']}s, files {counts}",
+          flush=True)
+    return out
+
+
+def machine() -> dict[str, Any]:
+    import pyarrow
+    import pyspark
+
+    try:
+        java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()[0]
+    except (OSError, IndexError):
+        java = "?"
+    jar = bundled_iceberg_jar()
+    return {**common.machine(), "java": java, "pyspark": pyspark.__version__, "pyarrow": pyarrow.__version__,
+            "iceberg_jar": jar.name if jar else None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repeats, smaller base table")
+    ap.add_argument("--base-rows", type=int, default=200_000, help="rows loaded before measuring")
+    ap.add_argument("--out", default=str(common.RESULTS / "spark_merge.json"))
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting")
+    ap.add_argument("--no-cow", action="store_true", help="skip the copy-on-write comparison")
+    ap.add_argument("--compare-rows", type=int, default=0,
+                    help="also compare merge-on-read and copy-on-write on a table this large")
+    ap.add_argument("--skip-main", action="store_true", help="only the --compare-rows comparison")
+    args = ap.parse_args()
+    CONF.update(dict(kv.split("=", 1) for kv in args.conf))
+    base = 20_000 if args.quick else args.base_rows
+    repeats = {100: 3, 1000: 3, 10000: 3, 50000: 2} if args.quick else {100: 7, 1000: 5, 10000: 5, 50000: 3}
+    info = machine()
+    tmp = Path(tempfile.mkdtemp(prefix="cynomys-bench-"))
+    bench = Bench(tmp / "warehouse")
+    started = time.perf_counter()
+    mor: list[dict[str, Any]] = []
+    cow: list[dict[str, Any]] = []
+    fixed: dict[str, Any] = {}
+    grow: dict[str, Any] = {}
+    large: dict[str, Any] = {}
+    try:
+        if not args.skip_main:
+            target = bench.target()
+            print("merge-on-read (the target's setting):", flush=True)
+            mor = run_sizes(bench, target, "mor", SIZES, repeats, base)
+            fixed = fixed_cost(bench, target, repeats[100])
+            print(f"  fixed cost: {fixed}", flush=True)
+            grow = drift(bench, target, 12 if args.quick else 30, base)
+            target.close()
+            if not args.no_cow:
+                cow_target = bench.target(CopyOnWriteTarget)
+                print("copy-on-write (for comparison):", flush=True)
+                cow = run_sizes(bench, cow_target, "cow", SIZES[1:3], repeats, base)
+                cow_target.close()
+        if args.compare_rows:
+            print(f"merge-on-read vs copy-on-write on {args.compare_rows} rows:", flush=True)
+            few = {n: 3 for n in SIZES}
+            for label, cls in (("merge_on_read", SparkTarget), ("copy_on_write", CopyOnWriteTarget)):
+                t = bench.target(cls)
+                large[label] = run_sizes(bench, t, f"large_{label}", (1000, 10000), few, args.compare_rows)
+                t.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    result = {
+        "benchmark": "bench/bench_spark_merge.py",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": info,
+        "settings": {
+            "master": "local[*]", "spark_conf": CONF, "base_rows": base,
+            "mix": {"insert": 0.5, "update": 0.3, "delete": 0.2},
+            "table": "id BIGINT key, qty INT, note VARCHAR(32), price DECIMAL(12,2), at DATETIME(6)",
+            "unit": "rows/s = net changes of one flush / median wall time of SparkTarget.apply (encode + MERGE "
+                    "+ state write); encode_s is the Python/Arrow encoding alone",
+            "repeats": repeats, "wall_time_s": round(time.perf_counter() - started, 1),
+        },
+        "merge_on_read": mor,
+        "fixed_cost": fixed,
+        "drift_without_compaction": grow,
+        "copy_on_write": cow,
+        "large_table": {"base_rows": args.compare_rows, **large} if large else None,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

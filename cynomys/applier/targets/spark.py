@@ -1,0 +1,572 @@
+"""Spark target: Apache Iceberg tables written by PySpark 3.5.
+
+Each source table becomes the Iceberg table ``<catalog>.<source db>.<table>``
+(format v2); column types follow ``spark_types``.  A flush writes each table
+with ONE DataFrame built from Arrow and ONE Iceberg commit:
+
+- tables with a primary key: ``MERGE INTO`` on the key.  The source rows are
+  the final images (op 'U': update when matched, insert when not) and the
+  keys deleted without a new image (op 'D': delete when matched);
+- tables without one: whole rows are a multiset (``TableFlush.delete_rows``).
+  MERGE cannot tell identical rows apart, so one MERGE deletes *every* copy of
+  each deleted row value and inserts back the copies that must stay, plus the
+  new rows; the surplus count comes from the target inside the same statement
+  (one snapshot read).  Cost: two scans of the table (count, then match) and
+  the deleted values' copies are rewritten; insert-only flushes are a plain
+  append.  (The alternative, INSERT OVERWRITE of the multiset difference,
+  rewrites the whole table on every flush with a delete.)
+
+Row-level changes are **merge-on-read**: a commit writes small position-delete
+files next to new data files, so its cost follows the size of the change.
+Copy-on-write rewrites every data file holding a deleted or updated row; CDC
+updates and deletes land all over a table, so that is most of the table on
+every flush.  Measured (bench/bench_spark_merge.py, 2 shared cores, 1000-row
+flushes, two runs): on a 2M-row table merge-on-read took 4.5-5.3 s, copy-on-
+write 9.2-19 s; on 200k rows, a few small files, copy-on-write can be ahead
+(1.6 s vs 2.4 s in the quieter run).  The rewrite grows with the table, the
+delete files with the change.  The price is paid by readers, and by later
+MERGEs, until compaction: 30 flushes without it made a 1000-row flush 2.2-2.6x
+slower (62 data + 59 delete files).  An operator schedules ``CALL <catalog>.system.
+rewrite_data_files`` / ``rewrite_position_delete_files`` and
+``expire_snapshots``.  The MERGE writes without a shuffle
+(``write.merge.distribution-mode = none``): a flush is small.
+
+Exactly-once without multi-table transactions
+---------------------------------------------
+Iceberg commits one table at a time.  Every commit a flush makes carries the
+flush's (producer, seq, position) in its *snapshot summary*
+(``cynomys.producer``, ``cynomys.seq``, ``cynomys.file``, ``cynomys.pos``,
+``cynomys.gtid``, ``cynomys.commit-ts``); after the tables, the applier state
+is written as the table property ``cynomys.applied.<producer>`` of
+``<catalog>.cynomys_state.applied`` (a metadata-only Iceberg commit: no Spark
+job, tens of milliseconds, atomic, and kept by the catalog next to the data
+whatever the catalog type; a JSON file would only work on a local warehouse).
+
+A crash between table commits leaves some tables one flush ahead of the
+state.  On the next flush of such a table:
+
+- if its latest Cynomys snapshot carries exactly the flush's (seq, position),
+  the replay is the same flush: the table is skipped;
+- otherwise the replay was cut differently (the applier batches redelivered
+  envelopes as they come), so the ahead snapshot is rolled back (Iceberg
+  rollback to its parent, metadata only) and the flush applied.  Keyed
+  upserts would survive a double application, but keyless multisets would
+  not: rollback keeps both exact.
+
+A failure inside ``apply`` rolls back the tables this flush already
+committed the same way, so a rejected flush leaves nothing behind.  This
+assumes Cynomys is the only writer of its tables (maintenance jobs that
+rewrite files are fine: rolling back past one loses no rows).
+
+DDL runs through ``spark_ddl``; each operation checks the table first, so a
+replay after a crash between the DDL and the state write changes nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from typing import Any, ClassVar, Iterator, Sequence
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+from pyspark.sql import types as T
+
+from cynomys.applier.targets import spark_ddl, spark_session
+from cynomys.applier.targets import spark_types as st
+from cynomys.applier.targets.base import AppliedState, Capabilities, Flush, TableFlush, Target
+from cynomys.applier.targets.spark_iceberg import IcebergApi, Snapshot
+from cynomys.applier.targets.spark_merge import (
+    COUNT_COLUMN, OP_COLUMN, Columns, Layout, TablePlan, append, keyed_merge, keyed_rows, keyless_merge, keyless_rows,
+    lit, marker, marker_of, order, q, same_flush,
+)
+from cynomys.applier.targets.spark_session import CATALOGS, CatalogProfile
+from cynomys.core.config import Config
+from cynomys.core.errors import CynomysError, TargetRejectedError, TargetUnavailableError
+from cynomys.core.model import Change, ColumnDef, Position, RawTemporal, Row, TableSchema, Value
+from cynomys.reducer.ddl import SKIP_HINT, UnsupportedDdl, parse_ddl
+
+log = logging.getLogger(__name__)
+
+class SparkTarget(Target):
+    """Apache Iceberg tables through PySpark (local mode or a Spark cluster)."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        transactional_ddl=False, max_statement_rows=1_000_000, supports_keys=False)
+    #: Where the applier state lives: a table property of this Iceberg table.
+    state_database: ClassVar[str] = "cynomys_state"
+    state_table: ClassVar[str] = "applied"
+    state_property_prefix: ClassVar[str] = "cynomys.applied."
+    #: Table property holding the source primary key (JSON list); Iceberg
+    #: does not enforce keys, MERGE uses the flush's schema.
+    key_property: ClassVar[str] = "cynomys.primary-key"
+    #: Properties of every table Cynomys creates (see the module docstring).
+    table_properties: ClassVar[dict[str, str]] = {
+        "format-version": "2",
+        "write.delete.mode": "merge-on-read",
+        "write.update.mode": "merge-on-read",
+        "write.merge.mode": "merge-on-read",
+        "write.merge.distribution-mode": "none",
+        # Every flush writes a metadata file; keep the last few only.
+        "write.metadata.delete-after-commit.enabled": "true",
+        "write.metadata.previous-versions-max": "20",
+    }
+    catalogs: ClassVar[dict[str, CatalogProfile]] = CATALOGS
+
+    def __init__(self, cfg: Config) -> None:
+        super().__init__(cfg)
+        # Validate the configuration (and find the Iceberg jar) before any JVM starts.
+        self.conf = spark_session.session_conf(cfg)
+        self.catalog = cfg.target.spark.catalog
+        self.profile = self.catalogs[cfg.target.spark.catalog_type]
+        self._spark: SparkSession | None = None
+        self._generation = 0
+        self._iceberg: IcebergApi | None = None
+        # Tables known to match a schema: (db, table) -> (schema, layout); cleared by DDL and errors.
+        self._ready: dict[tuple[str, str], tuple[TableSchema, Layout]] = {}
+        self._views = 0
+
+    @property
+    def where(self) -> str:
+        return f"Spark target (master {self.conf['spark.master']}, catalog {self.catalog})"
+
+    # ------------------------------------------------------------------
+    # Session
+    # ------------------------------------------------------------------
+    @property
+    def spark(self) -> SparkSession:
+        if self._spark is None:
+            self.connect()
+        assert self._spark is not None
+        return self._spark
+
+    @property
+    def iceberg(self) -> IcebergApi:
+        if self._iceberg is None:
+            self.connect()
+        assert self._iceberg is not None
+        return self._iceberg
+
+    @contextlib.contextmanager
+    def edge(self, what: str, hint: str | None = None) -> Iterator[None]:
+        """Translate Py4J/Spark errors raised inside into Cynomys errors."""
+        try:
+            yield
+        except CynomysError:
+            self._ready.clear()
+            raise
+        except Exception as exc:
+            if not spark_session.is_spark_error(exc):
+                raise
+            self._ready.clear()
+            raise spark_session.translate(exc, what, hint) from exc
+
+    def connect(self) -> None:
+        if self._spark is not None:
+            return
+        try:
+            spark, self._generation = spark_session.acquire(self.conf)
+        except CynomysError:
+            raise
+        except Exception as exc:  # the JVM did not start, the master is unreachable...
+            raise TargetUnavailableError(f"cannot start Spark for {self.where}: {spark_session.first_line(exc)}",
+                                         hint="check [target.spark] master and that Java 17 is installed") from exc
+        self._spark, self._iceberg = spark, IcebergApi(spark, self.catalog)
+        try:
+            with self.edge(f"creating the state table on {self.where}"):
+                self.sql(f"CREATE NAMESPACE IF NOT EXISTS {self.qualified(self.state_database)}")
+                props = {k: v for k, v in self.table_properties.items() if k.startswith("write.metadata")}
+                self.sql(f"CREATE TABLE IF NOT EXISTS {self.qualified(self.state_database, self.state_table)} "
+                         "(note STRING) USING iceberg COMMENT " + lit(
+                             f"Cynomys applier state: table properties {self.state_property_prefix}<producer>")
+                         + " TBLPROPERTIES (" + ", ".join(f"{lit(k)} = {lit(v)}" for k, v in props.items()) + ")")
+        except BaseException:
+            self.close()
+            raise
+        log.info("connected to %s", self.where)
+
+    def close(self) -> None:
+        if self._spark is None:
+            return
+        self._spark, self._iceberg = None, None
+        self._ready.clear()
+        spark_session.release(self._generation)
+
+    def qualified(self, database: str, table: str | None = None) -> str:
+        name = f"{q(self.catalog)}.{q(database)}"
+        return name if table is None else f"{name}.{q(table)}"
+
+    def sql(self, statement: str) -> None:
+        log.debug("Spark SQL: %s", statement)
+        self.spark.sql(statement)
+
+    # ------------------------------------------------------------------
+    # State
+    # ------------------------------------------------------------------
+    def applied(self, producer_id: str) -> AppliedState | None:
+        with self.edge(f"reading the applier state on {self.where}"):
+            props = self.iceberg.properties(self.state_database, self.state_table)
+        raw = props.get(self.state_property_prefix + producer_id)
+        state = None
+        if raw is not None:
+            d = json.loads(raw)
+            state = AppliedState(producer_id, int(d["seq"]), Position.from_dict(d["position"]),
+                                 int(d.get("commit_ts", 0)))
+        return state
+
+    def write_state(self, state: AppliedState) -> None:
+        value = json.dumps({"seq": state.seq, "position": state.position.to_dict(), "commit_ts": state.commit_ts})
+        with self.edge(f"recording the applier state on {self.where}"):
+            self.iceberg.update_properties(self.state_database, self.state_table,
+                                           {self.state_property_prefix + state.producer_id: value})
+
+    # ------------------------------------------------------------------
+    # Tables
+    # ------------------------------------------------------------------
+    def table_exists(self, database: str, table: str) -> bool:
+        with self.edge(f"looking up {database}.{table} on {self.where}"):
+            return self.iceberg.exists(database, table)
+
+    def layout(self, database: str, table: str) -> Layout | None:
+        """The target table's columns, or None when it does not exist."""
+        if not self.iceberg.exists(database, table):
+            return None
+        return Layout.of(self.spark.table(self.qualified(database, table)).schema)
+
+    def check_database(self, database: str) -> None:
+        if database.lower() == self.state_database.lower():
+            raise TargetRejectedError(f"the source database {database!r} has the name of Cynomys' state database",
+                                      hint="exclude it in [source] exclude_tables")
+
+    def mapping(self, schema_name: str, col: ColumnDef) -> st.Mapping:
+        try:
+            return st.mapping(col)
+        except ValueError as exc:
+            raise TargetRejectedError(
+                f"table {schema_name}: {exc}",
+                hint="exclude the table in [source] exclude_tables, or change the column on the source to a type "
+                     "listed in cynomys/applier/targets/spark_types.py") from None
+
+    def column_sql(self, schema_name: str, col: ColumnDef) -> str:
+        m = self.mapping(schema_name, col)
+        return f"{q(col.name)} {m.sql} COMMENT {lit(st.comment(col, m))}"
+
+    def companion_sql(self, col: ColumnDef) -> str:
+        return (f"{q(col.name + st.COMPANION_SUFFIX)} string COMMENT "
+                + lit(f"MySQL text of {col.name} when it is a zero or partial date ({col.name} is NULL then)"))
+
+    def create_table(self, database: str, table: str, columns: Sequence[ColumnDef], key: Sequence[str]) -> None:
+        """CREATE TABLE IF NOT EXISTS with the mapped columns (all optional:
+        the source enforced NOT NULL; Iceberg cannot relax a required column
+        later if the source does)."""
+        self.check_database(database)
+        name = f"{database}.{table}"
+        for col in columns:
+            if col.name.endswith(st.COMPANION_SUFFIX) or col.name in (OP_COLUMN, COUNT_COLUMN):
+                raise TargetRejectedError(f"table {name}: column {col.name!r} has a name Cynomys reserves",
+                                          hint="exclude the table in [source] exclude_tables")
+        defs = ",\n  ".join(self.column_sql(name, c) for c in columns)
+        props = {**self.table_properties, self.key_property: json.dumps(list(key))}
+        self.sql(f"CREATE NAMESPACE IF NOT EXISTS {self.qualified(database)}")
+        self.sql(f"CREATE TABLE IF NOT EXISTS {self.qualified(database, table)} (\n  {defs}\n) USING iceberg "
+                 "TBLPROPERTIES (" + ", ".join(f"{lit(k)} = {lit(v)}" for k, v in props.items()) + ")")
+        log.info("created Iceberg table %s on %s", self.qualified(database, table), self.where)
+
+    def _ensure_table(self, schema: TableSchema) -> Layout:
+        """Create the table, or add the columns the schema has and the table
+        lacks (a DDL that was skipped or arrived late)."""
+        ident = (schema.database, schema.table)
+        ready = self._ready.get(ident)
+        if ready is not None and ready[0] == schema:
+            return ready[1]
+        self.check_database(schema.database)
+        layout = self.layout(*ident)
+        if layout is None:
+            self.create_table(schema.database, schema.table, schema.columns, schema.key)
+        else:
+            missing = [c for c in schema.columns if not layout.has(c.name)]
+            if missing:
+                self.sql(f"ALTER TABLE {self.qualified(*ident)} ADD COLUMNS ("
+                         + ", ".join(self.column_sql(schema.name, c) for c in missing) + ")")
+                log.warning("added column(s) %s to %s: the target lacked them",
+                            ", ".join(f"{c.name} ({c.type})" for c in missing), schema.name)
+        layout = self.layout(*ident)
+        assert layout is not None
+        for col in schema.columns:
+            have = layout.get(col.name)
+            m = self.mapping(schema.name, col)
+            assert have is not None
+            if have.dataType != m.spark and not st.promotable(m.spark, have.dataType):
+                raise TargetRejectedError(
+                    f"table {schema.name}: column {col.name} is {have.dataType.simpleString()} on the target but "
+                    f"the source's {col.type} maps to {m.sql} (was a MODIFY COLUMN skipped?)",
+                    hint=f"change the column on the target (ALTER TABLE ... ALTER COLUMN {col.name} TYPE {m.sql}), "
+                         "or drop the target table and re-snapshot it")
+        self._ready[ident] = (schema, layout)
+        return layout
+
+    def _add_companions(self, schema: TableSchema, layout: Layout, cols: list[ColumnDef]) -> Layout:
+        self.sql(f"ALTER TABLE {self.qualified(schema.database, schema.table)} ADD COLUMNS ("
+                 + ", ".join(self.companion_sql(c) for c in cols) + ")")
+        log.warning("table %s: zero or partial dates in %s: added companion column(s) %s holding their MySQL text",
+                    schema.name, ", ".join(c.name for c in cols),
+                    ", ".join(c.name + st.COMPANION_SUFFIX for c in cols))
+        new = self.layout(schema.database, schema.table)
+        assert new is not None
+        self._ready[(schema.database, schema.table)] = (schema, new)
+        return new
+
+    # ------------------------------------------------------------------
+    # Flush
+    # ------------------------------------------------------------------
+    def apply(self, flush: Flush) -> None:
+        t0 = time.monotonic()
+        state = flush.state
+        what = f"applying a flush of {len(flush.tables)} table(s) up to {state.position} on {self.where}"
+        with self.edge(what):
+            # Read, not cached: what the tables are compared with must be what
+            # the target holds (a property read, milliseconds).
+            recorded = self.applied(state.producer_id)
+            # Every table is created and every value encoded (and checked)
+            # before the first commit: a value the target refuses stops the
+            # flush before it has changed anything.
+            plans = [p for p in (self._plan(tf) for tf in flush.tables) if p is not None]
+            done: list[TablePlan] = []
+            try:
+                for plan in plans:
+                    if self._commit(plan, state, recorded):
+                        done.append(plan)
+                self.write_state(state)
+            except BaseException:
+                self._abort(done, state.producer_id, recorded)
+                raise
+        log.debug("%s: %d rows in %.3fs", what, sum(p.rows for p in plans), time.monotonic() - t0)
+
+    def _plan(self, tf: TableFlush) -> TablePlan | None:
+        schema = tf.schema
+        layout = self._ensure_table(schema)
+        if schema.key:
+            rows, ops, counts = keyed_rows(tf)
+        else:
+            rows, ops, counts = keyless_rows(tf)
+        if not rows:
+            return None
+        mappings = [self.mapping(schema.name, c) for c in schema.columns]
+        cols = Columns()
+        raws: dict[str, list[str | None]] = {}
+        for i, (col, m) in enumerate(zip(schema.columns, mappings, strict=True)):
+            try:
+                array, raw = st.encode_column(m, [r[i] for r in rows])
+            except st.ValueRejected as exc:
+                raise self._rejected(schema, col, m, rows[exc.row] if exc.row is not None else None,
+                                     str(exc)) from None
+            cols.add(col.name, array, m.spark)
+            if raw is not None:
+                raws[col.name] = raw
+        # Zero/partial dates: companion columns, added to the table on first use.
+        needed = [c for c in schema.columns if c.name in raws and not layout.has(c.name + st.COMPANION_SUFFIX)]
+        if needed:
+            layout = self._add_companions(schema, layout, needed)
+        companions = [c for c in schema.columns if layout.has(c.name + st.COMPANION_SUFFIX)]
+        for c in companions:
+            texts = raws.get(c.name, [None] * len(rows))
+            cols.add(c.name + st.COMPANION_SUFFIX, pa.array(texts, type=pa.string()), T.StringType())
+        cols.add(OP_COLUMN, pa.array(ops, type=pa.string()), T.StringType())
+        if not schema.key:
+            cols.add(COUNT_COLUMN, pa.array(counts, type=pa.int64()), T.LongType())
+        data = pa.Table.from_arrays(cols.arrays, names=cols.names)
+        name = self.qualified(schema.database, schema.table)
+        written = [c.name for c in schema.columns] + [c.name + st.COMPANION_SUFFIX for c in companions]
+        match = list(schema.key) + [k + st.COMPANION_SUFFIX for k in schema.key
+                                    if any(c.name == k for c in companions)]
+        if schema.key:
+            sql = keyed_merge(name, written, match)
+        elif tf.delete_rows:
+            sql = keyless_merge(name, written)
+        else:
+            sql = append(name, written)
+        return TablePlan(schema, name, data, T.StructType(cols.fields), sql, tf.rows)
+
+    @staticmethod
+    def _rejected(schema: TableSchema, col: ColumnDef, m: st.Mapping, row: Row | None,
+                  message: str) -> TargetRejectedError:
+        detail = ""
+        if row is not None:
+            shown = tuple(row[i] for i in schema.key_indexes()) if schema.key else row
+            text = repr(shown)
+            detail = f"; the row {'with key ' if schema.key else ''}{text[:200] + '...' if len(text) > 200 else text}"
+        return TargetRejectedError(
+            f"target table {schema.name} rejected a value of column {col.name} (source type {col.type}, "
+            f"Iceberg type {m.sql}): {message}{detail}",
+            hint="fix the value on the source (it does not fit the column's MySQL type), or the column type; "
+                 "nothing of this flush was committed and it will be retried from the same position")
+
+    def _commit(self, plan: TablePlan, state: AppliedState, recorded: AppliedState | None) -> bool:
+        """Commit one table's plan; False when the table already holds it."""
+        db, table = plan.schema.database, plan.schema.table
+        current, latest, ahead = self._ahead(db, table, state.producer_id, recorded)
+        if latest is not None and same_flush(latest, state):
+            log.info("table %s already holds flush seq %d (%s), committed before a crash: skipped",
+                     plan.schema.name, state.seq, state.position)
+            return False
+        if ahead:
+            self._undo(db, table, ahead, recorded)
+            current = self.iceberg.current(db, table)
+        self._views += 1
+        view = f"cynomys_src_{self._views}"
+        self.iceberg.dataframe(plan.data, plan.spark_schema).createOrReplaceTempView(view)
+        try:
+            with self.iceberg.commit_properties(marker(state)):
+                self.sql(plan.sql.replace("{src}", q(view)))
+        finally:
+            self.spark.catalog.dropTempView(view)
+        after = self.iceberg.current(db, table)
+        if after is not None and (current is None or after.id != current.id) \
+                and marker_of(after.summary, state.producer_id) is None:
+            # The commit properties did not reach the commit (the JVM thread
+            # is not the one PySpark pins to ours): exactly-once is gone.
+            raise TargetRejectedError(f"table {plan.schema.name}: the commit lacks its flush marker",
+                                      hint="run the applier with PYSPARK_PIN_THREAD unset or 'true'")
+        return True
+
+    def _ahead(self, database: str, table: str, producer_id: str, recorded: AppliedState | None
+               ) -> tuple[Snapshot | None, AppliedState | None, list[tuple[Snapshot, AppliedState]]]:
+        """The current snapshot, the latest flush of this producer in the
+        table, and the snapshots (newest first) carrying a flush the applier
+        state does not record."""
+        current: Snapshot | None = None
+        latest: AppliedState | None = None
+        ahead: list[tuple[Snapshot, AppliedState]] = []
+        for snap in self.iceberg.ancestry(database, table):
+            current = current or snap
+            found = marker_of(snap.summary, producer_id)
+            if found is None:
+                continue
+            latest = latest or found
+            if recorded is not None and order(found) <= order(recorded):
+                break
+            ahead.append((snap, found))
+        return current, latest, ahead
+
+    def undo_ahead(self, database: str, table: str, producer_id: str, recorded: AppliedState | None) -> None:
+        """Roll back the commit of a flush the state does not record (a crash
+        or failure between table commits)."""
+        _, _, ahead = self._ahead(database, table, producer_id, recorded)
+        if ahead:
+            self._undo(database, table, ahead, recorded)
+
+    def _undo(self, database: str, table: str, ahead: list[tuple[Snapshot, AppliedState]],
+              recorded: AppliedState | None) -> None:
+        # At most one flush can be ahead (the state is written after every
+        # flush); more means the state and the table disagree beyond a crash.
+        name = f"{database}.{table}"
+        producer_id = ahead[0][1].producer_id
+        if len({(m.seq, m.position) for _, m in ahead}) > 1:
+            raise TargetRejectedError(
+                f"table {name} holds {len(ahead)} commits of producer {producer_id} beyond the applier state "
+                f"(seq {recorded.seq if recorded else 'none'}); the state was lost or another applier writes it",
+                hint=f"stop other appliers of this producer; restore the property {self.state_property_prefix}"
+                     f"{producer_id} of {self.state_database}.{self.state_table}, or re-snapshot the table")
+        oldest, m = ahead[-1]
+        if oldest.parent is not None:
+            self.iceberg.rollback_to(database, table, oldest.parent)
+        elif self.iceberg.first_in_log(database, table, oldest.id):
+            self.sql(f"DELETE FROM {self.qualified(database, table)}")  # it was empty before
+        else:
+            raise TargetRejectedError(
+                f"table {name}: commit {oldest.id} of flush seq {m.seq} is beyond the applier state but has no "
+                "parent snapshot to roll back to (the table was replaced)",
+                hint="re-snapshot the table")
+        log.warning("table %s held flush seq %d (%s) that the applier state does not record (a crash or failure "
+                    "between table commits): rolled back snapshot %d", name, m.seq, m.position, oldest.id)
+
+    def _abort(self, done: list[TablePlan], producer_id: str, recorded: AppliedState | None) -> None:
+        """Best effort: undo this flush's commits after a failure.  What is
+        left (the target went away) is undone at the next flush instead."""
+        for plan in done:
+            try:
+                self.undo_ahead(plan.schema.database, plan.schema.table, producer_id, recorded)
+            except Exception as exc:
+                log.warning("could not roll back %s after a failed flush (%s); the next flush of it will",
+                            plan.schema.name, exc)
+
+    # ------------------------------------------------------------------
+    # DDL
+    # ------------------------------------------------------------------
+    def apply_ddl(self, change: Change, state: AppliedState) -> None:
+        sql = change.sql or ""
+        position = f"{change.txn.file}:{change.txn.pos}"
+        if self._skipped(sql, position):
+            log.warning("skipping DDL at %s on purpose ([applier] skip_ddl): %s", position, _short(sql))
+        else:
+            try:
+                ops = parse_ddl(sql, change.database)
+            except UnsupportedDdl as exc:
+                raise TargetRejectedError(
+                    f"DDL at {position} cannot be applied to {self.where}: {_short(sql)!r}: {exc.reason}",
+                    hint=f"{SKIP_HINT} (e.g. skip_ddl = [\"{position}\"])") from exc
+            with self.edge(f"DDL at {position} {_short(sql)!r} on {self.where}",
+                           hint="fix the target table by hand, or " + SKIP_HINT):
+                try:
+                    for op in ops:
+                        spark_ddl.run(self, op, sql, state)
+                finally:
+                    self._ready.clear()
+        self.write_state(state)
+
+    def _skipped(self, sql: str, position: str) -> bool:
+        norm = " ".join(sql.split())
+        return any(s == position or " ".join(s.split()) == norm for s in self.cfg.applier.skip_ddl)
+
+    # ------------------------------------------------------------------
+    # Reading back
+    # ------------------------------------------------------------------
+    def source_columns(self, layout: Layout) -> list[tuple[T.StructField, ColumnDef]]:
+        """Target fields (companions left out) and the source column each stands for."""
+        out = []
+        for f in layout.fields.values():
+            if f.name.endswith(st.COMPANION_SUFFIX) and layout.has(f.name[:-len(st.COMPANION_SUFFIX)]):
+                continue
+            out.append((f, st.column_for(f.name, f.dataType, f.metadata.get("comment"))))
+        return out
+
+    def fetch_rows(self, database: str, table: str) -> list[Row]:
+        with self.edge(f"reading {database}.{table} on {self.where}"):
+            layout = self.layout(database, table)
+            if layout is None:
+                raise TargetRejectedError(f"table {database}.{table} does not exist on {self.where}")
+            exprs: list[str] = []
+            plan: list[tuple[Any, int | None]] = []  # (decoder, index of its companion or None)
+            for f, col in self.source_columns(layout):
+                try:
+                    m = st.mapping(col)
+                    exprs.append(m.select.format(c=q(f.name)))
+                    dec = st.decoder(m)
+                except ValueError:
+                    exprs.append(q(f.name))
+                    dec = _identity
+                companion = layout.get(f.name + st.COMPANION_SUFFIX)
+                if companion is not None:
+                    exprs.append(q(companion.name))
+                plan.append((dec, len(exprs) - 1 if companion is not None else None))
+            result = self.spark.sql(f"SELECT {', '.join(exprs)} FROM {self.qualified(database, table)}").collect()
+        rows: list[Row] = []
+        for r in result:
+            values: list[Value] = []
+            i = 0
+            for dec, raw_at in plan:
+                raw = r[raw_at] if raw_at is not None else None
+                values.append(RawTemporal(raw) if raw is not None else dec(r[i]))
+                i += 2 if raw_at is not None else 1
+            rows.append(tuple(values))
+        return rows
+
+
+def _identity(v: Any) -> Value:
+    return v  # type: ignore[no-any-return]
+
+
+def _short(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."

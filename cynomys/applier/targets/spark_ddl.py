@@ -1,0 +1,337 @@
+"""Run neutral DDL operations (reducer.ddl) on Iceberg tables.
+
+Iceberg DDL commits on its own, so the applier state is written after the
+operations, not with them.  Every operation first checks what the table
+already holds and does nothing when its effect is there (table created,
+column added, type changed, rename done): replaying a DDL after a crash
+between the DDL and the state write changes nothing.  An ALTER of a table
+the target does not have is skipped with a warning: the next flush of that
+table creates it from the source's schema.
+
+What Iceberg does not do in place:
+
+- MODIFY COLUMN changes the type in place only for Iceberg's promotions
+  (int -> bigint, float -> double, decimal precision up with the same scale)
+  or when the Iceberg type stays the same (VARCHAR(10) -> TEXT, TINYINT ->
+  INT); a change between numeric types beyond that (DECIMAL(10,2) ->
+  DECIMAL(12,3), BIGINT -> INT) rewrites the table atomically (REPLACE TABLE
+  ... AS SELECT with a CAST, under ANSI overflow checks, so a value that does
+  not fit fails instead of wrapping).  Every other change (text <-> number,
+  DATETIME -> TIMESTAMP, ...) is refused: the stored values would need
+  MySQL's own conversion rules.
+- RENAME TABLE on a Hadoop catalog (its tables are directories named after
+  them and cannot be renamed): the table is copied atomically (CREATE TABLE
+  ... AS SELECT, its snapshot marked ``cynomys.renamed-from``), then the old
+  one dropped.  This costs a full copy; Hive and REST catalogs rename in
+  place.
+- CREATE TABLE ... LIKE: built from the source types kept in the old
+  table's column comments and its primary-key property.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from cynomys.applier.targets import spark_types as st
+from cynomys.applier.targets.spark_merge import Layout, lit, marker, marker_of, q, same_flush
+from cynomys.core.errors import TargetRejectedError
+from cynomys.core.model import ColumnDef
+from cynomys.reducer import ddl
+
+if TYPE_CHECKING:
+    from cynomys.applier.targets.base import AppliedState
+    from cynomys.applier.targets.spark import SparkTarget
+
+log = logging.getLogger(__name__)
+
+#: Snapshot summary key of a table copied by a RENAME: the old table's name.
+RENAMED_FROM = "cynomys.renamed-from"
+
+
+@dataclass
+class Run:
+    """One DDL statement being applied: the target, the source text and the
+    state it leads to (marks the commits it makes)."""
+
+    target: SparkTarget
+    sql: str
+    state: AppliedState
+
+    def what(self, action: str) -> str:
+        text = " ".join(self.sql.split())
+        return f"DDL {text[:200]!r}: {action}"
+
+    def step(self, statement: str) -> None:
+        log.info("DDL step on %s: %s", self.target.where, statement)
+        self.target.sql(statement)
+
+    def layout(self, database: str, table: str) -> Layout | None:
+        return self.target.layout(database, table)
+
+    def table(self, database: str, table: str) -> str:
+        return self.target.qualified(database, table)
+
+    @contextlib.contextmanager
+    def marked(self, extra: dict[str, str] | None = None) -> Iterator[None]:
+        """Commits inside carry the DDL's state (and ``extra``) in their summary."""
+        with self.target.iceberg.commit_properties({**marker(self.state), **(extra or {})}):
+            yield
+
+    def key(self, database: str, table: str) -> list[str]:
+        raw = self.target.iceberg.properties(database, table).get(self.target.key_property, "[]")
+        return [str(k) for k in json.loads(raw)]
+
+    def set_key(self, database: str, table: str, key: list[str]) -> None:
+        self.target.iceberg.update_properties(database, table, {self.target.key_property: json.dumps(key)})
+
+
+def _skip_missing(r: Run, database: str, table: str, action: str) -> None:
+    log.warning("%s: table %s.%s is not on the target; skipped (its next flush creates it from the source schema)",
+                r.what(action), database, table)
+
+
+# --------------------------------------------------------------------------
+# One function per operation
+# --------------------------------------------------------------------------
+def _create_database(r: Run, op: ddl.CreateDatabase) -> None:
+    r.target.check_database(op.database)
+    r.step(f"CREATE NAMESPACE IF NOT EXISTS {r.target.qualified(op.database)}")
+
+
+def _drop_database(r: Run, op: ddl.DropDatabase) -> None:
+    r.target.check_database(op.database)
+    for table in r.target.iceberg.list_tables(op.database):
+        r.step(f"DROP TABLE IF EXISTS {r.table(op.database, table)} PURGE")
+    # The catalog drops only an empty namespace (CASCADE is not supported).
+    r.step(f"DROP NAMESPACE IF EXISTS {r.target.qualified(op.database)}")
+
+
+def _create_table(r: Run, op: ddl.CreateTable) -> None:
+    r.target.create_table(op.database, op.table, op.columns, op.key)
+
+
+def _create_table_like(r: Run, op: ddl.CreateTableLike) -> None:
+    like = r.layout(op.like_database, op.like_table)
+    if like is None:
+        _skip_missing(r, op.like_database, op.like_table, "create table like")
+        return
+    columns = [col for _, col in r.target.source_columns(like)]
+    r.target.create_table(op.database, op.table, columns, r.key(op.like_database, op.like_table))
+
+
+def _drop_table(r: Run, op: ddl.DropTable) -> None:
+    for db, t in op.tables:
+        r.target.check_database(db)
+        r.step(f"DROP TABLE IF EXISTS {r.table(db, t)} PURGE")
+
+
+def _rename_table(r: Run, op: ddl.RenameTable) -> None:
+    for (odb, old), (ndb, new) in op.pairs:
+        r.target.check_database(ndb)
+        there = r.target.iceberg.exists
+        old_there, new_there = there(odb, old), there(ndb, new)
+        if not old_there:
+            if new_there:
+                log.info("%s: already renamed to %s.%s", r.what("rename table"), ndb, new)
+            else:
+                _skip_missing(r, odb, old, "rename table")
+            continue
+        source = f"{odb}.{old}"
+        if new_there:
+            # Ours only if its snapshot is the copy made by this very statement.
+            current = r.target.iceberg.current(ndb, new)
+            copied = current is not None and current.summary.get(RENAMED_FROM) == source
+            mark = marker_of(current.summary, r.state.producer_id) if current is not None else None
+            if not (copied and mark is not None and same_flush(mark, r.state)):
+                raise TargetRejectedError(
+                    f"{r.what('rename table')}: both {odb}.{old} and {ndb}.{new} exist on {r.target.where}",
+                    hint="drop the stale one on the target, or " + ddl.SKIP_HINT)
+            # The copy committed before a crash; only the drop is left.
+            log.info("%s: %s.%s already holds the copy of %s", r.what("rename table"), ndb, new, source)
+        else:
+            r.step(f"CREATE NAMESPACE IF NOT EXISTS {r.target.qualified(ndb)}")
+            if r.target.profile.rename_tables:
+                r.step(f"ALTER TABLE {r.table(odb, old)} RENAME TO {r.table(ndb, new)}")
+                continue
+            _copy_table(r, odb, old, ndb, new)
+        r.step(f"DROP TABLE IF EXISTS {r.table(odb, old)} PURGE")
+
+
+def _copy_table(r: Run, odb: str, old: str, ndb: str, new: str) -> None:
+    """CREATE TABLE new AS SELECT * FROM old: one atomic commit, marked with
+    the old name so a replay recognises it."""
+    props = {k: v for k, v in r.target.iceberg.properties(odb, old).items()
+             if k in r.target.table_properties or k.startswith("cynomys.")}
+    props.update(r.target.table_properties)
+    log.warning("%s: the %s catalog cannot rename tables; copying %s.%s to %s.%s (a full copy)",
+                r.what("rename table"), r.target.cfg.target.spark.catalog_type, odb, old, ndb, new)
+    with r.marked({RENAMED_FROM: f"{odb}.{old}"}):
+        r.step(f"CREATE TABLE {r.table(ndb, new)} USING iceberg TBLPROPERTIES ("
+               + ", ".join(f"{lit(k)} = {lit(v)}" for k, v in props.items())
+               + f") AS SELECT * FROM {r.table(odb, old)}")
+    if r.target.iceberg.current(ndb, new) is None:
+        # An empty table's copy commits no snapshot: an empty one carries the marks.
+        r.target.iceberg.commit_empty(ndb, new, {**marker(r.state), RENAMED_FROM: f"{odb}.{old}"})
+
+
+def _truncate(r: Run, op: ddl.Truncate) -> None:
+    if r.target.iceberg.exists(op.database, op.table):
+        # A DELETE without a condition drops whole files: metadata only.
+        with r.marked():
+            r.step(f"DELETE FROM {r.table(op.database, op.table)}")
+
+
+def _add_column(r: Run, op: ddl.AddColumn) -> None:
+    layout = r.layout(op.database, op.table)
+    if layout is None:
+        _skip_missing(r, op.database, op.table, "add column")
+    elif not layout.has(op.column.name):
+        name = f"{op.database}.{op.table}"
+        r.step(f"ALTER TABLE {r.table(op.database, op.table)} ADD COLUMN {r.target.column_sql(name, op.column)}")
+
+
+def _drop_column(r: Run, op: ddl.DropColumn) -> None:
+    layout = r.layout(op.database, op.table)
+    if layout is None:
+        _skip_missing(r, op.database, op.table, "drop column")
+        return
+    tbl = r.table(op.database, op.table)
+    for name in (op.column, op.column + st.COMPANION_SUFFIX):
+        f = layout.get(name)
+        if f is not None:
+            r.step(f"ALTER TABLE {tbl} DROP COLUMN {q(f.name)}")
+    key = r.key(op.database, op.table)
+    if any(k.lower() == op.column.lower() for k in key):
+        r.set_key(op.database, op.table, [k for k in key if k.lower() != op.column.lower()])
+
+
+def _modify_column(r: Run, op: ddl.ModifyColumn) -> None:
+    db, t, col = op.database, op.table, op.column
+    name = f"{db}.{t}"
+    layout = r.layout(db, t)
+    if layout is None:
+        _skip_missing(r, db, t, "modify column")
+        return
+    have = layout.get(col.name)
+    if have is None:
+        log.warning("%s: column %s is not in %s on the target; skipped", r.what("modify column"), col.name, name)
+        return
+    old_col = st.column_for(have.name, have.dataType, have.metadata.get("comment"))
+    new = r.target.mapping(name, col)
+    new_comment = st.comment(col, new)
+    if have.dataType == new.spark and have.metadata.get("comment") == new_comment:
+        return  # already this type (or a replay)
+    try:
+        old = dataclasses.replace(st.mapping(old_col), spark=have.dataType)
+    except ValueError:
+        old = dataclasses.replace(st.mapping(ColumnDef(have.name, "longtext")), spark=have.dataType)
+    how = st.conversion(old, new)
+    tbl = r.table(db, t)
+    if how == "same":
+        r.step(f"ALTER TABLE {tbl} ALTER COLUMN {q(have.name)} COMMENT {lit(new_comment)}")
+    elif how == "promote":
+        r.step(f"ALTER TABLE {tbl} ALTER COLUMN {q(have.name)} TYPE {new.sql}")
+        r.step(f"ALTER TABLE {tbl} ALTER COLUMN {q(have.name)} COMMENT {lit(new_comment)}")
+    elif how == "rewrite":
+        _rewrite_column(r, db, t, have, new, new_comment)
+    else:
+        reason = how.partition(": ")[2]
+        raise TargetRejectedError(
+            f"{r.what('modify column')}: {name}.{col.name} from {old_col.type} to {col.type}: {reason}",
+            hint="skip the statement ([applier] skip_ddl), drop the target table and re-snapshot it")
+
+
+def _rewrite_column(r: Run, db: str, t: str, have: T.StructField, new: st.Mapping, new_comment: str) -> None:
+    """REPLACE TABLE ... AS SELECT with the column cast: one atomic commit."""
+    spark = r.target.spark
+    tbl = r.table(db, t)
+    source = spark.table(tbl)
+    props = {k: v for k, v in r.target.iceberg.properties(db, t).items()
+             if k in r.target.table_properties or k.startswith("cynomys.")}
+    props.update(r.target.table_properties)
+    log.warning("%s: Iceberg cannot change %s from %s to %s in place; rewriting %s.%s",
+                r.what("modify column"), have.name, have.dataType.simpleString(), new.sql, db, t)
+    previous = spark.conf.get("spark.sql.ansi.enabled", "false")
+    # Overflow fails instead of wrapping.  A CAST takes the mode when it is
+    # built, so the setting comes first.
+    spark.conf.set("spark.sql.ansi.enabled", "true")
+    try:
+        cols = [F.col(q(f.name)).cast(new.spark).alias(f.name, metadata={"comment": new_comment})
+                if f.name == have.name else F.col(q(f.name)) for f in source.schema.fields]
+        writer = source.select(*cols).writeTo(tbl).using("iceberg")
+        for k, v in props.items():
+            writer = writer.tableProperty(k, v)
+        with r.marked():
+            writer.createOrReplace()
+    finally:
+        spark.conf.set("spark.sql.ansi.enabled", previous or "false")
+
+
+def _rename_column(r: Run, op: ddl.RenameColumn) -> None:
+    db, t = op.database, op.table
+    layout = r.layout(db, t)
+    if layout is None:
+        _skip_missing(r, db, t, "rename column")
+        return
+    old, new = layout.get(op.old), layout.get(op.new)
+    if old is None:
+        log.info("%s: no column %s on the target (already renamed?)", r.what("rename column"), op.old)
+        return
+    if new is not None and new.name.lower() != old.name.lower():
+        raise TargetRejectedError(f"{r.what('rename column')}: both {op.old} and {op.new} exist in {db}.{t}",
+                                  hint="drop the stale column on the target, or " + ddl.SKIP_HINT)
+    tbl = r.table(db, t)
+    r.step(f"ALTER TABLE {tbl} RENAME COLUMN {q(old.name)} TO {q(op.new)}")
+    companion = layout.get(op.old + st.COMPANION_SUFFIX)
+    if companion is not None:
+        r.step(f"ALTER TABLE {tbl} RENAME COLUMN {q(companion.name)} TO {q(op.new + st.COMPANION_SUFFIX)}")
+    key = r.key(db, t)
+    if any(k.lower() == op.old.lower() for k in key):
+        r.set_key(db, t, [op.new if k.lower() == op.old.lower() else k for k in key])
+
+
+def _add_primary_key(r: Run, op: ddl.AddPrimaryKey) -> None:
+    if not r.target.iceberg.exists(op.database, op.table):
+        _skip_missing(r, op.database, op.table, "add primary key")
+        return
+    r.set_key(op.database, op.table, list(op.columns))
+
+
+def _drop_primary_key(r: Run, op: ddl.DropPrimaryKey) -> None:
+    if r.target.iceberg.exists(op.database, op.table):
+        r.set_key(op.database, op.table, [])
+
+
+def _noop(r: Run, op: ddl.NoOp) -> None:
+    log.debug("%s: nothing to do on the target (%s)", r.what("no-op"), op.reason)
+
+
+#: Operation type -> what runs it.
+HANDLERS: dict[type[ddl.DdlOp], Callable[[Run, Any], None]] = {
+    ddl.CreateDatabase: _create_database,
+    ddl.DropDatabase: _drop_database,
+    ddl.CreateTable: _create_table,
+    ddl.CreateTableLike: _create_table_like,
+    ddl.DropTable: _drop_table,
+    ddl.RenameTable: _rename_table,
+    ddl.Truncate: _truncate,
+    ddl.AddColumn: _add_column,
+    ddl.DropColumn: _drop_column,
+    ddl.ModifyColumn: _modify_column,
+    ddl.RenameColumn: _rename_column,
+    ddl.AddPrimaryKey: _add_primary_key,
+    ddl.DropPrimaryKey: _drop_primary_key,
+    ddl.NoOp: _noop,
+}
+
+
+def run(target: SparkTarget, op: ddl.DdlOp, sql: str, state: AppliedState) -> None:
+    """Apply one operation of the DDL statement ``sql`` to ``target``."""
+    HANDLERS[type(op)](Run(target, sql, state), op)

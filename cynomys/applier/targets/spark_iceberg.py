@@ -1,0 +1,164 @@
+"""Iceberg's Java API and Spark internals through Py4J, for what Spark SQL
+cannot say from Python:
+
+- snapshot summary properties of a SQL MERGE (Iceberg reads them from the
+  thread-local of ``org.apache.iceberg.spark.CommitMetadata``; its public
+  ``withCommitProperties`` takes a Java ``Callable``, which Python cannot
+  hand over while keeping the same JVM thread, so the thread-local is set
+  directly, by reflection, on the JVM thread PySpark pins to ours);
+- walking a table's snapshots, rolling one back, table properties;
+- Arrow data handed to Spark as Arrow (what ``createDataFrame(pandas)`` does
+  inside, minus pandas, whose datetime64[ns] cannot hold year 9999).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
+
+log = logging.getLogger(__name__)
+
+#: Iceberg's holder of per-thread commit (snapshot summary) properties.
+COMMIT_METADATA_CLASS = "org.apache.iceberg.spark.CommitMetadata"
+COMMIT_METADATA_FIELD = "COMMIT_PROPERTIES"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    id: int
+    parent: int | None
+    operation: str
+    summary: dict[str, str]
+
+
+class IcebergApi:
+    """One Iceberg catalog of a Spark session, seen through its Java API."""
+
+    def __init__(self, spark: SparkSession, catalog: str) -> None:
+        self.spark = spark
+        self.catalog_name = catalog
+        self._jvm: Any = spark.sparkContext._jvm  # type: ignore[attr-defined]
+        self._gateway: Any = spark.sparkContext._gateway  # type: ignore[attr-defined]
+        self._commit_local: Any = None
+
+    # -- catalog and tables ------------------------------------------------
+    def _catalog(self) -> Any:
+        plugin = self.spark._jsparkSession.sessionState().catalogManager().catalog(self.catalog_name)  # type: ignore[attr-defined]
+        return plugin.icebergCatalog()
+
+    def _namespace(self, database: str) -> Any:
+        arr = self._gateway.new_array(self._jvm.java.lang.String, 1)
+        arr[0] = database
+        return self._jvm.org.apache.iceberg.catalog.Namespace.of(arr)
+
+    def _ident(self, database: str, table: str) -> Any:
+        return self._jvm.org.apache.iceberg.catalog.TableIdentifier.of(self._namespace(database), table)
+
+    def exists(self, database: str, table: str) -> bool:
+        return bool(self._catalog().tableExists(self._ident(database, table)))
+
+    def load(self, database: str, table: str) -> Any:
+        return self._catalog().loadTable(self._ident(database, table))
+
+    def list_tables(self, database: str) -> list[str]:
+        catalog = self._catalog()
+        ns = self._namespace(database)
+        if not catalog.namespaceExists(ns):
+            return []
+        return [str(ident.name()) for ident in catalog.listTables(ns)]
+
+    def properties(self, database: str, table: str) -> dict[str, str]:
+        return {str(k): str(v) for k, v in self.load(database, table).properties().items()}
+
+    def update_properties(self, database: str, table: str, set_: dict[str, str],
+                          remove: tuple[str, ...] = ()) -> None:
+        """One metadata-only commit (no Spark job)."""
+        update = self.load(database, table).updateProperties()
+        for k, v in set_.items():
+            update = update.set(k, v)
+        for k in remove:
+            update = update.remove(k)
+        update.commit()
+
+    # -- snapshots -----------------------------------------------------------
+    @staticmethod
+    def _snapshot(s: Any) -> Snapshot:
+        parent = s.parentId()
+        return Snapshot(int(s.snapshotId()), None if parent is None else int(parent), str(s.operation()),
+                        {str(k): str(v) for k, v in s.summary().items()})
+
+    def current(self, database: str, table: str) -> Snapshot | None:
+        s = self.load(database, table).currentSnapshot()
+        return None if s is None else self._snapshot(s)
+
+    def ancestry(self, database: str, table: str) -> Iterator[Snapshot]:
+        """The current snapshot, then its parents, newest first."""
+        tbl = self.load(database, table)
+        s = tbl.currentSnapshot()
+        while s is not None:
+            snap = self._snapshot(s)
+            yield snap
+            s = tbl.snapshot(snap.parent) if snap.parent is not None else None
+
+    def first_in_log(self, database: str, table: str, snapshot_id: int) -> bool:
+        """The snapshot was the table's first current snapshot (it held no
+        rows before it)."""
+        history = list(self.load(database, table).history())
+        return bool(history) and int(history[0].snapshotId()) == snapshot_id
+
+    def commit_empty(self, database: str, table: str, summary: dict[str, str]) -> None:
+        """An append of no files: a snapshot that only carries ``summary``."""
+        append = self.load(database, table).newAppend()
+        for k, v in summary.items():
+            append = append.set(k, v)
+        append.commit()
+
+    def rollback_to(self, database: str, table: str, snapshot_id: int) -> None:
+        """Make an ancestor the current snapshot again (metadata only)."""
+        self.load(database, table).manageSnapshots().rollbackTo(snapshot_id).commit()
+
+    # -- snapshot summary of the next commit on this thread ------------------
+    def _thread_local(self) -> Any:
+        if self._commit_local is None:
+            loader = self._jvm.java.lang.Thread.currentThread().getContextClassLoader()
+            cls = self._jvm.java.lang.Class.forName(COMMIT_METADATA_CLASS, True, loader)
+            field = cls.getDeclaredField(COMMIT_METADATA_FIELD)
+            field.setAccessible(True)
+            self._commit_local = field.get(None)
+        return self._commit_local
+
+    @contextlib.contextmanager
+    def commit_properties(self, props: dict[str, str]) -> Iterator[None]:
+        """Iceberg commits made by Spark SQL on this thread inside the block
+        carry ``props`` in their snapshot summary."""
+        local = self._thread_local()
+        jmap = self._jvm.java.util.HashMap()
+        for k, v in props.items():
+            jmap.put(k, v)
+        local.set(jmap)
+        try:
+            yield
+        finally:
+            local.set(self._jvm.java.util.HashMap())
+
+    # -- Arrow -> DataFrame ----------------------------------------------------
+    def dataframe(self, table: pa.Table, schema: StructType) -> DataFrame:
+        """A DataFrame over Arrow record batches, column types as ``schema``
+        says (the Arrow types must be the ones Spark maps them to)."""
+        from pyspark.sql.pandas.serializers import ArrowStreamSerializer
+
+        if table.num_rows == 0:
+            raise ValueError("no rows to hand to Spark")
+        sc: Any = self.spark.sparkContext
+        jvm = self._jvm
+        jiter = sc._serialize_to_jvm(
+            table.to_batches(), ArrowStreamSerializer(),
+            lambda path: jvm.PythonSQLUtils.readArrowStreamFromFile(path),
+            lambda: jvm.ArrowIteratorServer())
+        jdf = jvm.PythonSQLUtils.toDataFrame(jiter, schema.json(), self.spark._jsparkSession)  # type: ignore[attr-defined]
+        return DataFrame(jdf, self.spark)

@@ -1,0 +1,179 @@
+"""What a Spark target writes: flush markers, MERGE source rows, statements.
+
+Pure data and text (no session): the SparkTarget builds one Arrow table per
+table of a flush from these rows and runs one of these statements on it.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from pyspark.sql import types as T
+
+from cynomys.applier.targets.base import AppliedState, TableFlush
+from cynomys.core.model import Position, Row, TableSchema, Value
+
+log = logging.getLogger(__name__)
+
+#: Column of the MERGE source saying what a row is: 'U' upsert, 'D' delete, 'I' insert.
+OP_COLUMN = "__cynomys_op"
+#: Column of the keyless MERGE source: copies of a row value to delete.
+COUNT_COLUMN = "__cynomys_n"
+
+#: Snapshot summary keys of the flush marker.
+MARK_PRODUCER, MARK_SEQ, MARK_FILE, MARK_POS, MARK_GTID, MARK_TS = (
+    "cynomys.producer", "cynomys.seq", "cynomys.file", "cynomys.pos", "cynomys.gtid", "cynomys.commit-ts")
+
+
+def marker(state: AppliedState) -> dict[str, str]:
+    """Snapshot summary properties naming the flush (or DDL) a commit belongs to."""
+    p = state.position
+    return {MARK_PRODUCER: state.producer_id, MARK_SEQ: str(state.seq), MARK_FILE: p.file, MARK_POS: str(p.pos),
+            MARK_GTID: p.gtid, MARK_TS: str(state.commit_ts)}
+
+
+def marker_of(summary: dict[str, str], producer_id: str) -> AppliedState | None:
+    if summary.get(MARK_PRODUCER) != producer_id:
+        return None
+    return AppliedState(producer_id, int(summary[MARK_SEQ]),
+                        Position(summary[MARK_FILE], int(summary[MARK_POS]), summary.get(MARK_GTID, "")),
+                        int(summary.get(MARK_TS, "0")))
+
+
+def order(state: AppliedState) -> tuple[int, tuple[int, str, int]]:
+    """States of one producer grow in (seq, position); a DDL keeps its
+    envelope's previous seq but moves the position."""
+    return (state.seq, state.position.sort_key())
+
+
+def same_flush(a: AppliedState, b: AppliedState) -> bool:
+    return a.seq == b.seq and a.position == b.position
+
+
+def q(name: str) -> str:
+    """A Spark SQL identifier."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def lit(text: str) -> str:
+    """A Spark SQL string literal.  Spark reads 'a''b' as two adjacent
+    literals ('ab'), so quotes are escaped with a backslash."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+@dataclass
+class Layout:
+    """The columns a target table has: name -> Spark field (lower-case keys)."""
+
+    fields: dict[str, T.StructField]
+
+    @classmethod
+    def of(cls, schema: T.StructType) -> Layout:
+        return cls({f.name.lower(): f for f in schema.fields})
+
+    def get(self, name: str) -> T.StructField | None:
+        return self.fields.get(name.lower())
+
+    def has(self, name: str) -> bool:
+        return name.lower() in self.fields
+
+
+@dataclass
+class TablePlan:
+    """One table's part of a flush, encoded and ready to commit."""
+
+    schema: TableSchema
+    name: str                          # qualified Spark name
+    data: pa.Table
+    spark_schema: T.StructType
+    sql: str                           # the statement; {src} stands for the source view
+    rows: int = 0
+
+
+@dataclass
+class Columns:
+    """The columns of a MERGE source being built: names, Arrow arrays, Spark fields."""
+
+    names: list[str] = field(default_factory=list)
+    arrays: list[pa.Array] = field(default_factory=list)
+    fields: list[T.StructField] = field(default_factory=list)
+
+    def add(self, name: str, array: pa.Array, spark_type: T.DataType) -> None:
+        # Every column nullable: a key of zero dates is NULL in its typed column.
+        self.names.append(name)
+        self.arrays.append(array)
+        self.fields.append(T.StructField(name, spark_type, True))
+
+
+def keyed_rows(tf: TableFlush) -> tuple[list[Row], list[str], list[int | None]]:
+    """Final images ('U') and keys deleted without a new image ('D'),
+    at most one source row per key (MERGE refuses more)."""
+    idx = tf.schema.key_indexes()
+    latest: dict[tuple[Value, ...], Row] = {}
+    for r in tf.inserts:
+        latest[tuple(r[i] for i in idx)] = r
+    if len(latest) < len(tf.inserts):
+        log.warning("table %s: %d final images share a key; the last one of each key is kept",
+                    tf.schema.name, len(tf.inserts) - len(latest))
+    deleted = [k for k in dict.fromkeys(tf.delete_keys) if k not in latest]
+    width = len(tf.schema.columns)
+    rows: list[Row] = list(latest.values())
+    for k in deleted:
+        image: list[Value] = [None] * width
+        for i, v in zip(idx, k, strict=True):
+            image[i] = v
+        rows.append(tuple(image))
+    return rows, ["U"] * len(latest) + ["D"] * len(deleted), [None] * len(rows)
+
+
+def keyless_rows(tf: TableFlush) -> tuple[list[Row], list[str], list[int | None]]:
+    """Row values to delete ('D', with how many copies) and rows to insert ('I')."""
+    deletes = list(tf.delete_rows.items())
+    rows = [r for r, _ in deletes] + list(tf.inserts)
+    counts: list[int | None] = [n for _, n in deletes]
+    return rows, ["D"] * len(deletes) + ["I"] * len(tf.inserts), counts + [None] * len(tf.inserts)
+
+
+# --------------------------------------------------------------------------
+# Statements
+# --------------------------------------------------------------------------
+def keyed_merge(name: str, columns: list[str], match: list[str]) -> str:
+    on = " AND ".join(f"t.{q(c)} <=> s.{q(c)}" for c in match)
+    lowered = {m.lower() for m in match}
+    update = ", ".join(f"t.{q(c)} = s.{q(c)}" for c in columns if c.lower() not in lowered)
+    insert = ", ".join(q(c) for c in columns)
+    values = ", ".join(f"s.{q(c)}" for c in columns)
+    return (f"MERGE INTO {name} t USING {{src}} s ON {on}\n"
+            f"WHEN MATCHED AND s.{q(OP_COLUMN)} = 'D' THEN DELETE\n"
+            + (f"WHEN MATCHED THEN UPDATE SET {update}\n" if update else "")
+            + f"WHEN NOT MATCHED AND s.{q(OP_COLUMN)} = 'U' THEN INSERT ({insert}) VALUES ({values})")
+
+
+def keyless_merge(name: str, columns: list[str]) -> str:
+    """Delete every copy of each deleted row value, insert back the copies
+    that stay (present - deleted, counted in the same statement), insert
+    the new rows.  Rows compare NULL-safe on every column."""
+    cols = ", ".join(q(c) for c in columns)
+    d_cols = ", ".join(f"d.{q(c)}" for c in columns)
+    joined = " AND ".join(f"x.{q(c)} <=> d.{q(c)}" for c in columns)
+    on = " AND ".join(f"t.{q(c)} <=> s.{q(c)}" for c in columns)
+    values = ", ".join(f"s.{q(c)}" for c in columns)
+    op, n = q(OP_COLUMN), q(COUNT_COLUMN)
+    return (f"MERGE INTO {name} t USING (\n"
+            f"  SELECT {cols}, {op} FROM {{src}}\n"
+            f"  UNION ALL\n"
+            f"  SELECT {cols}, 'I' FROM (\n"
+            f"    SELECT {d_cols},\n"
+            f"      explode(array_repeat(0, CAST(greatest(count(x.`__cynomys_one`) - d.{n}, 0) AS INT)))\n"
+            f"    FROM (SELECT * FROM {{src}} WHERE {op} = 'D') d\n"
+            f"    LEFT JOIN (SELECT {cols}, 1 AS `__cynomys_one` FROM {name}) x ON {joined}\n"
+            f"    GROUP BY {d_cols}, d.{n})\n"
+            f") s ON s.{op} = 'D' AND {on}\n"
+            f"WHEN MATCHED THEN DELETE\n"
+            f"WHEN NOT MATCHED AND s.{op} = 'I' THEN INSERT ({cols}) VALUES ({values})")
+
+
+def append(name: str, columns: list[str]) -> str:
+    cols = ", ".join(q(c) for c in columns)
+    return f"INSERT INTO {name} ({cols}) SELECT {cols} FROM {{src}}"

@@ -1,0 +1,396 @@
+"""SparkTarget against real Spark (local mode) and Iceberg tables on local disk.
+
+One Spark session serves the whole module (starting one costs ~10 s on a
+small machine): every target the tests make shares it, and a module
+fixture keeps it alive until the end.  The contract bodies shared with the
+other targets run first, then what is particular to Spark/Iceberg: the
+table layout, the flush marker in snapshot summaries, and the crash window
+between two table commits.
+"""
+from __future__ import annotations
+
+import datetime
+import itertools
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from cynomys.applier.targets.base import AppliedState, Flush, Target, open_target
+from cynomys.applier.targets.spark import SparkTarget
+from cynomys.applier.targets.spark_merge import TablePlan, marker_of
+from cynomys.core.config import ApplierConfig, Config, SparkConfig, TargetConfig
+from cynomys.core.errors import TargetRejectedError
+from cynomys.core.model import ColumnDef, Op, RawTemporal, TableSchema
+from tests.integration import target_contract as contract
+
+pytestmark = [pytest.mark.spark, pytest.mark.integration]
+
+#: Small and quick: 2 cores, no UI, few shuffle partitions.
+TEST_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.default.parallelism": "2",
+    "spark.driver.memory": "1g",
+    "spark.sql.adaptive.coalescePartitions.initialPartitionNum": "2",
+}
+
+
+def make_config(warehouse: Path, skip_ddl: list[str] | None = None, catalog: str = "cy") -> Config:
+    spark = SparkConfig(master="local[2]", warehouse=str(warehouse), catalog=catalog, conf=dict(TEST_CONF))
+    return Config(target=TargetConfig(kind="spark", spark=spark), applier=ApplierConfig(skip_ddl=list(skip_ddl or [])))
+
+
+class Factory:
+    """Connected SparkTargets sharing the module's session; closed at teardown."""
+
+    def __init__(self, warehouse: Path) -> None:
+        self.warehouse = warehouse
+        self.made: list[Target] = []
+
+    def __call__(self, **overrides: Any) -> SparkTarget:
+        cls = overrides.pop("cls", SparkTarget)
+        target = cls(make_config(self.warehouse, overrides.pop("skip_ddl", None)))
+        assert not overrides, overrides
+        target.connect()
+        self.made.append(target)
+        return target  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        for t in reversed(self.made):
+            t.close()
+
+
+@pytest.fixture(scope="module")
+def factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Factory]:
+    f = Factory(tmp_path_factory.mktemp("warehouse"))
+    f()  # starts the session for the module
+    yield f
+    f.close()
+
+
+@pytest.fixture(scope="module")
+def target(factory: Factory) -> SparkTarget:
+    return factory()
+
+
+_names = itertools.count(1)
+
+
+@pytest.fixture
+def db() -> str:
+    return f"spark_test_{next(_names)}"
+
+
+@pytest.mark.parametrize("body", sorted(contract.CONTRACT))
+def test_contract(body: str, factory: Factory, db: str) -> None:
+    contract.CONTRACT[body](factory, db)
+
+
+# --------------------------------------------------------------------------
+# Layout of the Iceberg tables
+# --------------------------------------------------------------------------
+def test_registry_opens_it(tmp_path: Path) -> None:
+    assert isinstance(open_target(make_config(tmp_path)), SparkTarget)
+
+
+def _describe(target: SparkTarget, db: str, table: str) -> dict[str, tuple[str, str]]:
+    rows = target.spark.sql(f"DESCRIBE TABLE {target.qualified(db, table)}").collect()
+    return {r.col_name: (r.data_type, r.comment or "") for r in rows if r.col_name and not r.col_name.startswith("#")}
+
+
+def test_all_types_layout_and_read_back_after_restart(factory: Factory, target: SparkTarget, db: str) -> None:
+    schema = contract.all_types_schema(db)
+    target.apply(contract.flush([contract.change(Op.INSERT, schema, after=r) for r in contract.ALL_TYPES_ROWS]))
+    cols = _describe(target, db, "all_types")
+    expected = {
+        "ti": "int", "ti_u": "int", "si_u": "int", "mi_u": "int", "i_u": "bigint", "bi": "bigint",
+        "bi_u": "decimal(20,0)", "dec": "string", "f": "float", "d": "double", "b": "decimal(20,0)", "b1": "bigint",
+        "dt": "date", "dtt": "timestamp_ntz", "ts": "timestamp", "tm": "bigint", "yr": "int", "s": "string",
+        "bn": "binary", "bl": "binary", "e": "string", "st": "string", "j": "string",
+        # zero/partial dates arrived in these: companions hold MySQL's text
+        "zd__cynomys_raw": "string", "zdt__cynomys_raw": "string", "zts__cynomys_raw": "string",
+    }
+    assert {c: cols[c][0] for c in expected} == expected
+    assert cols["tm"][1] == "signed microseconds; mysql:time(6)"
+    assert cols["e"][1] == "mysql:enum('a','b','it''s')"
+    assert "dt__cynomys_raw" not in cols  # only where such values came
+    props = {r.key: r.value for r in target.spark.sql(
+        f"SHOW TBLPROPERTIES {target.qualified(db, 'all_types')}").collect()}
+    assert props["format-version"] == "2" and props["write.merge.mode"] == "merge-on-read"
+    assert props["cynomys.primary-key"] == '["id"]'
+    # A new target (as after a restart) reads the source types from the comments.
+    fresh = factory()
+    contract.assert_rows(fresh, schema, contract.ALL_TYPES_ROWS)
+    raw = target.spark.sql(f"SELECT zd, zd__cynomys_raw, tm, bi_u FROM {target.qualified(db, 'all_types')} "
+                           "WHERE id = 1").collect()[0]
+    assert raw.zd is None and raw.zd__cynomys_raw == "0000-00-00"
+    assert raw.tm == (838 * 3600 + 59 * 60 + 59) * 10**6 and raw.bi_u == Decimal(2**64 - 1)
+
+
+def test_zero_date_in_a_key(target: SparkTarget, db: str) -> None:
+    schema = TableSchema(db, "zkey", (ColumnDef("d", "date"), ColumnDef("v", "int")), ("d",))
+    zero, real = RawTemporal("0000-00-00"), datetime.date(2020, 1, 1)
+    target.apply(contract.flush([contract.change(Op.INSERT, schema, after=(zero, 1)),
+                                 contract.change(Op.INSERT, schema, after=(real, 2))]))
+    target.apply(contract.flush([contract.change(Op.UPDATE, schema, before=(zero, 1), after=(zero, 10))]))
+    contract.assert_rows(target, schema, [(zero, 10), (real, 2)])
+    target.apply(contract.flush([contract.change(Op.DELETE, schema, before=(zero, 10))]))
+    contract.assert_rows(target, schema, [(real, 2)])
+
+
+def test_type_without_mapping_is_refused(target: SparkTarget, db: str) -> None:
+    schema = TableSchema(db, "odd", (ColumnDef("id", "int"), ColumnDef("u", "uuid")), ("id",))
+    with pytest.raises(TargetRejectedError, match=rf"{db}\.odd.*'u'.*uuid"):
+        target.apply(contract.flush([contract.change(Op.INSERT, schema, after=(1, "x"))]))
+
+
+# --------------------------------------------------------------------------
+# Exactly-once: the flush marker and the crash window between table commits
+# --------------------------------------------------------------------------
+class Crash(BaseException):
+    """The process dies (no cleanup runs)."""
+
+
+class CrashingTarget(SparkTarget):
+    """Dies after ``commits`` table commits of its next flush."""
+
+    commits = 1
+
+    def _commit(self, plan: TablePlan, state: AppliedState, recorded: AppliedState | None) -> bool:
+        if self.commits == 0:
+            raise Crash(f"killed before committing {plan.schema.name}")
+        self.commits -= 1
+        return super()._commit(plan, state, recorded)
+
+    def _abort(self, done: list[TablePlan], producer_id: str, recorded: AppliedState | None) -> None:
+        pass  # a dead process rolls nothing back
+
+
+KEYED = ("id", "v")
+
+
+def _tables(db: str) -> tuple[TableSchema, TableSchema]:
+    a = TableSchema(db, "a", (ColumnDef("id", "int"), ColumnDef("v", "varchar(10)")), ("id",))
+    b = TableSchema(db, "b", (ColumnDef("x", "int"), ColumnDef("s", "varchar(10)")), ())  # keyless
+    return a, b
+
+
+def test_snapshot_summary_carries_the_flush(target: SparkTarget, db: str) -> None:
+    a, _ = _tables(db)
+    _, b = _tables(db)
+    st = contract.state(seq=41, pos=4100, producer=f"mark-{db}")
+    fl = contract.flush([contract.change(Op.INSERT, a, after=(1, "x")), contract.change(Op.INSERT, b, after=(1, "x"))],
+                        st)
+    target.apply(fl)
+    snap = target.iceberg.current(db, "a")
+    assert snap is not None and snap.operation in ("append", "overwrite")
+    assert marker_of(snap.summary, st.producer_id) == st
+    assert target.applied(st.producer_id) == st
+    # The same flush again (a replay) finds itself in every table: nothing is written twice.
+    target.apply(fl)
+    assert target.iceberg.current(db, "a") == snap
+    contract.assert_rows(target, b, [(1, "x")])
+
+
+def test_crash_between_table_commits_replays_once(factory: Factory, db: str) -> None:
+    producer = f"crash-{db}"
+    a, b = _tables(db)
+    first = factory()
+    s1 = contract.state(seq=1, producer=producer)
+    first.apply(contract.flush([contract.change(Op.INSERT, a, after=(1, "a")),
+                                contract.change(Op.INSERT, b, after=(1, "x")),
+                                contract.change(Op.INSERT, b, after=(1, "x"))], s1))
+    # Flush 2 commits table a, then the process dies before b and the state.
+    s2 = contract.state(seq=2, producer=producer)
+    fl = contract.flush([contract.change(Op.UPDATE, a, before=(1, "a"), after=(1, "A")),
+                         contract.change(Op.INSERT, a, after=(2, "b")),
+                         contract.change(Op.DELETE, b, before=(1, "x")),
+                         contract.change(Op.INSERT, b, after=(2, "y"))], s2)
+    crashing = factory(cls=CrashingTarget)
+    with pytest.raises(Crash):
+        crashing.apply(fl)
+    crashing.close()
+    a_snapshot = first.iceberg.current(db, "a")
+    assert a_snapshot is not None and marker_of(a_snapshot.summary, producer) == s2
+    contract.assert_rows(first, b, [(1, "x"), (1, "x")])
+    # Restart: the state says flush 1, so the applier replays flush 2.
+    restarted = factory()
+    assert restarted.applied(producer) == s1
+    restarted.apply(fl)
+    after = restarted.iceberg.current(db, "a")
+    assert after is not None and after.id == a_snapshot.id  # a was skipped, not written again
+    contract.assert_rows(restarted, a, [(1, "A"), (2, "b")])
+    contract.assert_rows(restarted, b, [(1, "x"), (2, "y")])  # b applied once: one copy deleted
+    assert restarted.applied(producer) == s2
+
+
+def test_crash_then_replay_cut_differently(factory: Factory, db: str) -> None:
+    """The redelivered envelopes may be flushed at other boundaries: the
+    table ahead of the state is rolled back, then each replayed flush applies
+    exactly once (a keyless multiset shows any double application)."""
+    producer = f"cut-{db}"
+    a, b = _tables(db)
+    first = factory()
+    s1 = contract.state(seq=1, pos=100, producer=producer)
+    first.apply(contract.flush([contract.change(Op.INSERT, b, after=r) for r in [(1, "x"), (1, "x"), (2, "y")]]
+                               + [contract.change(Op.INSERT, a, after=(1, "a"))], s1))
+    changes = [contract.change(Op.DELETE, b, before=(1, "x")), contract.change(Op.INSERT, b, after=(3, "z")),
+               contract.change(Op.UPDATE, a, before=(1, "a"), after=(1, "A"))]
+    s3 = contract.state(seq=3, pos=300, producer=producer)
+    crashing = factory(cls=CrashingTarget)
+    with pytest.raises(Crash):
+        crashing.apply(contract.flush(changes, s3))  # b committed (one x deleted, z added), a not
+    crashing.close()
+    contract.assert_rows(first, b, [(1, "x"), (2, "y"), (3, "z")])
+    restarted = factory()
+    assert restarted.applied(producer) == s1
+    s2 = contract.state(seq=2, pos=200, producer=producer)
+    restarted.apply(contract.flush(changes[:1], s2))  # envelope 2 alone: b is rolled back first
+    contract.assert_rows(restarted, b, [(1, "x"), (2, "y")])
+    restarted.apply(contract.flush(changes[1:], s3))
+    contract.assert_rows(restarted, b, [(1, "x"), (2, "y"), (3, "z")])
+    contract.assert_rows(restarted, a, [(1, "A")])
+    assert restarted.applied(producer) == s3
+
+
+class FailingTarget(SparkTarget):
+    """Its second table commit fails (Spark refuses it)."""
+
+    def _commit(self, plan: TablePlan, state: AppliedState, recorded: AppliedState | None) -> bool:
+        if plan.schema.table == "b":
+            raise TargetRejectedError(f"refusing {plan.schema.name}")
+        return super()._commit(plan, state, recorded)
+
+
+def test_failure_after_a_commit_rolls_it_back(factory: Factory, db: str) -> None:
+    producer = f"fail-{db}"
+    a, b = _tables(db)
+    good = factory()
+    s1 = contract.state(seq=1, producer=producer)
+    good.apply(contract.flush([contract.change(Op.INSERT, a, after=(1, "a")),
+                               contract.change(Op.INSERT, b, after=(1, "x"))], s1))
+    bad = factory(cls=FailingTarget)
+    fl = contract.flush([contract.change(Op.UPDATE, a, before=(1, "a"), after=(1, "A")),
+                         contract.change(Op.INSERT, b, after=(2, "y"))], contract.state(seq=2, producer=producer))
+    with pytest.raises(TargetRejectedError, match="refusing"):
+        bad.apply(fl)
+    contract.assert_rows(good, a, [(1, "a")])
+    assert good.applied(producer) == s1
+    good.apply(fl)
+    contract.assert_rows(good, a, [(1, "A")])
+    contract.assert_rows(good, b, [(1, "x"), (2, "y")])
+
+
+def test_state_lost_is_refused_not_rolled_back(factory: Factory, db: str) -> None:
+    """Two unrecorded commits of one producer in a table cannot come from one
+    crash: the target refuses instead of rolling back more than a flush."""
+    producer = f"lost-{db}"
+    a, _ = _tables(db)
+    t = factory()
+    for seq in (1, 2):
+        t.apply(contract.flush([contract.change(Op.INSERT, a, after=(seq, "v"))],
+                               contract.state(seq=seq, producer=producer)))
+    t.iceberg.update_properties(t.state_database, t.state_table, {}, remove=(t.state_property_prefix + producer,))
+    fresh = factory()
+    with pytest.raises(TargetRejectedError, match="beyond the applier state"):
+        fresh.apply(contract.flush([contract.change(Op.INSERT, a, after=(3, "v"))],
+                                   contract.state(seq=3, producer=producer)))
+    contract.assert_rows(fresh, a, [(1, "v"), (2, "v")])
+
+
+# --------------------------------------------------------------------------
+# DDL particular to Iceberg
+# --------------------------------------------------------------------------
+def test_modify_column_in_place_rewrite_or_refuse(target: SparkTarget, db: str) -> None:
+    schema = TableSchema(db, "m", (ColumnDef("id", "int"), ColumnDef("n", "int"), ColumnDef("c", "decimal(10,2)"),
+                                   ColumnDef("s", "varchar(5)")), ("id",))
+    target.apply(contract.flush([contract.change(Op.INSERT, schema, after=(1, 7, Decimal("1.50"), "abc"))]))
+    before = target.iceberg.current(db, "m")
+    target.apply_ddl(contract.ddl(db, "ALTER TABLE m MODIFY n BIGINT, MODIFY s TEXT, MODIFY c DECIMAL(14,2)"),
+                     contract.state())
+    cols = _describe(target, db, "m")
+    assert cols["n"] == ("bigint", "mysql:bigint") and cols["s"] == ("string", "mysql:text")
+    assert cols["c"] == ("decimal(14,2)", "mysql:decimal(14,2)")
+    assert target.iceberg.current(db, "m") == before  # promotions change metadata only
+    target.apply_ddl(contract.ddl(db, "ALTER TABLE m MODIFY n INT UNSIGNED, MODIFY c DECIMAL(20,4)"), contract.state())
+    assert _describe(target, db, "m")["c"][0] == "decimal(20,4)"
+    assert target.fetch_rows(db, "m") == [(1, 7, Decimal("1.5000"), "abc")]
+    assert _describe(target, db, "m")["s"] == ("string", "mysql:text")  # the rewrite keeps comments
+    with pytest.raises(TargetRejectedError) as info:
+        target.apply_ddl(contract.ddl(db, "ALTER TABLE m MODIFY s INT", pos=901), contract.state())
+    assert "m.s" in str(info.value) and "skip_ddl" in str(info.value)
+    # BIGINT -> INT rewrites under ANSI overflow checks: a value that does not fit fails.
+    target.apply(contract.flush([contract.change(Op.INSERT, TableSchema(db, "m", (
+        ColumnDef("id", "int"), ColumnDef("n", "bigint")), ("id",)), after=(2, 2**40))]))
+    with pytest.raises(TargetRejectedError, match="overflow|CAST"):
+        target.apply_ddl(contract.ddl(db, "ALTER TABLE m MODIFY n INT"), contract.state())
+
+
+def test_rename_copy_interrupted_before_drop(target: SparkTarget, db: str) -> None:
+    """A Hadoop catalog renames by copying; a crash after the copy leaves
+    both tables, and the replay only drops the old one."""
+    from cynomys.applier.targets import spark_ddl
+
+    schema = TableSchema(db, "old", (ColumnDef("id", "int"), ColumnDef("v", "varchar(3)")), ("id",))
+    target.apply(contract.flush([contract.change(Op.INSERT, schema, after=(1, "a"))]))
+    target.apply_ddl(contract.ddl(db, "CREATE TABLE empty_old (k BIGINT UNSIGNED PRIMARY KEY)"), contract.state())
+    for old, new, rows in (("old", "new", [(1, "a")]), ("empty_old", "empty_new", [])):
+        st = contract.state()
+        spark_ddl._copy_table(spark_ddl.Run(target, f"RENAME TABLE {old} TO {new}", st), db, old, db, new)
+        assert target.table_exists(db, old) and target.table_exists(db, new)
+        target.apply_ddl(contract.ddl(db, f"RENAME TABLE {old} TO {new}"), st)  # the replay
+        assert not target.table_exists(db, old)
+        assert target.fetch_rows(db, new) == rows
+    # The copy keeps the source types (comments) and the primary key.
+    k = _describe(target, db, "empty_new")["k"]
+    assert k == ("decimal(20,0)", "unsigned 64-bit integer; mysql:bigint unsigned")
+    assert target.iceberg.properties(db, "empty_new")["cynomys.primary-key"] == '["k"]'
+    assert _describe(target, db, "new")["v"] == ("string", "mysql:varchar(3)")
+    # A real name clash is not papered over.
+    target.apply(contract.flush([contract.change(Op.INSERT, schema, after=(2, "b"))]))
+    with pytest.raises(TargetRejectedError, match="both"):
+        target.apply_ddl(contract.ddl(db, "RENAME TABLE old TO new"), contract.state())
+
+
+def test_drop_database(target: SparkTarget, db: str) -> None:
+    a, b = _tables(db)
+    target.apply(contract.flush([contract.change(Op.INSERT, a, after=(1, "a")),
+                                 contract.change(Op.INSERT, b, after=(1, "x"))]))
+    target.apply_ddl(contract.ddl(db, f"DROP DATABASE `{db}`"), contract.state())
+    assert not target.table_exists(db, "a") and not target.table_exists(db, "b")
+    target.apply_ddl(contract.ddl(db, f"DROP DATABASE IF EXISTS `{db}`"), contract.state())  # replay
+
+
+def test_state_database_name_is_refused(target: SparkTarget) -> None:
+    schema = TableSchema("cynomys_state", "x", (ColumnDef("id", "int"),), ("id",))
+    with pytest.raises(TargetRejectedError, match="state database"):
+        target.apply(contract.flush([contract.change(Op.INSERT, schema, after=(1,))]))
+
+
+def test_flush_with_no_tables_moves_only_the_state(target: SparkTarget) -> None:
+    st = contract.state(producer="only-state")
+    target.apply(Flush([], st))
+    assert target.applied("only-state") == st
+
+
+# --------------------------------------------------------------------------
+# Last: kills the module's JVM
+# --------------------------------------------------------------------------
+def test_jvm_death_is_transient_then_a_new_target_recovers(factory: Factory, db: str) -> None:
+    from cynomys.core.errors import TargetUnavailableError
+
+    a, _ = _tables(db)
+    t = factory()
+    t.apply(contract.flush([contract.change(Op.INSERT, a, after=(1, "a"))]))
+    jvm = t.spark.sparkContext._gateway.proc  # type: ignore[attr-defined,union-attr]  # the JVM this process started
+    jvm.kill()
+    jvm.wait()
+    fl = contract.flush([contract.change(Op.INSERT, a, after=(2, "b"))])
+    with pytest.raises(TargetUnavailableError):
+        t.apply(fl)
+    t.close()  # what the applier loop does before it opens the target again
+    again = factory()
+    again.apply(fl)
+    contract.assert_rows(again, a, [(1, "a"), (2, "b")])

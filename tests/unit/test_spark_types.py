@@ -1,0 +1,200 @@
+"""The Spark target's pure parts: type mapping, value codecs, session
+settings, flush markers and statement text (no JVM)."""
+from __future__ import annotations
+
+import datetime
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("pyarrow")
+
+from cynomys.applier.targets import spark_session  # noqa: E402
+from cynomys.applier.targets import spark_types as st  # noqa: E402
+from cynomys.applier.targets.base import AppliedState, TableFlush  # noqa: E402
+from cynomys.applier.targets.spark_merge import (  # noqa: E402
+    keyed_rows, keyless_merge, keyless_rows, lit, marker, marker_of, order,
+)
+from cynomys.core.config import Config, SparkConfig, TargetConfig  # noqa: E402
+from cynomys.core.errors import ConfigError  # noqa: E402
+from cynomys.core.model import ColumnDef, Position, RawTemporal, TableSchema  # noqa: E402
+
+UTC = datetime.timezone.utc
+
+
+def sql_type(type_text: str) -> str:
+    return st.mapping(ColumnDef("c", type_text)).sql
+
+
+@pytest.mark.parametrize("mysql, iceberg", [
+    ("tinyint", "int"), ("tinyint unsigned", "int"), ("smallint unsigned", "int"), ("mediumint unsigned", "int"),
+    ("int", "int"), ("int unsigned", "bigint"), ("bigint", "bigint"), ("bigint unsigned", "decimal(20,0)"),
+    ("bit(1)", "bigint"), ("bit(63)", "bigint"), ("bit(64)", "decimal(20,0)"), ("year", "int"),
+    ("decimal(10,2)", "decimal(10,2)"), ("decimal(38,0)", "decimal(38,0)"), ("decimal(39,2)", "string"),
+    ("decimal(65,30)", "string"), ("decimal", "decimal(10,0)"), ("decimal(12)", "decimal(12,0)"),
+    ("float", "float"), ("double", "double"), ("date", "date"), ("datetime(6)", "timestamp_ntz"),
+    ("timestamp(6)", "timestamp"), ("time(6)", "bigint"), ("char(3)", "string"), ("longtext", "string"),
+    ("enum('a','b')", "string"), ("set('x')", "string"), ("json", "string"), ("binary(4)", "binary"),
+    ("blob", "binary"), ("geometry", "binary"),
+])
+def test_mapping_table(mysql: str, iceberg: str) -> None:
+    assert sql_type(mysql) == iceberg
+
+
+def test_unknown_type_is_refused() -> None:
+    with pytest.raises(ValueError, match="no lossless Iceberg mapping"):
+        st.mapping(ColumnDef("u", "uuid"))
+
+
+def encode(type_text: str, *values: object) -> list[object]:
+    array, raw = st.encode_column(st.mapping(ColumnDef("c", type_text)), list(values))  # type: ignore[arg-type]
+    assert raw is None
+    return array.to_pylist()
+
+
+def test_integer_ranges_are_the_mysql_types() -> None:
+    assert encode("tinyint unsigned", 0, 255, None) == [0, 255, None]
+    for type_text, bad in (("tinyint unsigned", 256), ("tinyint", -129), ("int unsigned", -1),
+                           ("bigint unsigned", 2**64), ("bit(3)", 8), ("year", 2156)):
+        with pytest.raises(st.ValueRejected, match="outside the type's range"):
+            encode(type_text, bad)
+    assert encode("bigint unsigned", 2**64 - 1) == [Decimal(2**64 - 1)]
+    with pytest.raises(st.ValueRejected, match="expected an integer"):
+        encode("int", "1")
+
+
+def test_decimals_are_exact() -> None:
+    assert encode("decimal(5,2)", Decimal("1.5"), Decimal("-999.99")) == [Decimal("1.50"), Decimal("-999.99")]
+    with pytest.raises(st.ValueRejected, match="fraction digits"):
+        encode("decimal(5,2)", Decimal("1.005"))
+    with pytest.raises(st.ValueRejected, match="integer digits"):
+        encode("decimal(5,2)", Decimal("1000"))
+    wide = Decimal("12345678901234567890123456789012345.123456789012345678901234567890")
+    assert encode("decimal(65,30)", wide, Decimal("0E-30"), Decimal("1E+3")) == [
+        str(wide), "0." + "0" * 30, "1000." + "0" * 30]
+
+
+def test_float_must_be_single_precision() -> None:
+    assert encode("float", 0.5) == [0.5]
+    with pytest.raises(st.ValueRejected, match="not a single-precision value"):
+        encode("float", 0.1)
+    with pytest.raises(st.ValueRejected, match="does not fit"):
+        encode("float", 1e300)
+
+
+def test_temporal_values() -> None:
+    ts = datetime.datetime(2038, 1, 19, 3, 14, 7, 999999, tzinfo=UTC)
+    assert encode("timestamp(6)", ts) == [ts]
+    with pytest.raises(st.ValueRejected, match="UTC-aware"):
+        encode("timestamp(6)", ts.replace(tzinfo=None))
+    with pytest.raises(st.ValueRejected, match="naive"):
+        encode("datetime", ts)
+    with pytest.raises(st.ValueRejected, match="expected a date"):
+        encode("date", datetime.datetime(2020, 1, 1))
+    assert encode("time(6)", -datetime.timedelta(hours=838, microseconds=1)) == [-(838 * 3600 * 10**6 + 1)]
+
+
+def test_zero_dates_go_to_the_companion() -> None:
+    m = st.mapping(ColumnDef("d", "date"))
+    array, raw = st.encode_column(m, [RawTemporal("0000-00-00"), datetime.date(2020, 2, 29), None])
+    assert array.to_pylist() == [None, datetime.date(2020, 2, 29), None]
+    assert raw == ["0000-00-00", None, None]
+    with pytest.raises(st.ValueRejected, match="not temporal"):
+        st.encode_column(st.mapping(ColumnDef("t", "time")), [RawTemporal("00:00:00")])
+
+
+def test_comment_keeps_the_source_type() -> None:
+    col = ColumnDef("e", "enum('a','it''s')")
+    text = st.comment(col, st.mapping(col))
+    assert st.source_type(text) == "enum('a','it''s')"
+    col = ColumnDef("t", "time(6)")
+    assert st.comment(col, st.mapping(col)) == "signed microseconds; mysql:time(6)"
+    from pyspark.sql import types as T
+    assert st.column_for("x", T.LongType(), None).type == "bigint"  # a column we did not create
+
+
+@pytest.mark.parametrize("old, new, how", [
+    ("int", "bigint", "promote"), ("tinyint", "int", "same"), ("varchar(5)", "text", "same"),
+    ("float", "double", "promote"), ("decimal(10,2)", "decimal(12,2)", "promote"),
+    ("decimal(10,2)", "decimal(12,3)", "rewrite"), ("bigint", "int", "rewrite"),
+    ("int", "bigint unsigned", "rewrite"), ("double", "float", "refuse"), ("int", "varchar(10)", "refuse"),
+    ("datetime", "timestamp", "refuse"), ("text", "blob", "refuse"), ("decimal(10,2)", "decimal(40,2)", "refuse"),
+])
+def test_conversions(old: str, new: str, how: str) -> None:
+    got = st.conversion(st.mapping(ColumnDef("c", old)), st.mapping(ColumnDef("c", new)))
+    assert got.split(":")[0] == how
+
+
+# --------------------------------------------------------------------------
+# Session settings
+# --------------------------------------------------------------------------
+def config(tmp_path: Path, **spark: object) -> Config:
+    return Config(target=TargetConfig(kind="spark", spark=SparkConfig(**spark)),  # type: ignore[arg-type]
+                  path=str(tmp_path / "cynomys.toml"))
+
+
+def test_hadoop_warehouse_is_relative_to_the_config_file(tmp_path: Path) -> None:
+    conf = spark_session.session_conf(config(tmp_path, warehouse="wh", conf={"spark.sql.shuffle.partitions": "3"}))
+    assert conf["spark.sql.catalog.cynomys.warehouse"] == str(tmp_path / "wh")
+    assert conf["spark.sql.catalog.cynomys"] == "org.apache.iceberg.spark.SparkCatalog"
+    assert conf["spark.sql.extensions"].endswith("IcebergSparkSessionExtensions")
+    assert "iceberg-spark-runtime-3.5_2.12-" in conf["spark.jars"]
+    assert conf["spark.sql.shuffle.partitions"] == "3" and conf["spark.master"] == "local[*]"
+    assert spark_session.session_conf(config(tmp_path, warehouse="s3a://b/wh"))[
+        "spark.sql.catalog.cynomys.warehouse"] == "s3a://b/wh"
+
+
+def test_catalog_settings_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="catalog_uri"):
+        spark_session.session_conf(config(tmp_path, catalog_type="hive"))
+    with pytest.raises(ConfigError, match="does not use one"):
+        spark_session.session_conf(config(tmp_path, catalog_uri="http://x"))
+    with pytest.raises(ConfigError, match="plain SQL name"):
+        spark_session.session_conf(config(tmp_path, catalog="my-cat"))
+    rest = spark_session.session_conf(config(tmp_path, catalog_type="rest", catalog_uri="http://rest:8181"))
+    assert rest["spark.sql.catalog.cynomys.uri"] == "http://rest:8181"
+    assert "spark.sql.catalog.cynomys.warehouse" not in rest
+
+
+def test_missing_iceberg_jar_says_how_to_get_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(spark_session, "bundled_iceberg_jar", lambda: None)
+    with pytest.raises(ConfigError) as info:
+        spark_session.session_conf(config(tmp_path))
+    text = str(info.value)
+    assert "pip install 'snowpark-connect-deps-iceberg==1.0.2'" in text
+    assert "org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.10.2" in text
+    online = spark_session.session_conf(config(
+        tmp_path, packages=["org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.10.2"]))
+    assert "spark.jars" not in online and online["spark.jars.packages"].startswith("org.apache.iceberg")
+
+
+# --------------------------------------------------------------------------
+# Markers, rows and statements
+# --------------------------------------------------------------------------
+def test_marker_round_trip_and_order() -> None:
+    s = AppliedState("p", 7, Position("mysql-bin.000010", 4, "0-1-9"), 123)
+    assert marker_of(marker(s), "p") == s and marker_of(marker(s), "other") is None
+    ddl_after = AppliedState("p", 7, Position("mysql-bin.000010", 900))
+    assert order(s) < order(ddl_after) < order(AppliedState("p", 8, Position("mysql-bin.000002", 4)))
+
+
+def test_literals_escape_with_backslashes() -> None:
+    assert lit("it's a \\ path") == "'it\\'s a \\\\ path'"
+
+
+def test_keyed_rows_one_per_key() -> None:
+    schema = TableSchema("d", "t", (ColumnDef("id", "int"), ColumnDef("v", "int")), ("id",))
+    tf = TableFlush(schema, delete_keys=[(1,), (2,), (2,)], inserts=[(1, 10), (3, 30), (3, 31)])
+    rows, ops, _ = keyed_rows(tf)
+    assert list(zip(rows, ops, strict=True)) == [((1, 10), "U"), ((3, 31), "U"), ((2, None), "D")]
+
+
+def test_keyless_rows_and_statement() -> None:
+    schema = TableSchema("d", "t", (ColumnDef("a", "int"),), ())
+    tf = TableFlush(schema, delete_rows=Counter({(1,): 2}), inserts=[(2,)])
+    assert keyless_rows(tf) == ([(1,), (2,)], ["D", "I"], [2, None])
+    sql = keyless_merge("`c`.`d`.`t`", ["a"])
+    assert "WHEN NOT MATCHED AND s.`__cynomys_op` = 'I'" in sql and "t.`a` <=> s.`a`" in sql
