@@ -7,6 +7,7 @@
     cynomys tail -c FILE           (decode records and print them as SQL)
     cynomys status -c FILE [--json]
     cynomys snapshot -c FILE [--tables db.t1,db.t2] [--where SQL]   (full-state capture via the producer)
+    cynomys sql -c FILE "SELECT"   (Spark SQL on the Iceberg target)
     cynomys demo                   (the sample job: throwaway MariaDB + Redis + keys)
 
 Exit codes: 0 done (also after SIGTERM/SIGINT, once flushed and
@@ -129,6 +130,24 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
                                 wait=not args.no_wait, progress=not args.no_progress)
 
 
+def cmd_sql(args: argparse.Namespace) -> int:
+    """Run SQL on a Spark target's session (the Iceberg catalog is the default one)."""
+    from cynomys.applier.targets.base import open_target
+
+    cfg = _config(args)
+    if cfg.target.kind != "spark":
+        raise ConfigError(f"`cynomys sql` queries Spark targets; [target] kind is {cfg.target.kind!r}",
+                          hint="query that target with its own client")
+    target: Any = open_target(cfg)
+    target.connect()
+    try:
+        target.spark.sql(f"USE {cfg.target.spark.catalog}")
+        target.spark.sql(args.query).show(args.limit, truncate=False)
+    finally:
+        target.close()
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from cynomys.sandbox.demo import run_demo
 
@@ -185,6 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
     sn.add_argument("--no-wait", action="store_true", help="return once the request is written")
     sn.add_argument("--no-progress", action="store_true", help="no progress bar while waiting")
     sn.set_defaults(func=cmd_snapshot)
+
+    sq = with_config(sub.add_parser("sql", help="run Spark SQL against the Iceberg target"))
+    sq.add_argument("query")
+    sq.add_argument("--limit", type=int, default=20)
+    sq.set_defaults(func=cmd_sql)
 
     dm = sub.add_parser("demo", help="sample job: throwaway MariaDB + Redis + keys, a workload, replication")
     dm.add_argument("--workdir", default="./cynomys-demo")

@@ -275,6 +275,23 @@ def check_ddl(factory: TargetFactory, db: str) -> None:
     assert not target.table_exists(db, "t3") and not target.table_exists(db, "t4")
 
 
+def check_add_column_fills_existing_rows(factory: TargetFactory, db: str) -> None:
+    """ALTER TABLE ... ADD COLUMN with a DEFAULT (or NOT NULL) fills the rows
+    already there on the source, and no row event says so."""
+    target = factory()
+    target.apply_ddl(ddl("", f"CREATE DATABASE IF NOT EXISTS `{db}`"), state())
+    target.apply_ddl(ddl(db, "CREATE TABLE f (id INT PRIMARY KEY, a INT)"), state())
+    schema = TableSchema(db, "f", (ColumnDef("id", "int", False), ColumnDef("a", "int")), ("id",))
+    target.apply(flush([change(Op.INSERT, schema, after=(1, 10)), change(Op.INSERT, schema, after=(2, None))]))
+    target.apply_ddl(ddl(db, "ALTER TABLE f ADD COLUMN region CHAR(2) NOT NULL DEFAULT 'eu', "
+                             "ADD COLUMN n INT NOT NULL, ADD COLUMN d DECIMAL(6,2) DEFAULT -1.50, ADD COLUMN z INT"),
+                     state())
+    assert_rows(target, TableSchema(db, "f", schema.columns + (ColumnDef("region", "char(2)"), ColumnDef("n", "int"),
+                                                               ColumnDef("d", "decimal(6,2)"), ColumnDef("z", "int")),
+                                    ("id",)),
+                [(1, 10, "eu", 0, Decimal("-1.50"), None), (2, None, "eu", 0, Decimal("-1.50"), None)])
+
+
 def check_ddl_replay_is_harmless(factory: TargetFactory, db: str) -> None:
     """The state is written after a DDL; a crash in between replays it."""
     target = factory()
@@ -333,6 +350,7 @@ CONTRACT: dict[str, Callable[[TargetFactory, str], None]] = {
     "value_out_of_range": check_value_out_of_range,
     "ddl": check_ddl,
     "ddl_replay_is_harmless": check_ddl_replay_is_harmless,
+    "add_column_fills_existing_rows": check_add_column_fills_existing_rows,
     "unsupported_ddl": check_unsupported_ddl,
     "schema_drift": check_schema_drift,
 }

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
+import decimal
 import json
 import logging
 from dataclasses import dataclass
@@ -42,7 +44,7 @@ from pyspark.sql import types as T
 from cynomys.applier.targets import spark_types as st
 from cynomys.applier.targets.spark_merge import Layout, lit, marker, marker_of, q, same_flush
 from cynomys.core.errors import TargetRejectedError
-from cynomys.core.model import ColumnDef
+from cynomys.core.model import ColumnDef, RawTemporal
 from cynomys.reducer import ddl
 
 if TYPE_CHECKING:
@@ -195,6 +197,50 @@ def _add_column(r: Run, op: ddl.AddColumn) -> None:
     elif not layout.has(op.column.name):
         name = f"{op.database}.{op.table}"
         r.step(f"ALTER TABLE {r.table(op.database, op.table)} ADD COLUMN {r.target.column_sql(name, op.column)}")
+        _fill(r, op)
+
+
+def _fill(r: Run, op: ddl.AddColumn) -> None:
+    """Give existing rows what the source gave them: no row event carries
+    it.  Setting the same value again on a replay changes nothing."""
+    value: Any = op.fill
+    if op.fill_now:
+        value = datetime.datetime.fromtimestamp(r.state.commit_ts, datetime.timezone.utc)
+        if op.column.base_type != "timestamp":
+            value = value.replace(tzinfo=None)
+            log.warning("%s: DEFAULT CURRENT_TIMESTAMP on a %s column filled with the statement time in UTC; "
+                        "the source used its session time zone", r.what("add column"), op.column.type)
+    if value is None:
+        return
+    if isinstance(value, RawTemporal):
+        raise TargetRejectedError(
+            f"{r.what('add column')}: existing rows get the zero date {value!r}, which the Iceberg column cannot hold",
+            hint="give the column a real DEFAULT on the source, or " + ddl.SKIP_HINT)
+    m = st.mapping(op.column)
+    try:
+        stored = m.encode(value)
+    except st.ValueRejected as exc:
+        raise TargetRejectedError(f"{r.what('add column')}: DEFAULT {value!r} does not fit: {exc}",
+                                  hint=ddl.SKIP_HINT) from None
+    r.step(f"UPDATE {r.table(op.database, op.table)} SET {q(op.column.name)} = "
+           f"CAST({_literal(stored)} AS {m.sql})")
+
+
+def _literal(v: Any) -> str:
+    """A Spark SQL literal of a value in the form Arrow takes it."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float, decimal.Decimal)):
+        return repr(v) if isinstance(v, float) else str(v)
+    if isinstance(v, bytes):
+        return "X'" + v.hex() + "'"
+    if isinstance(v, datetime.datetime):
+        if v.tzinfo is not None:
+            return "TIMESTAMP " + lit(v.astimezone(datetime.timezone.utc).isoformat(sep=" "))
+        return "TIMESTAMP_NTZ " + lit(v.isoformat(sep=" "))
+    if isinstance(v, datetime.date):
+        return "DATE " + lit(v.isoformat())
+    return lit(str(v))
 
 
 def _drop_column(r: Run, op: ddl.DropColumn) -> None:
