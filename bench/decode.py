@@ -44,7 +44,7 @@ from cynomys.schemas import codec  # noqa: E402
 
 
 def load(srv: MariaDBServer, rows: list[tuple[Any, ...]]) -> tuple[Position, Position]:
-    srv.execute("CREATE DATABASE IF NOT EXISTS tpch", f"USE tpch", "DROP TABLE IF EXISTS tpch.lineitem")
+    srv.execute("CREATE DATABASE IF NOT EXISTS tpch", "USE tpch", "DROP TABLE IF EXISTS tpch.lineitem")
     srv.execute(LINEITEM_DDL, database="tpch")
     f, p = srv.execute("SHOW MASTER STATUS")[0][:2]
     conn = srv.connect("tpch")

@@ -17,7 +17,6 @@ and delay_commit.png.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import decimal
 import random

@@ -21,7 +21,6 @@ import logging
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable
 

@@ -24,7 +24,7 @@ from cynomys.applier.batcher import DelayBuffer
 from cynomys.core.checkpoint import write_json_atomic
 from cynomys.applier.targets.base import AppliedState, Target, build_flush, open_target
 from cynomys.core.config import Config
-from cynomys.core.errors import ConfigError, CynomysError, EnvelopeRejected, SchemaError, TerminalError
+from cynomys.core.errors import ConfigError, CynomysError, EnvelopeRejected, SchemaError
 from cynomys.core.model import Batch, Change, Op, Position
 from cynomys.schemas import codec
 from cynomys.transport.bus import Delivery, Subscriber, open_subscriber

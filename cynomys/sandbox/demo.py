@@ -117,7 +117,6 @@ def _compare(src: MariaDBServer, cfg: Path) -> dict[str, Any]:
     """Every target table against its source table, row by row."""
     from cynomys.applier.targets.base import open_target
     from cynomys.core.config import load_config
-    from cynomys.core.model import TableSchema
 
     target = open_target(load_config(cfg))
     target.connect()

@@ -99,6 +99,7 @@ def _diff(src: MariaDBServer, tgt: MariaDBServer) -> dict[str, Any]:
 def test_random_workload_with_sigkills_ends_equal(tmp_path: Path, redis_url: str) -> None:
     src = MariaDBServer(server_id=1).start()
     tgt = MariaDBServer(server_id=2).start()
+    producer = applier = subprocess.Popen(["true"])  # replaced once the daemons start
     try:
         keys = generate_keys(tmp_path / "keys", rsa_bits=2048)
         cfg = write_config(
@@ -158,5 +159,8 @@ def test_random_workload_with_sigkills_ends_equal(tmp_path: Path, redis_url: str
         counts = {t: src.execute(f"SELECT COUNT(*) FROM app.{t}")[0][0] for t in TABLES}
         print(f"\n{done[0]} source transactions from 4 writers, kills {kills}, final rows {counts}")
     finally:
+        for p in (producer, applier):
+            if p.poll() is None:
+                p.kill()
         src.destroy()
         tgt.destroy()

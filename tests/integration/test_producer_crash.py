@@ -6,7 +6,6 @@ must equal the source table, with no transaction applied twice.
 """
 from __future__ import annotations
 
-import os
 import random
 import re
 import signal

@@ -5,7 +5,7 @@ import datetime as dt
 import decimal
 
 from cynomys.core.model import Change, ColumnDef, Op, Position, RawTemporal, TableSchema
-from cynomys.reducer.sql import MARIADB, MONETDB, render
+from cynomys.reducer.sql import MONETDB, render
 
 S = TableSchema("shop", "order", (ColumnDef("id", "int"), ColumnDef("note", "text"), ColumnDef("at", "datetime")), ("id",))
 S2 = TableSchema("shop", "pair", (ColumnDef("a", "int"), ColumnDef("b", "int"), ColumnDef("v", "text")), ("a", "b"))
@@ -51,3 +51,12 @@ def test_read_is_an_upsert() -> None:
     assert render([c(Op.READ, None, (1, "r", None))])[0].startswith("REPLACE INTO `shop`.`order`")
     out = render([c(Op.READ, None, (1, "r", None))], MONETDB)
     assert out[0] == 'DELETE FROM "shop"."order" WHERE "id" IN (1)' and out[1].startswith("INSERT INTO")
+
+
+def test_statement_batches_bound_rows_and_bytes() -> None:
+    from cynomys.applier.targets.base import statement_batches
+
+    texts = ["(1)"] * 5 + ["(" + "x" * 50 + ")"] + ["(2)"] * 3
+    assert statement_batches(texts, max_rows=2, max_bytes=1000) == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 9)]
+    assert statement_batches(texts, max_rows=100, max_bytes=20) == [(0, 5), (5, 6), (6, 9)]
+    assert statement_batches([], 10, 10) == []

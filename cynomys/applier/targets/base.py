@@ -12,14 +12,39 @@ changes nothing: the state read back at start says what is already in.
 from __future__ import annotations
 
 import importlib
+import logging
 from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from cynomys.core.config import Config
-from cynomys.core.errors import ConfigError
+from cynomys.core.errors import ConfigError, TargetRejectedError
 from cynomys.core.model import Change, Op, Position, Row, TableSchema, Value
+from cynomys.reducer.ddl import SKIP_HINT, DdlOp, UnsupportedDdl, parse_ddl
+
+log = logging.getLogger(__name__)
+
+
+def short_sql(text: str, limit: int = 200) -> str:
+    """A statement on one line, cut for messages."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def statement_batches(texts: list[str], max_rows: int, max_bytes: int) -> list[tuple[int, int]]:
+    """Split row literals into multi-row statements bounded by rows and bytes;
+    (start, end) index ranges, so a rejected statement can name its rows."""
+    out: list[tuple[int, int]] = []
+    start, size = 0, 0
+    for i, text in enumerate(texts):
+        if i > start and (i - start >= max_rows or size + len(text) > max_bytes):
+            out.append((start, i))
+            start, size = i, 0
+        size += len(text)
+    if start < len(texts):
+        out.append((start, len(texts)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -126,6 +151,27 @@ class Target(ABC):
     def apply(self, flush: Flush) -> None:
         """Apply one flush atomically with its state (one target transaction).
         Creates missing tables from their schema first."""
+
+    @property
+    def where(self) -> str:
+        """The target, for messages (targets name their server)."""
+        return f"{self.cfg.target.kind} target"
+
+    def ddl_ops(self, change: Change) -> list[DdlOp] | None:
+        """The neutral operations of a source DDL statement, or None when
+        ``[applier] skip_ddl`` names it (skipped on purpose, and logged)."""
+        sql = change.sql or ""
+        position = f"{change.txn.file}:{change.txn.pos}"
+        norm = " ".join(sql.split())
+        if any(s == position or " ".join(s.split()) == norm for s in self.cfg.applier.skip_ddl):
+            log.warning("skipping DDL at %s on purpose ([applier] skip_ddl): %s", position, short_sql(sql))
+            return None
+        try:
+            return parse_ddl(sql, change.database)
+        except UnsupportedDdl as exc:
+            raise TargetRejectedError(
+                f"DDL at {position} cannot be applied to {self.where}: {short_sql(sql)!r}: {exc.reason}",
+                hint=f"{SKIP_HINT} (e.g. skip_ddl = [\"{position}\"])") from exc
 
     @abstractmethod
     def apply_ddl(self, change: Change, state: AppliedState) -> None:

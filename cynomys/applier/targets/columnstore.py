@@ -45,6 +45,8 @@ from pymysql.cursors import Cursor
 
 from cynomys.applier.targets import columnstore_ddl as ddl_ops
 from cynomys.applier.targets.base import (
+    short_sql,
+    statement_batches,
     AppliedState,
     Capabilities,
     Flush,
@@ -63,7 +65,6 @@ from cynomys.applier.targets.columnstore_types import (
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, TargetRejectedError, TargetUnavailableError
 from cynomys.core.model import Change, ColumnDef, Position, Row, TableSchema, Value
-from cynomys.reducer.ddl import SKIP_HINT, UnsupportedDdl, parse_ddl
 from cynomys.reducer.sql import MARIADB
 
 log = logging.getLogger(__name__)
@@ -444,19 +445,9 @@ class ColumnStoreTarget(Target):
     def _insert_values(self, cur: Cursor, schema: TableSchema, rows: list[Row]) -> None:
         head = (f"INSERT INTO {MARIADB.table(schema.database, schema.table)} ("
                 + ", ".join(MARIADB.ident(c) for c in schema.column_names) + ") VALUES ")
-        batch: list[str] = []
-        size = 0
-        start = 0  # index in rows of batch[0], to name a rejected row
-        for i, row in enumerate(rows):
-            text = "(" + ", ".join(literal(v) for v in row) + ")"
-            full = len(batch) >= self.capabilities.max_statement_rows or size + len(text) > _MAX_STATEMENT_BYTES
-            if batch and full:
-                self._run_insert(cur, schema, head + ", ".join(batch), rows[start:i])
-                batch, size, start = [], 0, i
-            batch.append(text)
-            size += len(text)
-        if batch:
-            self._run_insert(cur, schema, head + ", ".join(batch), rows[start:])
+        texts = ["(" + ", ".join(literal(v) for v in row) + ")" for row in rows]
+        for start, end in statement_batches(texts, self.capabilities.max_statement_rows, _MAX_STATEMENT_BYTES):
+            self._run_insert(cur, schema, head + ", ".join(texts[start:end]), rows[start:end])
 
     def _run_insert(self, cur: Cursor, schema: TableSchema, sql: str, rows: list[Row]) -> None:
         try:
@@ -484,13 +475,13 @@ class ColumnStoreTarget(Target):
         if m and 0 < int(m.group(1)) <= len(rows):
             row = rows[int(m.group(1)) - 1]
             shown = tuple(row[i] for i in schema.key_indexes()) if schema.key else row
-            detail = f"; the row {'with key ' if schema.key else ''}{_short(repr(shown))}"
+            detail = f"; the row {'with key ' if schema.key else ''}{short_sql(repr(shown))}"
         col = re.search(r"column '([^']+)'", message)
         target_type = ""
         if col:
             for i, c in enumerate(schema.columns):
                 if c.name == col.group(1):
-                    value = f", value {_short(repr(rows[int(m.group(1)) - 1][i]))}" if detail and m else ""
+                    value = f", value {short_sql(repr(rows[int(m.group(1)) - 1][i]))}" if detail and m else ""
                     target_type = f" (source type {c.type}, mapped to {self.profile.target_type(c)}{value})"
         return TargetRejectedError(
             f"target table {schema.name} rejected a value: {message}{target_type}{detail}",
@@ -503,24 +494,13 @@ class ColumnStoreTarget(Target):
     def apply_ddl(self, change: Change, state: AppliedState) -> None:
         sql = change.sql or ""
         position = f"{change.txn.file}:{change.txn.pos}"
-        if self._skipped(sql, position):
-            log.warning("skipping DDL at %s on purpose ([applier] skip_ddl): %s", position, _short(sql))
-        else:
-            try:
-                ops = parse_ddl(sql, change.database)
-            except UnsupportedDdl as exc:
-                raise TargetRejectedError(
-                    f"DDL at {position} cannot be applied to {self.where}: {_short(sql)!r}: {exc.reason}",
-                    hint=f"{SKIP_HINT} (e.g. skip_ddl = [\"{position}\"])") from exc
+        ops = self.ddl_ops(change)
+        if ops is not None:
             for op in ops:
                 ddl_ops.run(self, op, sql, change.commit_ts)
             self._ready.clear()
         with self._transaction(f"recording the state after DDL at {position}") as cur:
             self._write_state(cur, state)
-
-    def _skipped(self, sql: str, position: str) -> bool:
-        norm = " ".join(sql.split())
-        return any(s == position or " ".join(s.split()) == norm for s in self.cfg.applier.skip_ddl)
 
     # ------------------------------------------------------------------
     # Reading back
@@ -557,8 +537,4 @@ class ColumnStoreTarget(Target):
 def _transient(exc: pymysql.err.Error) -> bool:
     return isinstance(target_error(exc, ""), TargetUnavailableError)
 
-
-def _short(text: str, limit: int = 200) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit] + "..."
 

@@ -48,6 +48,8 @@ import pymonetdb
 
 from cynomys.applier.targets import monetdb_ddl as ddl_ops
 from cynomys.applier.targets.base import (
+    short_sql,
+    statement_batches,
     AppliedState,
     Capabilities,
     Flush,
@@ -69,7 +71,7 @@ from cynomys.applier.targets.monetdb_types import (
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, TargetRejectedError, TargetUnavailableError
 from cynomys.core.model import Change, ColumnDef, Position, Row, TableSchema, Value
-from cynomys.reducer.ddl import SKIP_HINT, UnsupportedDdl, parse_ddl
+from cynomys.reducer.ddl import SKIP_HINT
 
 log = logging.getLogger(__name__)
 
@@ -637,18 +639,9 @@ class MonetDBTarget(Target):
     def _insert_values(self, cur: Cursor, schema: TableSchema, codecs: list[Codec], rows: list[Row]) -> None:
         head = (f"INSERT INTO {qualified(schema.database, schema.table)} ("
                 + ", ".join(quote_ident(c) for c in schema.column_names) + ") VALUES ")
-        batch: list[str] = []
-        size, start = 0, 0
-        for i, row in enumerate(rows):
-            text = "(" + ", ".join(self._literal(schema, c, v, row) for c, v in zip(codecs, row)) + ")"
-            full = len(batch) >= self.capabilities.max_statement_rows or size + len(text) > _STATEMENT_BYTES
-            if batch and full:
-                self._run_insert(cur, schema, head + ", ".join(batch), rows[start:i])
-                batch, size, start = [], 0, i
-            batch.append(text)
-            size += len(text)
-        if batch:
-            self._run_insert(cur, schema, head + ", ".join(batch), rows[start:])
+        texts = ["(" + ", ".join(self._literal(schema, c, v, row) for c, v in zip(codecs, row)) + ")" for row in rows]
+        for start, end in statement_batches(texts, self.capabilities.max_statement_rows, _STATEMENT_BYTES):
+            self._run_insert(cur, schema, head + ", ".join(texts[start:end]), rows[start:end])
 
     def _run_insert(self, cur: Cursor, schema: TableSchema, sql: str, rows: list[Row]) -> None:
         try:
@@ -664,7 +657,7 @@ class MonetDBTarget(Target):
         if row is None:
             return ""
         shown = tuple(row[i] for i in schema.key_indexes()) if schema.key else row
-        return f" in the row {'with key ' if schema.key else ''}{_short(repr(shown))}"
+        return f" in the row {'with key ' if schema.key else ''}{short_sql(repr(shown))}"
 
     def _unstorable(self, schema: TableSchema, c: Codec, v: Value, exc: Unstorable,
                     row: Row | None = None) -> TargetRejectedError:
@@ -695,7 +688,7 @@ class MonetDBTarget(Target):
             c = named[0]
             target_type = f" (column {c.name}: source type {c.type}, MonetDB {self.codec(c).sql_type})"
         return TargetRejectedError(
-            f"target table {schema.name} rejected a value: {_short(message, 400)}{target_type}{detail}",
+            f"target table {schema.name} rejected a value: {short_sql(message, 400)}{target_type}{detail}",
             hint="widen the column on the target (ALTER TABLE ... ALTER COLUMN) or fix the value on the source; "
                  "the flush was rolled back and will be retried from the same position")
 
@@ -705,21 +698,12 @@ class MonetDBTarget(Target):
     def apply_ddl(self, change: Change, state: AppliedState) -> None:
         sql = change.sql or ""
         position = f"{change.txn.file}:{change.txn.pos}"
-        ops: list[Any] = []
-        if self._skipped(sql, position):
-            log.warning("skipping DDL at %s on purpose ([applier] skip_ddl): %s", position, _short(sql))
-        else:
-            try:
-                ops = parse_ddl(sql, change.database)
-            except UnsupportedDdl as exc:
-                raise TargetRejectedError(
-                    f"DDL at {position} cannot be applied to {self.where}: {_short(sql)!r}: {exc.reason}",
-                    hint=f"{SKIP_HINT} (e.g. skip_ddl = [\"{position}\"])") from exc
+        ops = self.ddl_ops(change) or []  # None: skipped on purpose, only the state moves
         schemas_before = dict(self.schemas)
         try:
             # MonetDB DDL is transactional: the operations and the state
             # commit together, or neither does.
-            with self._transaction(f"DDL at {position}: {_short(sql)!r}",
+            with self._transaction(f"DDL at {position}: {short_sql(sql)!r}",
                                    hint="fix the target by hand, or " + SKIP_HINT) as cur:
                 for op in ops:
                     ddl_ops.run(self, cur, op, sql, change.commit_ts)
@@ -730,10 +714,6 @@ class MonetDBTarget(Target):
         finally:
             self._ready.clear()
             self._codecs.clear()
-
-    def _skipped(self, sql: str, position: str) -> bool:
-        norm = " ".join(sql.split())
-        return any(s == position or " ".join(s.split()) == norm for s in self.cfg.applier.skip_ddl)
 
     # ------------------------------------------------------------------
     # Reading back
@@ -775,8 +755,4 @@ class MonetDBTarget(Target):
         with self._transaction(what) as cur:
             return fn(cur)
 
-
-def _short(text: str, limit: int = 200) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit] + "..."
 

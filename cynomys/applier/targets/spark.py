@@ -75,7 +75,7 @@ from pyspark.sql import types as T
 
 from cynomys.applier.targets import spark_ddl, spark_session
 from cynomys.applier.targets import spark_types as st
-from cynomys.applier.targets.base import AppliedState, Capabilities, Flush, TableFlush, Target
+from cynomys.applier.targets.base import short_sql, AppliedState, Capabilities, Flush, TableFlush, Target
 from cynomys.applier.targets.spark_iceberg import IcebergApi, Snapshot
 from cynomys.applier.targets.spark_merge import (
     COUNT_COLUMN, OP_COLUMN, Columns, Layout, TablePlan, append, keyed_merge, keyed_rows, keyless_merge, keyless_rows,
@@ -85,7 +85,7 @@ from cynomys.applier.targets.spark_session import CATALOGS, CatalogProfile
 from cynomys.core.config import Config
 from cynomys.core.errors import CynomysError, TargetRejectedError, TargetUnavailableError
 from cynomys.core.model import Change, ColumnDef, Position, RawTemporal, Row, TableSchema, Value
-from cynomys.reducer.ddl import SKIP_HINT, UnsupportedDdl, parse_ddl
+from cynomys.reducer.ddl import SKIP_HINT
 
 log = logging.getLogger(__name__)
 
@@ -497,16 +497,9 @@ class SparkTarget(Target):
     def apply_ddl(self, change: Change, state: AppliedState) -> None:
         sql = change.sql or ""
         position = f"{change.txn.file}:{change.txn.pos}"
-        if self._skipped(sql, position):
-            log.warning("skipping DDL at %s on purpose ([applier] skip_ddl): %s", position, _short(sql))
-        else:
-            try:
-                ops = parse_ddl(sql, change.database)
-            except UnsupportedDdl as exc:
-                raise TargetRejectedError(
-                    f"DDL at {position} cannot be applied to {self.where}: {_short(sql)!r}: {exc.reason}",
-                    hint=f"{SKIP_HINT} (e.g. skip_ddl = [\"{position}\"])") from exc
-            with self.edge(f"DDL at {position} {_short(sql)!r} on {self.where}",
+        ops = self.ddl_ops(change)
+        if ops is not None:
+            with self.edge(f"DDL at {position} {short_sql(sql)!r} on {self.where}",
                            hint="fix the target table by hand, or " + SKIP_HINT):
                 try:
                     for op in ops:
@@ -514,10 +507,6 @@ class SparkTarget(Target):
                 finally:
                     self._ready.clear()
         self.write_state(state)
-
-    def _skipped(self, sql: str, position: str) -> bool:
-        norm = " ".join(sql.split())
-        return any(s == position or " ".join(s.split()) == norm for s in self.cfg.applier.skip_ddl)
 
     # ------------------------------------------------------------------
     # Reading back
@@ -566,7 +555,3 @@ class SparkTarget(Target):
 def _identity(v: Any) -> Value:
     return v  # type: ignore[no-any-return]
 
-
-def _short(text: str, limit: int = 200) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit] + "..."
