@@ -114,6 +114,11 @@ class Producer:
         else:
             pos = inspector.resolve_start(self.cfg.source.start)
             log.info("no checkpoint: starting at %s ([source] start = %r)", pos, self.cfg.source.start)
+        if self.cfg.source.use_gtid and pos.gtid:
+            # Resuming by GTID: file names may differ on another server (after
+            # a failover); a purged GTID is refused by the server (error 1236),
+            # which becomes a PositionLostError.
+            return pos
         inspector.ensure_available(pos)
         return pos
 
@@ -153,7 +158,7 @@ class Producer:
         reader = threading.Thread(target=self._read, args=(source, events), name="binlog-reader", daemon=True)
         reader.start()
         try:
-            self._loop(events, self.snap)
+            self._loop(events, self.snap, start)
         finally:
             self.stop.set()
             source.close()
@@ -182,8 +187,8 @@ class Producer:
         if self.snap is not None:
             self.snap.checkpointed(pos)
 
-    def _loop(self, events: queue.Queue[Any], snap: SnapshotCoordinator) -> None:
-        asm = Assembler()
+    def _loop(self, events: queue.Queue[Any], snap: SnapshotCoordinator, start: Position) -> None:
+        asm = Assembler(start.gtid)
         folder = Folder()
         raw_in_batch = 0
         batch_started = 0.0

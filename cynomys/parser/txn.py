@@ -11,6 +11,7 @@ transaction right after it.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -45,12 +46,25 @@ Item = Change | Commit | Progress
 _ROW_OPS = {Basic.INSERT: Op.INSERT, Basic.UPDATE: Op.UPDATE, Basic.DELETE: Op.DELETE}
 
 
+_MARIADB_GTID = re.compile(r"(\d+)-\d+-\d+")
+
+
 class Assembler:
-    def __init__(self) -> None:
+    """``start_gtid``: the MariaDB GTID position the read starts from
+    ('0-1-42,1-1-7'); commits then carry the position after them as the
+    last GTID of every replication domain, which is what MariaDB's
+    GTID-based resumption (@slave_connect_state) takes."""
+
+    def __init__(self, start_gtid: str = "") -> None:
         self.begin: Position | None = None
         self.explicit = False
         self.gtid = ""
         self.tid = ""
+        self.domains: dict[str, str] = {}
+        for g in filter(None, (x.strip() for x in start_gtid.split(","))):
+            m = _MARIADB_GTID.fullmatch(g)
+            if m:
+                self.domains[m.group(1)] = g
 
     def _open(self, ev: SourceEvent, explicit: bool) -> None:
         if self.begin is None:
@@ -61,9 +75,18 @@ class Assembler:
 
     def _close(self, ev: SourceEvent) -> Commit:
         assert self.begin is not None
-        c = Commit(self.begin, ev.end, ev.timestamp, self.gtid)
+        m = _MARIADB_GTID.fullmatch(self.gtid)
+        if m:
+            self.domains[m.group(1)] = self.gtid
+        c = Commit(self.begin, self._here(ev.end), ev.timestamp, self.gtid)
         self.begin, self.explicit, self.gtid, self.tid = None, False, "", ""
         return c
+
+    def _here(self, end: Position) -> Position:
+        """``end`` with the GTID position reached (between transactions)."""
+        if not self.domains:
+            return end
+        return Position(end.file, end.pos, ",".join(self.domains[d] for d in sorted(self.domains, key=int)))
 
     def feed(self, ev: SourceEvent) -> Iterator[Item]:
         yield from _HANDLERS[ev.basic](self, ev)
@@ -81,7 +104,7 @@ class Assembler:
 
     def _on_commit(self, ev: SourceEvent) -> Iterator[Item]:
         if self.begin is None:
-            yield Progress(ev.end, ev.timestamp)
+            yield Progress(self._here(ev.end), ev.timestamp)
             return
         yield self._close(ev)
 
@@ -114,7 +137,7 @@ class Assembler:
             # standalone GTID group; inside BEGIN..COMMIT (SAVEPOINT) it is ignored.
             yield self._close(ev)
         elif self.begin is None:
-            yield Progress(ev.end, ev.timestamp)
+            yield Progress(self._here(ev.end), ev.timestamp)
 
     def _on_halt(self, ev: SourceEvent) -> Iterator[Item]:
         raise UnsupportedEventError(

@@ -210,3 +210,27 @@ def test_gtid_is_carried(mariadb: MariaDBServer, tmp_path: Path) -> None:
     ins = [c for c in sink.changes() if c.op is Op.INSERT][0]
     assert ins.tid == gtid and sink.batches[-1][1].end.pos > ins.txn.pos
     assert dataclasses.asdict(ins.txn)["file"].startswith("mysql-bin.")
+
+
+def test_resume_by_mariadb_gtid(mariadb: MariaDBServer, tmp_path: Path) -> None:
+    db = "bygtid_" + uuid.uuid4().hex[:8]
+    cfg = _config(tmp_path, mariadb, db, source={"use_gtid": True, "start": "current"})
+    _run(cfg)  # takes the current GTID position as its checkpoint
+    mariadb.execute(f"CREATE DATABASE {db}", f"CREATE TABLE {db}.t (id int primary key)",
+                    *[f"INSERT INTO {db}.t VALUES ({i})" for i in range(5)])
+    first = _run(cfg)
+    state = Producer(cfg, ListSink(), blocking=False).state
+    assert state.checkpoint is not None and state.checkpoint.gtid == mariadb.execute("SELECT @@gtid_binlog_pos")[0][0]
+    # Resume by GTID alone: a file name from "another server" must not matter.
+    from cynomys.core.checkpoint import read_json, write_json_atomic
+    path = tmp_path / "producer-state" / "producer.json"
+    data = read_json(path)
+    assert data is not None
+    data["checkpoint"]["file"] = "other-bin.000042"
+    write_json_atomic(path, data)
+    mariadb.execute(*[f"INSERT INTO {db}.t VALUES ({i})" for i in range(5, 9)])
+    second = ListSink()
+    second.batches = list(first.batches)
+    Producer(cfg, second, blocking=False).run()
+    new = [c.after[0] for _, b in second.batches[len(first.batches):] for c in b.changes if c.op is Op.INSERT]  # type: ignore[index]
+    assert sorted(new) == [5, 6, 7, 8]
