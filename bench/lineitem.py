@@ -28,14 +28,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import RESULTS, write_result  # noqa: E402
-from bench.tpch import LINEITEM_DDL, lineitem  # noqa: E402
+from bench.tpch import LINEITEM_DDL, insert_lineitem, lineitem  # noqa: E402
 from cynomys.sandbox.mariadb import REPL_PASSWORD, REPL_USER, MariaDBServer  # noqa: E402
 from cynomys.sandbox.redis import RedisProcess  # noqa: E402
 
@@ -93,33 +92,6 @@ def daemon(cfg: Path, cmd: str, log: Path) -> subprocess.Popen[bytes]:
                             cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 
-def write_rows(src: MariaDBServer, rows: list[tuple[Any, ...]], writers: int = 4) -> float:
-    chunks = [rows[i:i + 1000] for i in range(0, len(rows), 1000)]
-    marks = "(" + ",".join(["%s"] * 16) + ")"
-    errors: list[BaseException] = []
-
-    def work(part: list[list[tuple[Any, ...]]]) -> None:
-        try:
-            conn = src.connect("tpch")
-            with conn.cursor() as cur:
-                for chunk in part:
-                    cur.execute("INSERT INTO lineitem VALUES " + ",".join([marks] * len(chunk)),
-                                [v for r in chunk for v in r])
-            conn.close()
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work, args=(chunks[w::writers],)) for w in range(writers)]
-    t0 = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return time.monotonic() - t0
-
-
 def applied_position(work: Path) -> tuple[str, int] | None:
     try:
         d = json.loads((work / "applier" / "applier.json").read_text())
@@ -172,7 +144,7 @@ def run(kind: str, rows: list[tuple[Any, ...]], monetdb_url: str) -> dict[str, A
         time.sleep(8 if kind == "spark" else 2)  # daemons up (Spark takes a while to start) before the clock runs
         print(f"[{kind}] 4 writers inserting {len(rows)} rows ...", flush=True)
         t0 = time.monotonic()
-        write_s = write_rows(src, rows)
+        write_s = insert_lineitem(src, "tpch", rows)
         end_file, end_pos = src.execute("SHOW MASTER STATUS")[0][:2]
         print(f"[{kind}] source written in {write_s:.2f}s ({len(rows) / write_s:,.0f} rows/s); waiting for the target",
               flush=True)

@@ -36,7 +36,7 @@ from typing import Any, Iterable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import RESULTS, write_result  # noqa: E402
-from bench.tpch import LINEITEM_DDL, lineitem  # noqa: E402
+from bench.tpch import LINEITEM_DDL, insert_lineitem, lineitem  # noqa: E402
 from cynomys.sandbox.mariadb import REPL_PASSWORD, REPL_USER, MariaDBServer  # noqa: E402
 from cynomys.sandbox.redis import RedisProcess  # noqa: E402
 
@@ -84,35 +84,6 @@ url = "{monetdb_url}"
 def daemon(cfg: Path, cmd: str, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "cynomys.cli", "--log-level", "INFO", cmd, "-c", str(cfg)],
                             cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-
-
-def write_rows(src: MariaDBServer, database: str, rows: list[tuple[Any, ...]], writers: int) -> float:
-    """``writers`` threads, each with its own connection, insert every
-    ``writers``-th chunk of 1000 rows (one autocommitted INSERT each)."""
-    chunks = [rows[i:i + 1000] for i in range(0, len(rows), 1000)]
-    marks = "(" + ",".join(["%s"] * 16) + ")"
-    errors: list[BaseException] = []
-
-    def work(part: list[list[tuple[Any, ...]]]) -> None:
-        try:
-            conn = src.connect(database)
-            with conn.cursor() as cur:
-                for chunk in part:
-                    cur.execute("INSERT INTO lineitem VALUES " + ",".join([marks] * len(chunk)),
-                                [v for r in chunk for v in r])
-            conn.close()
-        except BaseException as exc:  # re-raised in the main thread below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work, args=(chunks[w::writers],)) for w in range(writers)]
-    t0 = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return time.monotonic() - t0
 
 
 def monetdb_count(conn: Any, database: str) -> int | None:
@@ -235,7 +206,7 @@ def run(rows: list[tuple[Any, ...]], monetdb_url: str, writers: int, database: s
         result: dict[str, Any] = {}
 
         def write() -> None:
-            result["write_s"] = write_rows(src, database, rows, writers)
+            result["write_s"] = insert_lineitem(src, database, rows, writers)
             done.set()
 
         t0 = time.monotonic()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import glob
 import os
+import threading
+import time
 from typing import Any
 
 #: lineitem in MySQL/MariaDB, keyed like TPC-H (orderkey, linenumber).
@@ -38,3 +40,34 @@ def lineitem(rows: int) -> list[tuple[Any, ...]]:
     out = con.execute(f"SELECT * FROM lineitem ORDER BY l_orderkey, l_linenumber LIMIT {int(rows)}").fetchall()
     con.close()
     return out
+
+
+def insert_lineitem(src: Any, database: str, rows: list[tuple[Any, ...]], writers: int = 4) -> float:
+    """``writers`` concurrent clients insert ``rows`` into ``database``.lineitem in
+    1000-row multi-row INSERTs, one commit each (the paper's workload): each
+    thread has its own connection and takes every ``writers``-th chunk.
+    Returns the seconds taken."""
+    chunks = [rows[i:i + 1000] for i in range(0, len(rows), 1000)]
+    marks = "(" + ",".join(["%s"] * 16) + ")"
+    errors: list[BaseException] = []
+
+    def work(part: list[list[tuple[Any, ...]]]) -> None:
+        try:
+            conn = src.connect(database)
+            with conn.cursor() as cur:
+                for chunk in part:
+                    cur.execute("INSERT INTO lineitem VALUES " + ",".join([marks] * len(chunk)),
+                                [v for r in chunk for v in r])
+            conn.close()
+        except BaseException as exc:  # re-raised in the main thread below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(chunks[w::writers],)) for w in range(writers)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return time.monotonic() - t0
