@@ -412,7 +412,10 @@ def _run_with_crash(srv: MariaDBServer, tmp_path: Path, cfg_path: Path, start_sn
     def caught_up() -> bool:
         assert proc.poll() is None, log_tail()
         d = read_json(cfg.resolve(cfg.producer.state_dir) / "producer.json") or {}
-        return bool(d.get("checkpoint")) and Position.from_dict(d["checkpoint"]) == end
+        if not d.get("checkpoint"):
+            return False
+        at = Position.from_dict(d["checkpoint"])
+        return (at.file, at.pos) == (end.file, end.pos)  # the checkpoint also carries the GTID position
 
     wait_for(caught_up, 120, "the producer to reach the binlog end")
     proc.send_signal(signal.SIGTERM)
