@@ -7,7 +7,10 @@ import os
 import platform
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import subprocess
 
 RESULTS = Path(__file__).parent / "results"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -44,3 +47,11 @@ def write_result(name: str, data: dict[str, Any]) -> Path:
                "machine": machine(), **data}
     out.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     return out
+
+
+def daemon(cfg: Path, cmd: str, log: Path) -> subprocess.Popen[bytes]:
+    """`cynomys produce|apply -c cfg` as its own process, logging to ``log``."""
+    import subprocess
+
+    return subprocess.Popen([sys.executable, "-m", "cynomys.cli", "--log-level", "INFO", cmd, "-c", str(cfg)],
+                            cwd=Path(__file__).resolve().parents[1], stdout=log.open("wb"), stderr=subprocess.STDOUT)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import RESULTS, write_result  # noqa: E402
+from bench.common import RESULTS, daemon, write_result  # noqa: E402
 from bench.tpch import LINEITEM_DDL, insert_lineitem, lineitem  # noqa: E402
 from cynomys.sandbox.mariadb import REPL_PASSWORD, REPL_USER, MariaDBServer  # noqa: E402
 from cynomys.sandbox.redis import RedisProcess  # noqa: E402
@@ -85,11 +85,6 @@ state_dir = "{work / 'applier'}"
     path = work / "cynomys.toml"
     path.write_text(text)
     return path
-
-
-def daemon(cfg: Path, cmd: str, log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "cynomys.cli", "--log-level", "INFO", cmd, "-c", str(cfg)],
-                            cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 
 def applied_position(work: Path) -> tuple[str, int] | None:

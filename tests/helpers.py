@@ -5,11 +5,16 @@ import datetime as dt
 import struct
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Callable
 
+from cynomys.core.config import Config
 from cynomys.core.model import Batch, ColumnDef, RawTemporal, Row, Value
 from cynomys.schemas import codec
+from cynomys.transport.bus import open_subscriber
+from cynomys.transport.envelope import Opener
+from cynomys.transport.keys import load_private_key, load_public_key
 from tests.servers.mariadb import MariaDBServer, REPL_PASSWORD, REPL_USER
 
 
@@ -90,3 +95,22 @@ def wait_for(cond: Callable[[], bool], timeout: float = 60.0, what: str = "condi
             return
         time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def transport_batches(cfg: Config) -> list[tuple[int, Batch]]:
+    """Every batch on the configured transport, opened and decoded, in order
+    (a reader of its own, so the applier's position is not touched)."""
+    opener = Opener(load_private_key(cfg.security.applier_private_key),
+                    {cfg.producer.id: load_public_key(cfg.security.producer_public_key)}, cfg.transport.stream)
+    sub = open_subscriber(cfg.transport, f"verifier-{uuid.uuid4().hex[:6]}")
+    out: list[tuple[int, Batch]] = []
+    try:
+        while True:
+            got = sub.read(500, 200)
+            if not got:
+                return out
+            for d in got:
+                o = opener.open(d.envelope)
+                out.append((o.seq, codec.decode(o.payload)))
+    finally:
+        sub.close()

@@ -22,11 +22,8 @@ import pytest
 
 from cynomys.core.config import load_config
 from cynomys.core.model import Batch, Op
-from cynomys.schemas import codec
-from cynomys.transport.bus import open_subscriber
-from cynomys.transport.envelope import Opener
-from cynomys.transport.keys import generate_keys, load_private_key, load_public_key
-from tests.helpers import write_config
+from cynomys.transport.keys import generate_keys
+from tests.helpers import transport_batches, write_config
 from tests.servers.mariadb import MariaDBServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -49,20 +46,7 @@ def _produce(cfg: Path, *extra: str, level: str = "WARNING", **kw: Any) -> subpr
 
 
 def _batches(cfg_path: Path) -> list[tuple[int, Batch]]:
-    cfg = load_config(cfg_path, env={})
-    opener = Opener(load_private_key(cfg.security.applier_private_key),
-                    {"p1": load_public_key(cfg.security.producer_public_key)}, cfg.transport.stream)
-    sub = open_subscriber(cfg.transport, "verifier")
-    out = []
-    while True:
-        got = sub.read(500, 200)
-        if not got:
-            break
-        for d in got:
-            o = opener.open(d.envelope)
-            out.append((o.seq, codec.decode(o.payload)))
-    sub.close()
-    return out
+    return transport_batches(load_config(cfg_path, env={}))
 
 
 def _replay(batches: list[tuple[int, Batch]]) -> tuple[dict[tuple[Any, ...], tuple[Any, ...]], Counter[tuple[Any, ...]], list[str]]:

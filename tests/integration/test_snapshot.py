@@ -33,15 +33,12 @@ from cynomys.core.checkpoint import read_json
 from cynomys.core.config import Config, load_config
 from cynomys.core.model import Batch, Change, Op, Position
 from cynomys.producer import Producer
-from cynomys.schemas import codec
 from cynomys.snapshot.command import run_snapshot_command
 from cynomys.snapshot.errors import SnapshotRequestError
 from cynomys.snapshot.source import SnapshotConnection
 from cynomys.snapshot.state import CANCELLED, FINISHED, PAUSED, SnapshotJob, SnapshotStore, status_report
-from cynomys.transport.bus import open_subscriber
-from cynomys.transport.envelope import Opener
-from cynomys.transport.keys import generate_keys, load_private_key, load_public_key
-from tests.helpers import ListSink, wait_for, write_config
+from cynomys.transport.keys import generate_keys
+from tests.helpers import ListSink, transport_batches, wait_for, write_config
 from tests.integration.test_producer import ALL_TYPES, ROWS
 from tests.servers.mariadb import MariaDBServer
 
@@ -266,22 +263,6 @@ def _writer(srv: MariaDBServer, stop: threading.Event, seed: int, done: list[int
         conn.close()
 
 
-def _transport_batches(cfg: Config) -> list[tuple[int, Batch]]:
-    opener = Opener(load_private_key(cfg.security.applier_private_key),
-                    {cfg.producer.id: load_public_key(cfg.security.producer_public_key)}, cfg.transport.stream)
-    sub = open_subscriber(cfg.transport, f"verifier-{uuid.uuid4().hex[:6]}")
-    out = []
-    while True:
-        got = sub.read(500, 200)
-        if not got:
-            break
-        for d in got:
-            o = opener.open(d.envelope)
-            out.append((o.seq, codec.decode(o.payload)))
-    sub.close()
-    return out
-
-
 @dataclasses.dataclass
 class _Replayed:
     rows: dict[int, tuple[Any, ...]]
@@ -390,7 +371,7 @@ def _run_with_crash(srv: MariaDBServer, tmp_path: Path, cfg_path: Path, start_sn
         at_kill = _job(cfg, ident)
         assert at_kill is not None and at_kill.status != FINISHED, "the snapshot finished before the kill"
         numbers["rows_at_kill"] = at_kill.tables[0].scanned
-        numbers["seq_at_kill"] = max((s for s, _ in _transport_batches(cfg)), default=0)
+        numbers["seq_at_kill"] = max((s for s, _ in transport_batches(cfg)), default=0)
         proc = produce()
 
         def finished() -> bool:
@@ -428,7 +409,7 @@ def _run_with_crash(srv: MariaDBServer, tmp_path: Path, cfg_path: Path, start_sn
 
 
 def _check(srv: MariaDBServer, cfg: Config, numbers: dict[str, Any]) -> _Replayed:
-    batches = _transport_batches(cfg)
+    batches = transport_batches(cfg)
     got = _replay(batches)
     want = {r[0]: tuple(r) for r in srv.execute("SELECT id, val, ver, pad FROM w.t")}
     missing = sorted(set(want) - set(got.rows))[:5]
