@@ -16,8 +16,8 @@ from typing import Any, Iterator
 import pytest
 
 from cynomys.applier.targets.base import Flush, Target, open_target
-from cynomys.applier.targets.columnstore import ColumnStoreTarget
-from cynomys.applier.targets.columnstore_types import COLUMNSTORE, INNODB, PROFILES
+from cynomys.applier.targets.columnstore.target import ColumnStoreTarget
+from cynomys.applier.targets.columnstore.types import COLUMNSTORE, INNODB, PROFILES
 from cynomys.core.config import ApplierConfig, Config, TargetConfig
 from cynomys.core.errors import TargetRejectedError, TargetUnavailableError
 from cynomys.core.model import ColumnDef, Op, Row, TableSchema

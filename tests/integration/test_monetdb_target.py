@@ -20,8 +20,8 @@ from typing import Any, Iterator
 import pytest
 
 from cynomys.applier.targets.base import Flush, Target, open_target
-from cynomys.applier.targets.monetdb import MonetDBTarget, is_transient
-from cynomys.applier.targets.monetdb_types import ServerFeatures, codec
+from cynomys.applier.targets.monetdb.target import MonetDBTarget, is_transient
+from cynomys.applier.targets.monetdb.types import ServerFeatures, codec
 from cynomys.core.config import ApplierConfig, Config, ConfigError, TargetConfig
 from cynomys.core.errors import TargetRejectedError, TargetUnavailableError
 from cynomys.core.model import ColumnDef, Op, RawTemporal, Row, TableSchema
@@ -168,7 +168,7 @@ def test_types_are_data() -> None:
 
 
 def test_values_the_source_cannot_have_are_refused_before_sending() -> None:
-    from cynomys.applier.targets.monetdb_types import Unstorable
+    from cynomys.applier.targets.monetdb.types import Unstorable
 
     def field(type_text: str, v: Any, **features: Any) -> str:
         return codec(ColumnDef("c", type_text), ServerFeatures(**features)).field(v)

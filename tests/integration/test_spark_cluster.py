@@ -15,7 +15,7 @@ from typing import Iterator
 import pyspark
 import pytest
 
-from cynomys.applier.targets.spark import SparkTarget
+from cynomys.applier.targets.spark.target import SparkTarget
 from cynomys.core.config import Config, SparkConfig, TargetConfig
 from cynomys.core.model import ColumnDef, Op, TableSchema
 from tests.integration import target_contract as contract

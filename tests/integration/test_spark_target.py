@@ -18,8 +18,8 @@ from typing import Any, Iterator
 import pytest
 
 from cynomys.applier.targets.base import AppliedState, Flush, Target, open_target
-from cynomys.applier.targets.spark import SparkTarget
-from cynomys.applier.targets.spark_merge import TablePlan, marker_of
+from cynomys.applier.targets.spark.target import SparkTarget
+from cynomys.applier.targets.spark.merge import TablePlan, marker_of
 from cynomys.core.config import ApplierConfig, Config, SparkConfig, TargetConfig
 from cynomys.core.errors import TargetRejectedError
 from cynomys.core.model import ColumnDef, Op, RawTemporal, TableSchema
@@ -331,7 +331,7 @@ def test_modify_column_in_place_rewrite_or_refuse(target: SparkTarget, db: str) 
 def test_rename_copy_interrupted_before_drop(target: SparkTarget, db: str) -> None:
     """A Hadoop catalog renames by copying; a crash after the copy leaves
     both tables, and the replay only drops the old one."""
-    from cynomys.applier.targets import spark_ddl
+    from cynomys.applier.targets.spark import ddl as spark_ddl
 
     schema = TableSchema(db, "old", (ColumnDef("id", "int"), ColumnDef("v", "varchar(3)")), ("id",))
     target.apply(contract.flush([contract.change(Op.INSERT, schema, after=(1, "a"))]))

@@ -12,10 +12,10 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-from cynomys.applier.targets import spark_session  # noqa: E402
-from cynomys.applier.targets import spark_types as st  # noqa: E402
+from cynomys.applier.targets.spark import session as spark_session  # noqa: E402
+from cynomys.applier.targets.spark import types as st  # noqa: E402
 from cynomys.applier.targets.base import AppliedState, TableFlush  # noqa: E402
-from cynomys.applier.targets.spark_merge import (  # noqa: E402
+from cynomys.applier.targets.spark.merge import (  # noqa: E402
     keyed_rows, keyless_merge, keyless_rows, lit, marker, marker_of, order,
 )
 from cynomys.core.config import Config, SparkConfig, TargetConfig  # noqa: E402

@@ -188,9 +188,9 @@ class Target(ABC):
 
 
 _REGISTRY: dict[str, str] = {
-    "columnstore": "cynomys.applier.targets.columnstore:ColumnStoreTarget",
-    "monetdb": "cynomys.applier.targets.monetdb:MonetDBTarget",
-    "spark": "cynomys.applier.targets.spark:SparkTarget",
+    "columnstore": "cynomys.applier.targets.columnstore.target:ColumnStoreTarget",
+    "monetdb": "cynomys.applier.targets.monetdb.target:MonetDBTarget",
+    "spark": "cynomys.applier.targets.spark.target:SparkTarget",
 }
 
 

@@ -22,7 +22,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
 
-from cynomys.applier.targets.monetdb_types import (
+from cynomys.applier.targets.monetdb.types import (
     CASTABLE,
     Codec,
     Unstorable,
@@ -34,7 +34,7 @@ from cynomys.core.model import ColumnDef, TableSchema
 from cynomys.reducer import ddl
 
 if TYPE_CHECKING:
-    from cynomys.applier.targets.monetdb import MonetDBTarget, TargetColumn
+    from cynomys.applier.targets.monetdb.target import MonetDBTarget, TargetColumn
 
 log = logging.getLogger(__name__)
 

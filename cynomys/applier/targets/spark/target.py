@@ -73,15 +73,15 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from cynomys.applier.targets import spark_ddl, spark_session
-from cynomys.applier.targets import spark_types as st
+from cynomys.applier.targets.spark import ddl as spark_ddl, session as spark_session
+from cynomys.applier.targets.spark import types as st
 from cynomys.applier.targets.base import short_sql, AppliedState, Capabilities, Flush, TableFlush, Target
-from cynomys.applier.targets.spark_iceberg import IcebergApi, Snapshot
-from cynomys.applier.targets.spark_merge import (
+from cynomys.applier.targets.spark.iceberg import IcebergApi, Snapshot
+from cynomys.applier.targets.spark.merge import (
     COUNT_COLUMN, OP_COLUMN, Columns, Layout, TablePlan, append, keyed_merge, keyed_rows, keyless_merge, keyless_rows,
     lit, marker, marker_of, order, q, same_flush,
 )
-from cynomys.applier.targets.spark_session import CATALOGS, CatalogProfile
+from cynomys.applier.targets.spark.session import CATALOGS, CatalogProfile
 from cynomys.core.config import Config
 from cynomys.core.errors import CynomysError, TargetRejectedError, TargetUnavailableError
 from cynomys.core.model import Change, ColumnDef, Position, RawTemporal, Row, TableSchema, Value
@@ -246,7 +246,7 @@ class SparkTarget(Target):
             raise TargetRejectedError(
                 f"table {schema_name}: {exc}",
                 hint="exclude the table in [source] exclude_tables, or change the column on the source to a type "
-                     "listed in cynomys/applier/targets/spark_types.py") from None
+                     "listed in cynomys/applier/targets/spark/types.py") from None
 
     def column_sql(self, schema_name: str, col: ColumnDef) -> str:
         m = self.mapping(schema_name, col)

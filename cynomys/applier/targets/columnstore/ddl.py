@@ -25,7 +25,7 @@ from cynomys.reducer import ddl
 from cynomys.reducer.sql import MARIADB
 
 if TYPE_CHECKING:
-    from cynomys.applier.targets.columnstore import ColumnStoreTarget
+    from cynomys.applier.targets.columnstore.target import ColumnStoreTarget
 
 log = logging.getLogger(__name__)
 

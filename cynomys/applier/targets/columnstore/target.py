@@ -43,7 +43,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 import pymysql
 from pymysql.cursors import Cursor
 
-from cynomys.applier.targets import columnstore_ddl as ddl_ops
+from cynomys.applier.targets.columnstore import ddl as ddl_ops
 from cynomys.applier.targets.base import (
     short_sql,
     statement_batches,
@@ -53,7 +53,7 @@ from cynomys.applier.targets.base import (
     TableFlush,
     Target,
 )
-from cynomys.applier.targets.columnstore_types import (
+from cynomys.applier.targets.columnstore.types import (
     FIELD_ENCODERS,
     INNODB,
     PROFILES,

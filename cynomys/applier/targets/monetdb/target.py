@@ -46,7 +46,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 import pymonetdb
 
-from cynomys.applier.targets import monetdb_ddl as ddl_ops
+from cynomys.applier.targets.monetdb import ddl as ddl_ops
 from cynomys.applier.targets.base import (
     short_sql,
     statement_batches,
@@ -56,7 +56,7 @@ from cynomys.applier.targets.base import (
     TableFlush,
     Target,
 )
-from cynomys.applier.targets.monetdb_types import (
+from cynomys.applier.targets.monetdb.types import (
     Codec,
     ServerFeatures,
     Unstorable,

@@ -41,15 +41,15 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from cynomys.applier.targets import spark_types as st
-from cynomys.applier.targets.spark_merge import Layout, lit, marker, marker_of, q, same_flush
+from cynomys.applier.targets.spark import types as st
+from cynomys.applier.targets.spark.merge import Layout, lit, marker, marker_of, q, same_flush
 from cynomys.core.errors import TargetRejectedError
 from cynomys.core.model import ColumnDef, RawTemporal
 from cynomys.reducer import ddl
 
 if TYPE_CHECKING:
     from cynomys.applier.targets.base import AppliedState
-    from cynomys.applier.targets.spark import SparkTarget
+    from cynomys.applier.targets.spark.target import SparkTarget
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""The columnstore target (see cynomys/applier/targets/base.py for the interface)."""

@@ -1,0 +1,1 @@
+"""The spark target (see cynomys/applier/targets/base.py for the interface)."""
