@@ -4,13 +4,22 @@ A reader thread pulls SourceEvents into a bounded queue (so a slow sink
 stops the binlog read: bounded memory); the main loop assembles
 transactions, folds changes per batch and hands batches to the sink.
 
-Checkpoint discipline (Databus): the local checkpoint advances only to the
-end of a transaction whose batch the sink has accepted.  After a crash the
-producer re-reads from there; the applier recognises transactions it already
-applied by their start position, so replays change nothing.  A transaction
-larger than ``batch_max_events`` is sent in several batches (all but the
-last marked incomplete) so memory stays bounded; the checkpoint still moves
-only at its end.
+Checkpoint discipline (Databus): the local checkpoint is a transaction
+boundary; it advances only over transactions whose changes the sink has
+accepted.  A batch normally ends at a commit.  A transaction with more than
+``batch_max_events`` changes is cut into fragments (bounded memory): the
+batch holding its first part also closes the transactions before it, so the
+checkpoint moves to the last commit inside that batch, and the state records
+the open transaction (``open``: its id, how many of its changes were shipped
+and the next fragment number).  After a crash the binlog is read again from
+the checkpoint -- the open transaction's start, where its table maps are --
+and the changes already shipped are skipped, so the next envelope is the next
+fragment.  Nothing the transport holds is ever sent again, and the batch
+boundaries the applier has seen never shift.
+
+Each envelope says which stretch of the source it covers (``meta``:
+``from``/``from_n`` where it starts, ``open``/``open_n`` where an incomplete
+one stops), so the applier can check that envelopes follow each other.
 
 Snapshots (cynomys/snapshot) run inside this loop: every assembled item
 passes through the SnapshotCoordinator (``observe``), which drops the
@@ -32,7 +41,7 @@ from typing import Any, Protocol
 
 from cynomys.core.checkpoint import read_json, write_json_atomic
 from cynomys.core.config import Config
-from cynomys.core.errors import ConfigError, CynomysError
+from cynomys.core.errors import ConfigError, CynomysError, TerminalError
 from cynomys.core.model import Batch, Change, Op, Position
 from cynomys.parser.stream import BinlogSource, SourceInspector, TableFilter
 from cynomys.parser.txn import Assembler, Commit, Item, Progress
@@ -49,6 +58,9 @@ class BatchSink(Protocol):
     def send(self, seq: int, batch: Batch, stop: threading.Event) -> None:
         """Return once the batch is durably accepted downstream."""
 
+    def describe(self) -> str:
+        """Names the transport (for error messages)."""
+
 
 @dataclass
 class ProducerState:
@@ -62,6 +74,10 @@ class ProducerState:
     # the applier has seen intact: a re-read never re-folds changes already
     # applied together with new ones.
     pending: dict[str, Any] | None = None
+    # The source transaction cut into fragments and partly shipped, or None:
+    # {"tid", "begin" (position dict), "shipped" (its changes already in
+    # accepted envelopes), "frag" (the next fragment's number)}.
+    open: dict[str, Any] | None = None
     read: Position | None = None        # last position read (for status)
     last_event_ts: int = 0              # source time of the last event read
     updated: float = 0.0
@@ -74,7 +90,7 @@ class ProducerState:
             return cls()
         return cls(
             checkpoint=Position.from_dict(d["checkpoint"]) if d.get("checkpoint") else None,
-            seq=int(d.get("seq", 0)), pending=d.get("pending"),
+            seq=int(d.get("seq", 0)), pending=d.get("pending"), open=d.get("open"),
             read=Position.from_dict(d["read"]) if d.get("read") else None,
             last_event_ts=int(d.get("last_event_ts", 0)), updated=float(d.get("updated", 0)),
             stats=dict(d.get("stats", {})),
@@ -83,7 +99,7 @@ class ProducerState:
     def save(self, path: Path) -> None:
         write_json_atomic(path, {
             "checkpoint": self.checkpoint.to_dict() if self.checkpoint else None, "seq": self.seq,
-            "pending": self.pending,
+            "pending": self.pending, "open": self.open,
             "read": self.read.to_dict() if self.read else None, "last_event_ts": self.last_event_ts,
             "updated": time.time(), "stats": self.stats,
         })
@@ -123,19 +139,44 @@ class Producer:
         return pos
 
     def _recover_pending(self) -> None:
-        """Settle the batch that was being published when we last stopped."""
+        """Settle the batch that was being published when we last stopped.
+
+        The producer's own state is the authority on what it sent: the
+        transport may hold at most the one envelope that was in flight.
+        A transport claiming more was written by someone else (or belongs to
+        another producer with the same id) -- trusting it would skip changes.
+        """
         accepted = self.sink.last_sequence()
         pending = self.state.pending
+        sent = self.state.seq + (1 if pending is not None else 0)
+        if accepted > sent and (self.state.seq or self.state.checkpoint is not None):
+            raise TerminalError(
+                f"the transport {self.sink.describe()} claims to hold envelope {accepted} of producer "
+                f"{self.cfg.producer.id!r}, but this producer sent only up to {sent} "
+                f"(state {self.state_path})",
+                hint="another producer may be writing with the same [producer] id, or the transport's sequence "
+                     "state was altered; find out which before going on (nothing was skipped)")
         if pending is not None:
             if accepted >= int(pending["seq"]):
                 log.info("batch %s reached the transport before the last stop", pending["seq"])
-                if pending["complete"]:
-                    self.state.checkpoint = Position.from_dict(pending["end"])
+                self._accepted(pending)
             else:
                 log.info("batch %s did not reach the transport; it will be read again", pending["seq"])
             self.state.pending = None
+        # A fresh state (no checkpoint) numbers on after what the transport holds.
         self.state.seq = max(self.state.seq, accepted)
         self._save()
+
+    def _accepted(self, pending: dict[str, Any]) -> None:
+        """Make the state what it is once batch ``pending`` is accepted."""
+        self.state.seq = int(pending["seq"])
+        if "open" not in pending:  # written by an older version: {"seq", "end", "complete"}
+            if pending.get("complete"):
+                self._set_checkpoint(Position.from_dict(pending["end"]))
+            return
+        if pending.get("checkpoint"):
+            self._set_checkpoint(Position.from_dict(pending["checkpoint"]))
+        self.state.open = pending["open"]
 
     def run(self) -> None:
         """Read until stopped (or, non-blocking, until the binlog's end)."""
@@ -189,93 +230,33 @@ class Producer:
 
     def _loop(self, events: queue.Queue[Any], snap: SnapshotCoordinator, start: Position) -> None:
         asm = Assembler(start.gtid)
-        folder = Folder()
-        raw_in_batch = 0
-        batch_started = 0.0
-        frag = 0                     # index of the next batch within an open transaction
-        last_commit: Commit | None = None
+        run = _Batching(self, start)
         last_save = 0.0
-        emit_sql = self.cfg.producer.emit_sql
-
-        def flush(complete: bool, end: Position) -> None:
-            nonlocal folder, raw_in_batch, frag, last_commit
-            changes = folder.changes()
-            if emit_sql:
-                changes = [c if c.sql else _with_sql(c) for c in changes]
-            if not changes and not complete:
-                return
-            first = changes[0].txn if changes else None
-            batch = Batch(self.cfg.producer.id, tuple(changes), end, complete, first,
-                          int(time.time() * 1e6), last_commit.commit_ts if last_commit else 0,
-                          {"frag": str(frag)} if (frag or not complete) else {})
-            seq = self.state.seq + 1
-            self.state.pending = {"seq": seq, "end": end.to_dict(), "complete": complete}
-            self._save()
-            self.sink.send(seq, batch, self.stop)
-            self.state.seq = seq
-            self.state.pending = None
-            self.stats["batches"] += 1
-            self.stats["changes_in"] += raw_in_batch
-            self.stats["changes_out"] += len(changes)
-            frag = 0 if complete else frag + 1
-            if complete:
-                self._set_checkpoint(end)
-            folder = Folder()
-            raw_in_batch = 0
-
-        def at_boundary() -> bool:
-            return asm.begin is None and raw_in_batch > 0 and last_commit is not None
-
-        def handle(out: Item) -> None:
-            nonlocal raw_in_batch, batch_started, last_commit
-            if isinstance(out, Change):
-                if not raw_in_batch:
-                    batch_started = time.monotonic()
-                folder.add(out)
-                raw_in_batch += 1
-            elif isinstance(out, Commit):
-                last_commit = out
-                self.stats["transactions"] += 1
-                if raw_in_batch == 0 and frag == 0:
-                    # Nothing to ship (filtered or empty): the checkpoint
-                    # may still move, so a restart does not re-read it.
-                    self._set_checkpoint(out.end)
-                elif frag or raw_in_batch >= self.max_events or \
-                        time.monotonic() - batch_started >= self.max_delay:
-                    flush(True, out.end)
-            elif isinstance(out, Progress) and asm.begin is None and raw_in_batch == 0 and frag == 0:
-                self._set_checkpoint(out.end)
 
         while True:
             if self.stop.is_set():
                 # Ship what ends on a transaction boundary; a transaction still
                 # open is dropped here and re-read after restart (not checkpointed).
-                if at_boundary() and frag == 0:
-                    assert last_commit is not None
-                    flush(True, last_commit.end)
+                run.flush_if_idle(asm)
                 self._save()
                 return
             # Snapshot work happens here, between events: a chunk select, or
             # a closed chunk's READ rows (only between source transactions).
-            for out in snap.poll(at_boundary=asm.begin is None):
-                handle(out)
+            for out in snap.poll(at_boundary=not run.in_txn(asm)):
+                run.handle(out, asm)
             timeout = snap.wait_s()
-            if at_boundary():
-                timeout = min(timeout, max(0.0, batch_started + self.max_delay - time.monotonic()))
+            if run.at_boundary(asm):
+                timeout = min(timeout, max(0.0, run.started + self.max_delay - time.monotonic()))
             try:
                 item = events.get(timeout=timeout)
             except queue.Empty:
-                if at_boundary() and frag == 0:
-                    assert last_commit is not None
-                    flush(True, last_commit.end)
+                run.flush_if_idle(asm)
                 if time.monotonic() - last_save > 1.0:  # idle: keep `cynomys status` current
                     self._save()
                     last_save = time.monotonic()
                 continue
             if item is _EOF:
-                if at_boundary() and frag == 0:
-                    assert last_commit is not None
-                    flush(True, last_commit.end)
+                run.flush_if_idle(asm)
                 self._save()
                 return
             if isinstance(item, BaseException):
@@ -287,11 +268,14 @@ class Producer:
             for out in asm.feed(ev):
                 seen = snap.observe(out)  # None: a watermark-table event, never shipped
                 if seen is not None:
-                    handle(seen)
-            if raw_in_batch >= self.max_events and asm.begin is not None:
+                    run.handle(seen, asm)
+            if run.txn_in_batch >= self.max_events and asm.begin is not None:
                 # A large transaction: ship what we have and keep reading, so
                 # memory stays bounded; the checkpoint waits for its commit.
-                flush(False, ev.end)
+                # (Only the open transaction's own size cuts it: many small
+                # transactions wait for the next commit, so envelopes end on
+                # commits and the applier can flush after each of them.)
+                run.flush(False, ev.end, asm)
             if time.monotonic() - last_save > 1.0:
                 self._save()
                 last_save = time.monotonic()
@@ -299,6 +283,145 @@ class Producer:
     def _save(self) -> None:
         self.state.stats = dict(self.stats)
         self.state.save(self.state_path)
+
+
+class _Batching:
+    """One producer run's batch under construction and its place in the
+    source: which transaction is open, how many of its changes were seen and
+    shipped, and which changes to skip after a restart inside it."""
+
+    def __init__(self, producer: Producer, start: Position) -> None:
+        self.p = producer
+        self.folder = Folder()
+        self.raw_in_batch = 0
+        self.txn_in_batch = 0         # changes of the open transaction in this batch
+        self.started = 0.0
+        self.last_commit: Commit | None = None
+        self.batch_from: tuple[Position, int] | None = None
+        self.cur_tid: str | None = None
+        self.cur_begin: Position | None = None
+        self.txn_seen = 0             # changes of the open transaction read so far
+        opened = producer.state.open
+        self.frag = int(opened["frag"]) if opened else 0   # next fragment number of the open transaction
+        # After a restart inside a transaction: its changes already shipped.
+        self.skip_tid: str | None = opened["tid"] if opened else None
+        self.skip_n = int(opened["shipped"]) if opened else 0
+        if opened:
+            log.info("resuming inside transaction %s: %d of its changes were sent in %d envelope(s); "
+                     "skipping them", opened["tid"], self.skip_n, self.frag)
+
+    def in_txn(self, asm: Assembler) -> bool:
+        """Inside a source transaction (or resuming inside one)."""
+        return asm.begin is not None or self.frag > 0
+
+    def at_boundary(self, asm: Assembler) -> bool:
+        return not self.in_txn(asm) and self.raw_in_batch > 0 and self.last_commit is not None
+
+    def flush_if_idle(self, asm: Assembler) -> None:
+        if self.at_boundary(asm):
+            assert self.last_commit is not None
+            self.flush(True, self.last_commit.end, asm)
+
+    def handle(self, out: Item, asm: Assembler) -> None:
+        p = self.p
+        if isinstance(out, Change):
+            if out.tid != self.cur_tid:
+                self._enter(out)
+            if self.skip_tid is not None:
+                if self.txn_seen < self.skip_n:
+                    self.txn_seen += 1
+                    return  # in an envelope the transport already holds
+                self.skip_tid = None
+            if not self.raw_in_batch:
+                self.started = time.monotonic()
+                if self.batch_from is None:
+                    self.batch_from = (out.txn, self.txn_seen)
+            self.folder.add(out)
+            self.raw_in_batch += 1
+            self.txn_in_batch += 1
+            self.txn_seen += 1
+        elif isinstance(out, Commit):
+            if self.skip_tid is not None:
+                if self.cur_tid == self.skip_tid and self.txn_seen == self.skip_n:
+                    self.skip_tid = None  # every change was shipped; only its end was not
+            if self.skip_tid is not None:
+                raise TerminalError(
+                    f"producer state {p.state_path} says transaction {self.skip_tid} was partly sent "
+                    f"({self.skip_n} changes), but reading from {p.state.checkpoint} ended a transaction "
+                    f"at {out.end} first",
+                    hint="the binlog at the checkpoint is not what was read before (a restored or different "
+                         "source?); re-snapshot the target")
+            self.last_commit = out
+            p.stats["transactions"] += 1
+            if self.raw_in_batch == 0 and self.frag == 0:
+                # Nothing to ship (filtered or empty): the checkpoint
+                # may still move, so a restart does not re-read it.
+                p._set_checkpoint(out.end)
+            elif self.frag or self.raw_in_batch >= p.max_events or \
+                    time.monotonic() - self.started >= p.max_delay:
+                self.flush(True, out.end, asm)
+            self.cur_tid, self.cur_begin, self.txn_seen, self.txn_in_batch = None, None, 0, 0
+        elif isinstance(out, Progress) and not self.in_txn(asm) and self.raw_in_batch == 0:
+            p._set_checkpoint(out.end)
+
+    def _enter(self, change: Change) -> None:
+        """The first change of another transaction."""
+        if self.skip_tid is not None and change.tid != self.skip_tid:
+            raise TerminalError(
+                f"producer state {self.p.state_path} says transaction {self.skip_tid} was partly sent "
+                f"({self.skip_n} changes), but reading from {self.p.state.checkpoint} found transaction "
+                f"{change.tid} first",
+                hint="the binlog at the checkpoint is not what was read before (a restored or different "
+                     "source?); re-snapshot the target")
+        self.cur_tid, self.cur_begin = change.tid, change.txn
+        self.txn_seen = 0
+        self.txn_in_batch = 0
+
+    def flush(self, complete: bool, end: Position, asm: Assembler) -> None:
+        p = self.p
+        changes = self.folder.changes()
+        if p.cfg.producer.emit_sql:
+            changes = [c if c.sql else _with_sql(c) for c in changes]
+        if not changes and not complete:
+            return
+        opened = p.state.open
+        start = self.batch_from or (
+            (Position.from_dict(opened["begin"]), int(opened["shipped"])) if opened else (end, 0))
+        meta = {"from": f"{start[0].file}:{start[0].pos}", "from_n": str(start[1])}
+        if self.frag or not complete:
+            meta["frag"] = str(self.frag)
+        if complete:
+            after_open = None
+            checkpoint: Position | None = end
+        else:
+            assert self.cur_begin is not None and self.cur_tid is not None
+            meta["to"] = f"{self.cur_begin.file}:{self.cur_begin.pos}"
+            meta["to_n"] = str(self.txn_seen)
+            after_open = {"tid": self.cur_tid, "begin": self.cur_begin.to_dict(), "shipped": self.txn_seen,
+                          "frag": self.frag + 1}
+            # Every transaction before the open one is in this batch or an
+            # earlier one: the checkpoint moves to the last commit.
+            last = self.last_commit.end if self.last_commit else None
+            checkpoint = last if last is not None and (p.state.checkpoint is None or p.state.checkpoint < last) \
+                else None
+        first = changes[0].txn if changes else None
+        batch = Batch(p.cfg.producer.id, tuple(changes), end, complete, first,
+                      int(time.time() * 1e6), self.last_commit.commit_ts if self.last_commit else 0, meta)
+        seq = p.state.seq + 1
+        p.state.pending = {"seq": seq, "checkpoint": checkpoint.to_dict() if checkpoint else None,
+                           "open": after_open}
+        p._save()
+        p.sink.send(seq, batch, p.stop)
+        p._accepted(p.state.pending)
+        p.state.pending = None
+        p.stats["batches"] += 1
+        p.stats["changes_in"] += self.raw_in_batch
+        p.stats["changes_out"] += len(changes)
+        self.frag = 0 if complete else self.frag + 1
+        self.folder = Folder()
+        self.raw_in_batch = 0
+        self.txn_in_batch = 0
+        self.batch_from = None
 
 
 def _with_sql(c: Change) -> Change:
@@ -350,9 +473,13 @@ class SealedSink:
         if tcfg.kind == "file":
             tcfg = replace(tcfg, path=str(cfg.resolve(tcfg.path)))
         self.publisher = open_publisher(tcfg)
+        self._where = f"file {tcfg.path}" if tcfg.kind == "file" else f"stream {tcfg.stream!r} ({tcfg.mode})"
 
     def last_sequence(self) -> int:
         return self.publisher.last_sequence(self.producer_id)
+
+    def describe(self) -> str:
+        return self._where
 
     def send(self, seq: int, batch: Batch, stop: threading.Event) -> None:
         self.publisher.publish(self.producer_id, seq, self.sealer.seal(self._encode(batch), seq), stop)

@@ -1,6 +1,7 @@
 """Helpers shared by integration tests: configs, sinks, source-side reads."""
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import struct
 import threading
@@ -61,6 +62,9 @@ class ListSink:
     def send(self, seq: int, batch: Batch, stop: threading.Event) -> None:
         self.batches.append((seq, codec.decode(codec.encode(batch))))
 
+    def describe(self) -> str:
+        return "a list in memory"
+
     def changes(self) -> list[Any]:
         return [c for _, b in self.batches for c in b.changes]
 
@@ -102,7 +106,10 @@ def transport_batches(cfg: Config) -> list[tuple[int, Batch]]:
     (a reader of its own, so the applier's position is not touched)."""
     opener = Opener(load_private_key(cfg.security.applier_private_key),
                     {cfg.producer.id: load_public_key(cfg.security.producer_public_key)}, cfg.transport.stream)
-    sub = open_subscriber(cfg.transport, f"verifier-{uuid.uuid4().hex[:6]}")
+    # A consumer group of its own: in the applier's group the entries read
+    # here would be pending for this reader instead of the applier.
+    name = f"verifier-{uuid.uuid4().hex[:6]}"
+    sub = open_subscriber(dataclasses.replace(cfg.transport, consumer_group=name), name)
     out: list[tuple[int, Batch]] = []
     try:
         while True:

@@ -15,8 +15,42 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from cynomys.core.model import Change, Position
+from cynomys.core.model import Batch, Change, Position
 from cynomys.reducer.fold import Folder
+
+# A place in the source's change stream: a transaction's start position and
+# how many of its changes come before that place (0 = the whole transaction).
+Mark = tuple[tuple[int, str, int], int]
+
+
+@dataclass(frozen=True)
+class Span:
+    """The stretch of the source one envelope covers, from its ``meta``
+    (written by the producer): ``start`` where its first change is, ``stop``
+    where the next envelope's first change will be at the earliest."""
+
+    start: Mark
+    stop: Mark
+
+    @classmethod
+    def of(cls, batch: Batch) -> Span | None:
+        m = batch.meta
+        if "from" not in m:
+            return None  # an older producer's envelope
+        start = (Position.parse(m["from"]).sort_key(), int(m.get("from_n", "0")))
+        if batch.complete:
+            stop = (batch.end.sort_key(), 0)
+        else:
+            stop = (Position.parse(m["to"]).sort_key(), int(m["to_n"]))
+        return cls(start, stop)
+
+    def describe_start(self) -> str:
+        return self.describe(self.start)
+
+    @staticmethod
+    def describe(mark: Mark) -> str:
+        (_, file, pos), n = mark
+        return f"{file}:{pos}" + (f" (after {n} changes of that transaction)" if n else "")
 
 
 @dataclass
@@ -30,6 +64,8 @@ class DelayBuffer:
     complete: bool = True                 # the last batch taken ends a source transaction
     end: Position | None = None           # position after the last complete batch taken
     last_commit_ts: int = 0
+    base: Mark | None = None              # where the first envelope buffered since the last flush starts
+    covered: Mark | None = None           # where the last envelope taken stops
 
     def __len__(self) -> int:
         return self.raw_rows
@@ -48,6 +84,11 @@ class DelayBuffer:
         if complete:
             self.end = end
             self.last_commit_ts = max(self.last_commit_ts, last_commit_ts)
+
+    def cover(self, span: Span) -> None:
+        if self.base is None:
+            self.base = span.start
+        self.covered = span.stop
 
     def age(self) -> float:
         return time.monotonic() - self.oldest if self.envelopes else 0.0
@@ -69,10 +110,12 @@ class DelayBuffer:
         self.folder = Folder()
         self.raw_rows = 0
         self.complete = True
+        self.base = None
 
     def take(self) -> list[Change]:
         changes = self.folder.changes()
         self.folder = Folder()
         self.raw_rows = 0
         self.envelopes = 0
+        self.base = None
         return changes

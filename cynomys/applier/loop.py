@@ -20,11 +20,11 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cynomys.applier.batcher import DelayBuffer
+from cynomys.applier.batcher import DelayBuffer, Span
 from cynomys.core.checkpoint import write_json_atomic
 from cynomys.applier.targets.base import AppliedState, Target, build_flush, open_target
 from cynomys.core.config import Config
-from cynomys.core.errors import ConfigError, CynomysError, EnvelopeRejected, SchemaError
+from cynomys.core.errors import ConfigError, CynomysError, EnvelopeRejected, SchemaError, TerminalError
 from cynomys.core.model import Batch, Change, Op, Position
 from cynomys.schemas import codec
 from cynomys.transport.bus import Delivery, Subscriber, open_subscriber
@@ -149,17 +149,19 @@ class Applier:
 
     def take(self, pid: str, seq: int, batch: Batch) -> None:
         """Buffer one new envelope; DDL flushes what precedes it and runs alone."""
-        if batch.meta.get("frag") == "0":
-            if not self.buffer.complete:
-                # The producer restarted inside a large transaction and sends
-                # it again from its start: the fragments we hold are obsolete.
-                log.warning("producer %s restarted a large transaction at envelope %d: dropping %d buffered "
-                            "changes of its earlier attempt", pid, seq, len(self.buffer))
-                self.buffer.discard()
-            elif self.buffer.envelopes:
-                # Keep a large transaction alone in the buffer, so dropping
-                # an obsolete attempt never drops complete transactions.
-                self.flush()
+        span = Span.of(batch)
+        if batch.meta.get("frag") == "0" and self.buffer.complete and self.buffer.envelopes:
+            # Keep a large transaction alone in the buffer, so dropping an
+            # obsolete attempt of it never drops complete transactions.
+            self.flush()
+        if span is not None:
+            self._check_overlap(pid, seq, span)
+        elif batch.meta.get("frag") == "0" and not self.buffer.complete:
+            # (Envelopes without a span, from older producers.)  The producer
+            # restarted inside a large transaction and sends it again.
+            log.warning("producer %s restarted a large transaction at envelope %d: dropping %d buffered "
+                        "changes of its earlier attempt", pid, seq, len(self.buffer))
+            self.buffer.discard()
         applied = self.applied.get(pid)
         segment: list[Change] = []
         for c in batch.changes:
@@ -174,9 +176,35 @@ class Applier:
         self.buffer.add(segment)
         self.stats.rows_in += len(batch.changes)
         self.buffer.mark(batch.end, batch.complete, batch.last_commit_ts)
+        if span is not None:
+            self.buffer.cover(span)
         self.tracker.advance(pid, seq)
         if batch.complete:
             self.pending_state = AppliedState(pid, seq, batch.end, batch.last_commit_ts)
+
+    def _check_overlap(self, pid: str, seq: int, span: Span) -> None:
+        """Never apply two attempts of the same changes.  Envelopes of one
+        producer follow each other: each starts where the previous one
+        stopped or later.  One that starts earlier carries changes the buffer
+        already holds (the producer sent them again): when it covers all the
+        buffer holds, the earlier attempt is dropped; otherwise the two
+        cannot be told apart inside folded envelopes, and the applier stops
+        before applying either."""
+        buf = self.buffer
+        if buf.base is None or buf.covered is None or span.start >= buf.covered:
+            return
+        if span.start <= buf.base:
+            log.warning("producer %s sends again, in envelope %d from %s, changes the buffer holds from %s: "
+                        "dropping the %d buffered changes of the earlier attempt",
+                        pid, seq, span.describe_start(), Span.describe(buf.base), len(buf))
+            buf.discard()
+            return
+        raise TerminalError(
+            f"envelope {seq} of producer {pid!r} starts at {span.describe_start()}, inside what the buffer "
+            f"holds ({Span.describe(buf.base)} to {Span.describe(buf.covered)}): the producer sent changes "
+            f"again and the two attempts cannot be separated; nothing of either was applied",
+            hint="see the producer's log for why it sent them again; re-snapshot the tables it names, then "
+                 "restart the applier with a new consumer group")
 
     def _apply_ddl(self, pid: str, ddl: Change, batch: Batch, seq: int) -> None:
         # Flush everything before the DDL at the DDL's start (a transaction
