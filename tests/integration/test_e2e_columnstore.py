@@ -4,7 +4,10 @@ several times while 4 clients write.  At the end every target table equals
 its source table row by row."""
 from __future__ import annotations
 
+import json
+import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -95,8 +98,74 @@ def _diff(src: MariaDBServer, tgt: MariaDBServer) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.slow
-def test_random_workload_with_sigkills_ends_equal(tmp_path: Path, redis_url: str) -> None:
+def _small_writer(src: MariaDBServer, stop: threading.Event, seed: int, done: list[int],
+                  errors: list[BaseException]) -> None:
+    """Many small transactions (1-3 rows), and now and then one of 60-150
+    row changes: with batch_max_events = 50 the producer cuts those into
+    fragments between small ones, all the time."""
+    rnd = random.Random(seed)
+    conn = src.connect("app")
+    try:
+        with conn.cursor() as cur:
+            while not stop.is_set():
+                try:
+                    cur.execute("BEGIN")
+                    if rnd.random() < 0.04:
+                        base = rnd.randrange(400)
+                        for i in range(rnd.randrange(20, 50)):
+                            cur.execute("INSERT INTO log VALUES (%s, 'big', %s)", (seed, i))
+                            cur.execute("UPDATE acct SET ver = ver + 1 WHERE id = %s", ((base + i) % 400,))
+                        cur.execute("DELETE FROM log WHERE who = %s AND what = 'big' LIMIT 40", (seed,))
+                    else:
+                        k = rnd.randrange(400)
+                        cur.execute("INSERT INTO acct (id, owner, balance, ver) VALUES (%s, 'o', 1, 0) "
+                                    "ON DUPLICATE KEY UPDATE balance = balance + 1, ver = ver + 1", (k,))
+                        if rnd.random() < 0.3:
+                            cur.execute("DELETE FROM acct WHERE id = %s", (rnd.randrange(400),))
+                        if rnd.random() < 0.3:
+                            cur.execute("INSERT INTO pair VALUES (%s, 'b', 0, 0) ON DUPLICATE KEY UPDATE ver = ver + 1",
+                                        (k % 50,))
+                    cur.execute("COMMIT")
+                    done[0] += 1
+                except (pymysql.err.OperationalError, pymysql.err.IntegrityError) as exc:
+                    if exc.args[0] not in (1213, 1205, 1062):
+                        raise
+                    cur.execute("ROLLBACK")
+    except BaseException as exc:  # surfaced by the test
+        errors.append(exc)
+    finally:
+        conn.close()
+
+
+def _keep_artifacts(tmp_path: Path, cfg: Path, diff: dict[str, Any]) -> Path:
+    """On failure: the daemons' logs, the config and every envelope on the
+    transport (sequence, span, change counts) in one folder that outlives
+    the test (``CYNOMYS_ARTIFACTS``, default ./artifacts)."""
+    from cynomys.core.config import load_config
+    from tests.helpers import transport_batches
+
+    out = Path(os.environ.get("CYNOMYS_ARTIFACTS", ROOT / "artifacts")) / f"{tmp_path.name}-{int(time.time())}"
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(tmp_path / "logs", out / "logs", dirs_exist_ok=True)
+    shutil.copy(cfg, out / "cynomys.toml")
+    for state in ("producer-state", "applier-state"):
+        if (tmp_path / state).exists():
+            shutil.copytree(tmp_path / state, out / state, dirs_exist_ok=True)
+    lines = [json.dumps({"diff": diff}, default=str)]
+    try:
+        for seq, b in transport_batches(load_config(cfg, env={})):
+            lines.append(json.dumps({
+                "seq": seq, "complete": b.complete, "meta": b.meta, "end": str(b.end),
+                "first_txn": str(b.first_txn), "changes": len(b.changes),
+                "tids": sorted({c.tid for c in b.changes})}))
+    except Exception as exc:  # the artifacts are best effort; the failure itself is raised by the caller
+        lines.append(json.dumps({"transport_error": repr(exc)}))
+    (out / "envelopes.jsonl").write_text("\n".join(lines) + "\n")
+    return out
+
+
+def _run(tmp_path: Path, redis_url: str, *, writer: Any, batch_max_events: int, kills: list[str],
+         alter_at: int | None) -> Path:
     src = MariaDBServer(server_id=1).start()
     tgt = MariaDBServer(server_id=2).start()
     producer = applier = subprocess.Popen(["true"])  # replaced once the daemons start
@@ -105,8 +174,8 @@ def test_random_workload_with_sigkills_ends_equal(tmp_path: Path, redis_url: str
         cfg = write_config(
             tmp_path / "c.toml", src,
             source={"include_tables": ["app.*"], "start": "{}:{}".format(*src.execute("SHOW MASTER STATUS")[0][:2])},
-            producer={"id": "p1", "batch_max_events": 500, "batch_max_delay_ms": 100},
-            transport={"url": redis_url, "stream": "e2e"},
+            producer={"id": "p1", "batch_max_events": batch_max_events, "batch_max_delay_ms": 100},
+            transport={"url": redis_url, "stream": f"e2e-{tmp_path.name}"},
             security={k: str(v) for k, v in keys.items()},
             applier={"buffer_rows": 2000, "max_delay_ms": 300, "consumer_name": "a1"},
             target={"kind": "columnstore", "url": tgt.url, "engine": "InnoDB"},
@@ -117,22 +186,21 @@ def test_random_workload_with_sigkills_ends_equal(tmp_path: Path, redis_url: str
         applier = _daemon(cfg, "apply", logs / "applier.log")
         src.execute("CREATE DATABASE app", *[f"CREATE TABLE app.{t} ({c})" for t, c in TABLES.items()])
         stop, done, errors = threading.Event(), [0], []
-        writers = [threading.Thread(target=_writer, args=(src, stop, s, done, errors)) for s in range(4)]
+        writers = [threading.Thread(target=writer, args=(src, stop, s, done, errors)) for s in range(4)]
         for w in writers:
             w.start()
         rnd = random.Random(1)
-        kills = {"producer": 0, "applier": 0}
+        counted = {"producer": 0, "applier": 0}
         try:
-            for i in range(8):
+            for i, name in enumerate(kills):
                 time.sleep(rnd.uniform(0.5, 2.0))
-                if i == 4:  # schema change in the middle of the run
+                if i == alter_at:  # schema change in the middle of the run
                     src.execute("ALTER TABLE app.acct ADD COLUMN region CHAR(2) NOT NULL DEFAULT 'eu'")
-                name = "producer" if i % 2 == 0 else "applier"
                 proc = producer if name == "producer" else applier
                 assert proc.poll() is None, (logs / f"{name}.log").read_text()[-3000:]
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
-                kills[name] += 1
+                counted[name] += 1
                 if name == "producer":
                     producer = _daemon(cfg, "produce", logs / "producer.log")
                 else:
@@ -150,17 +218,39 @@ def test_random_workload_with_sigkills_ends_equal(tmp_path: Path, redis_url: str
                 return not any(_diff(src, tgt).values())
 
             wait_for(caught_up, timeout=180, what="the target to equal the source")
-        except AssertionError:
-            raise AssertionError(f"{_diff(src, tgt)}\nproducer:\n{(logs / 'producer.log').read_text()[-4000:]}\n"
+        except AssertionError as exc:
+            kept = _keep_artifacts(tmp_path, cfg, _diff(src, tgt))
+            raise AssertionError(f"{exc}\n{_diff(src, tgt)}\nartifacts kept in {kept}\n"
+                                 f"producer:\n{(logs / 'producer.log').read_text()[-4000:]}\n"
                                  f"applier:\n{(logs / 'applier.log').read_text()[-4000:]}") from None
         for p in (producer, applier):
             p.send_signal(signal.SIGTERM)
             assert p.wait(60) == 0
         counts = {t: src.execute(f"SELECT COUNT(*) FROM app.{t}")[0][0] for t in TABLES}
-        print(f"\n{done[0]} source transactions from 4 writers, kills {kills}, final rows {counts}")
+        print(f"\n{done[0]} source transactions from 4 writers, kills {counted}, final rows {counts}")
+        return cfg
     finally:
         for p in (producer, applier):
             if p.poll() is None:
                 p.kill()
         src.destroy()
         tgt.destroy()
+
+
+@pytest.mark.slow
+def test_random_workload_with_sigkills_ends_equal(tmp_path: Path, redis_url: str) -> None:
+    """Both daemons killed 4 times each, an ALTER half way.  Run it in a loop
+    with ``scripts/kill_loop.sh 20`` (keeps the artifacts of a failure)."""
+    _run(tmp_path, redis_url, writer=_writer, batch_max_events=500, kills=["producer", "applier"] * 4, alter_at=4)
+
+
+@pytest.mark.slow
+def test_busy_source_small_transactions_8_producer_kills(tmp_path: Path, redis_url: str) -> None:
+    """batch_max_events = 50 on a busy source of small transactions with a
+    large one now and then: batches end inside transactions all the time."""
+    from cynomys.core.config import load_config
+    from tests.helpers import transport_batches
+
+    cfg = _run(tmp_path, redis_url, writer=_small_writer, batch_max_events=50, kills=["producer"] * 8, alter_at=None)
+    fragments = sum(1 for _, b in transport_batches(load_config(cfg, env={})) if not b.complete)
+    assert fragments > 0, "no batch was cut inside a transaction: the test did not test that"
