@@ -35,6 +35,7 @@ import logging
 import queue
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -78,6 +79,10 @@ class ProducerState:
     # {"tid", "begin" (position dict), "shipped" (its changes already in
     # accepted envelopes), "frag" (the next fragment's number)}.
     open: dict[str, Any] | None = None
+    # Random id of this producer's life since its state was created: a
+    # producer that lost its state is a new incarnation (the applier refuses
+    # a new incarnation that numbers its envelopes from 1 again).
+    incarnation: str = ""
     read: Position | None = None        # last position read (for status)
     last_event_ts: int = 0              # source time of the last event read
     updated: float = 0.0
@@ -91,6 +96,7 @@ class ProducerState:
         return cls(
             checkpoint=Position.from_dict(d["checkpoint"]) if d.get("checkpoint") else None,
             seq=int(d.get("seq", 0)), pending=d.get("pending"), open=d.get("open"),
+            incarnation=str(d.get("incarnation", "")),
             read=Position.from_dict(d["read"]) if d.get("read") else None,
             last_event_ts=int(d.get("last_event_ts", 0)), updated=float(d.get("updated", 0)),
             stats=dict(d.get("stats", {})),
@@ -99,7 +105,7 @@ class ProducerState:
     def save(self, path: Path) -> None:
         write_json_atomic(path, {
             "checkpoint": self.checkpoint.to_dict() if self.checkpoint else None, "seq": self.seq,
-            "pending": self.pending, "open": self.open,
+            "pending": self.pending, "open": self.open, "incarnation": self.incarnation,
             "read": self.read.to_dict() if self.read else None, "last_event_ts": self.last_event_ts,
             "updated": time.time(), "stats": self.stats,
         })
@@ -165,6 +171,9 @@ class Producer:
             self.state.pending = None
         # A fresh state (no checkpoint) numbers on after what the transport holds.
         self.state.seq = max(self.state.seq, accepted)
+        if not self.state.incarnation:
+            self.state.incarnation = uuid.uuid4().hex[:16]
+            log.info("new producer incarnation %s", self.state.incarnation)
         self._save()
 
     def _accepted(self, pending: dict[str, Any]) -> None:
@@ -387,7 +396,8 @@ class _Batching:
         opened = p.state.open
         start = self.batch_from or (
             (Position.from_dict(opened["begin"]), int(opened["shipped"])) if opened else (end, 0))
-        meta = {"from": f"{start[0].file}:{start[0].pos}", "from_n": str(start[1])}
+        meta = {"from": f"{start[0].file}:{start[0].pos}", "from_n": str(start[1]),
+                "incarnation": p.state.incarnation}
         if self.frag or not complete:
             meta["frag"] = str(self.frag)
         if complete:

@@ -78,6 +78,7 @@ class Applier:
         self.unacked: list[str] = []
         self.stats = ApplierStats()
         self.producer_id = cfg.producer.id
+        self.incarnations: dict[str, str] = {}  # producer -> incarnation id last seen
         # State to commit with the next flush: the last *complete* envelope taken.
         self.pending_state: AppliedState | None = None
         self.last_delivery = time.monotonic()
@@ -135,9 +136,11 @@ class Applier:
             self.stats.rejected["producer-mismatch"] += 1
             self.sub.dead_letter(d, f"payload names producer {batch.producer_id!r}, envelope {pid!r}")
             return
+        self._check_incarnation(pid, seq, batch)
         # The tracker's high-water mark is the last envelope *taken* (buffered
         # or committed); at start it is restored from the target's state.
         if self.tracker.classify(pid, seq) == "duplicate":
+            self._check_duplicate(pid, seq, batch)
             # Already in the target or in the buffer: its effect is (or will
             # be) committed by that envelope's own flush.
             self.stats.duplicates += 1
@@ -146,6 +149,43 @@ class Applier:
             return
         self.take(pid, seq, batch)
         self.unacked.append(d.id)
+
+    def _check_incarnation(self, pid: str, seq: int, batch: Batch) -> None:
+        """A producer that lost its state starts as a new incarnation.  If it
+        numbers its envelopes from 1 again (the transport was reset too),
+        they would look like envelopes already applied: stop instead."""
+        inc = batch.meta.get("incarnation")
+        if inc is None:
+            return
+        known = self.incarnations.get(pid)
+        self.incarnations[pid] = inc
+        if known is None or known == inc:
+            return
+        if self.tracker.classify(pid, seq) == "duplicate":
+            raise TerminalError(
+                f"producer {pid!r} started anew (incarnation {inc}, was {known}) and numbers its envelopes "
+                f"from {seq} again, at or below what this applier took: its changes would be skipped",
+                hint="the producer lost its state: re-snapshot the target from the new producer (a new "
+                     "[transport] stream, or clear the applier state for this producer on the target)")
+        log.warning("producer %s started anew (incarnation %s, was %s) and numbers on from envelope %d",
+                    pid, inc, known, seq)
+
+    def _check_duplicate(self, pid: str, seq: int, batch: Batch) -> None:
+        """An envelope number already taken must carry changes already taken:
+        one starting past what the target and the buffer hold comes from a
+        producer whose numbering restarted, and skipping it would lose it."""
+        span = Span.of(batch)
+        if span is None:
+            return
+        applied = self.applied.get(pid)
+        holds = [m for m in (self.buffer.covered, (applied.position.sort_key(), 0) if applied else None) if m]
+        if holds and span.start >= max(holds):
+            raise TerminalError(
+                f"envelope {seq} of producer {pid!r} has a number already applied but carries changes from "
+                f"{span.describe_start()}, past what the target holds: the producer's numbering restarted "
+                "(its state was lost or reset); skipping it would lose those changes",
+                hint="re-snapshot the target from this producer (a new [transport] stream, or clear the "
+                     "applier state for this producer on the target), or restore the producer's state_dir")
 
     def take(self, pid: str, seq: int, batch: Batch) -> None:
         """Buffer one new envelope; DDL flushes what precedes it and runs alone."""

@@ -12,6 +12,7 @@ and the envelope after the crash must be the next fragment, not a re-send.
 """
 from __future__ import annotations
 
+import shutil
 import threading
 import uuid
 from pathlib import Path
@@ -82,13 +83,14 @@ def _workload(src: MariaDBServer) -> None:
 _KEYS: dict[Path, dict[str, str]] = {}
 
 
-def _config(tmp_path: Path, src: MariaDBServer, tgt: MariaDBServer, redis_url: str, **producer: object) -> Config:
+def _config(tmp_path: Path, src: MariaDBServer, tgt: MariaDBServer, redis_url: str, *, start: str = "earliest",
+            **producer: object) -> Config:
     if tmp_path not in _KEYS:
         _KEYS[tmp_path] = {k: str(v) for k, v in generate_keys(tmp_path / "keys", rsa_bits=2048).items()}
     key_files = _KEYS[tmp_path]
     path = write_config(
         tmp_path / f"c-{uuid.uuid4().hex[:6]}.toml", src,
-        source={"include_tables": ["w.*"], "start": "earliest"},
+        source={"include_tables": ["w.*"], "start": start},
         producer={"id": "p1", "state_dir": str(tmp_path / "producer-state"), **producer},
         transport={"url": redis_url, "stream": f"frag-{tmp_path.name}"},
         security=key_files,
@@ -201,3 +203,34 @@ def test_transport_claiming_more_than_was_sent_is_terminal(fresh_mariadb: MariaD
     _produce(cfg, SealedSink(cfg))
     _finish(_applier(cfg))
     assert target.execute("SELECT id, v FROM w.k ORDER BY id") == [(1, 1), (2, 2)]
+
+
+def test_a_reset_producer_is_refused_not_skipped(fresh_mariadb: MariaDBServer, target: MariaDBServer,
+                                                 redis_url: str, tmp_path: Path) -> None:
+    """The producer's state dir is lost and Redis flushed: the new producer
+    numbers its envelopes from 1 again.  The applier used to skip them as
+    "delivered again" and new rows never arrived; now it stops and says so."""
+    import redis
+
+    from cynomys.core.errors import TerminalError
+
+    src = fresh_mariadb
+    src.execute("CREATE DATABASE w", "CREATE TABLE w.k (id INT PRIMARY KEY, v INT)",
+                *[f"INSERT INTO w.k VALUES ({i}, {i})" for i in range(5)])
+    cfg = _config(tmp_path, src, target, redis_url, batch_max_events=1, batch_max_delay_ms=0)
+    _produce(cfg, SealedSink(cfg))
+    _finish(_applier(cfg))
+    assert target.execute("SELECT COUNT(*) FROM w.k") == [(5,)]
+
+    shutil.rmtree(tmp_path / "producer-state")
+    r = redis.Redis.from_url(redis_url)
+    r.delete(cfg.transport.stream, f"{cfg.transport.stream}:seq")
+    here = "{}:{}".format(*src.execute("SHOW MASTER STATUS")[0][:2])
+    src.execute("INSERT INTO w.k VALUES (100, 100)", "INSERT INTO w.k VALUES (101, 101)")
+    again = _config(tmp_path, src, target, redis_url, start=here)
+    _produce(again, SealedSink(again))
+    assert [s for s, _ in transport_batches(again)] == [1]
+    app = _applier(again)
+    with pytest.raises(TerminalError, match="numbering restarted"):
+        _finish(app)
+    assert target.execute("SELECT COUNT(*) FROM w.k") == [(5,)]
