@@ -5,6 +5,7 @@ free loopback port, with the binlog settings Cynomys needs.  ``kill()`` /
 ``start()`` simulate a crash of the source; the datadir survives."""
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pymysql
+
+log = logging.getLogger(__name__)
 
 ROOT_PASSWORD = "root-secret"
 REPL_USER = "cynomys"
@@ -49,13 +52,7 @@ class MariaDBServer:
     def start(self) -> MariaDBServer:
         fresh = not self.datadir.exists()
         if fresh:
-            self.datadir.mkdir(parents=True)
-            subprocess.run(
-                [_find("mariadb-install-db", "/usr/bin/mariadb-install-db"), "--no-defaults",
-                 f"--datadir={self.datadir}", "--user=root", "--auth-root-authentication-method=normal",
-                 "--skip-test-db"],
-                check=True, capture_output=True,
-            )
+            self._install_db()
         args = [
             _find("mariadbd", "/usr/sbin/mariadbd"), "--no-defaults", "--user=root",
             f"--datadir={self.datadir}", f"--socket={self.socket}", f"--port={self.port}",
@@ -76,6 +73,28 @@ class MariaDBServer:
         if fresh:
             self._bootstrap()
         return self
+
+    def _install_db(self, attempts: int = 3) -> None:
+        """mariadb-install-db, retried: on a loaded machine its bootstrap
+        server now and then fails to start (seen when several servers start
+        at once); a second try in a clean datadir succeeds."""
+        for attempt in range(1, attempts + 1):
+            if self.datadir.exists():
+                shutil.rmtree(self.datadir)
+            self.datadir.mkdir(parents=True)
+            done = subprocess.run(
+                [_find("mariadb-install-db", "/usr/bin/mariadb-install-db"), "--no-defaults",
+                 f"--datadir={self.datadir}", "--user=root", "--auth-root-authentication-method=normal",
+                 "--skip-test-db"],
+                capture_output=True,
+            )
+            if done.returncode == 0:
+                return
+            output = (done.stdout + done.stderr).decode(errors="replace")[-2000:]
+            log.warning("mariadb-install-db failed (attempt %d of %d, exit %d): %s", attempt, attempts,
+                        done.returncode, output)
+            time.sleep(attempt)
+        raise RuntimeError(f"mariadb-install-db failed {attempts} times in {self.datadir}:\n{output}")
 
     def _wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
