@@ -20,6 +20,7 @@ from typing import Any
 import pymysql
 import pytest
 
+from cynomys.applier.batcher import Mark, Span
 from cynomys.core.config import load_config
 from cynomys.core.model import Batch, Op
 from cynomys.transport.keys import generate_keys
@@ -55,12 +56,17 @@ def _replay(batches: list[tuple[int, Batch]]) -> tuple[dict[tuple[Any, ...], tup
     keyless: Counter[tuple[Any, ...]] = Counter()
     tids: list[str] = []
     pending: list[Batch] = []
+    stop: Mark | None = None
     last_seq = 0
     for seq, b in batches:
         assert seq == last_seq + 1, f"sequence jumps from {last_seq} to {seq}"
         last_seq = seq
-        if b.meta.get("frag") == "0":
-            pending = []  # a restarted large transaction supersedes its earlier attempt
+        # Nothing is ever sent twice: each envelope starts where the one
+        # before it stopped, or later (never a restarted attempt).
+        span = Span.of(b)
+        assert span is not None
+        assert stop is None or span.start >= stop, f"envelope {seq} sends again from {span.describe_start()}"
+        stop = span.stop
         pending.append(b)
         if not b.complete:
             continue

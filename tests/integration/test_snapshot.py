@@ -30,6 +30,7 @@ import pymysql
 import pytest
 
 from cynomys.core.checkpoint import read_json
+from cynomys.applier.batcher import Mark, Span
 from cynomys.core.config import Config, load_config
 from cynomys.core.model import Batch, Change, Op, Position
 from cynomys.producer import Producer
@@ -281,12 +282,17 @@ def _replay(batches: list[tuple[int, Batch]]) -> _Replayed:
     reads = 0
     first_read: dict[int, int] = {}
     pending: list[Batch] = []
+    stop: Mark | None = None
     prev = 0
     for seq, b in batches:
         assert seq == prev + 1, f"sequence jumps from {prev} to {seq}"
         prev = seq
-        if b.meta.get("frag") == "0":
-            pending = []
+        # Nothing is ever sent twice: each envelope starts where the one
+        # before it stopped, or later (never a restarted attempt).
+        span = Span.of(b)
+        assert span is not None
+        assert stop is None or span.start >= stop, f"envelope {seq} sends again from {span.describe_start()}"
+        stop = span.stop
         pending.append(b)
         if not b.complete:
             continue
