@@ -55,17 +55,28 @@ class Span:
 
 @dataclass
 class DelayBuffer:
+    """Net changes buffered since the last flush.
+
+    Two parts: ``sealed`` holds whole transactions; ``folder`` the stretch
+    taken since, which may end inside a transaction cut into fragments.
+    When a fragmented transaction starts, what precedes it is sealed, so if
+    the producer ever sends that transaction again its earlier attempt can
+    be dropped alone (``discard``) without flushing first."""
+
     buffer_rows: int
     max_delay_s: float
     folder: Folder = field(default_factory=Folder)
+    sealed: Folder | None = None
     raw_rows: int = 0
+    sealed_rows: int = 0
     envelopes: int = 0                    # envelopes taken since the last flush (even empty ones)
     oldest: float = 0.0                   # monotonic time of the oldest envelope taken
     complete: bool = True                 # the last batch taken ends a source transaction
     end: Position | None = None           # position after the last complete batch taken
     last_commit_ts: int = 0
-    base: Mark | None = None              # where the first envelope buffered since the last flush starts
+    base: Mark | None = None              # where the open part (``folder``) starts
     covered: Mark | None = None           # where the last envelope taken stops
+    sealed_stop: Mark | None = None       # where the sealed part stops
 
     def __len__(self) -> int:
         return self.raw_rows
@@ -73,6 +84,17 @@ class DelayBuffer:
     def add(self, changes: list[Change] | tuple[Change, ...]) -> None:
         self.folder.extend(changes)
         self.raw_rows += len(changes)
+
+    def seal(self) -> None:
+        """What is buffered is whole transactions: keep it apart from what comes next."""
+        if self.sealed is None:
+            self.sealed = self.folder
+        else:
+            self.sealed.extend(self.folder.changes())
+        self.folder = Folder()
+        self.sealed_rows = self.raw_rows
+        self.sealed_stop = self.covered
+        self.base = None
 
     def mark(self, end: Position, complete: bool, last_commit_ts: int) -> None:
         """Record where the envelope just taken ends.  An envelope with no
@@ -106,16 +128,21 @@ class DelayBuffer:
         return max(0.0, min(0.5, self.max_delay_s - self.age()))
 
     def discard(self) -> None:
-        """Drop everything buffered (an obsolete attempt of a large transaction)."""
+        """Drop the open part (an obsolete attempt of a large transaction)."""
         self.folder = Folder()
-        self.raw_rows = 0
+        self.raw_rows = self.sealed_rows
         self.complete = True
         self.base = None
+        self.covered = self.sealed_stop
 
     def take(self) -> list[Change]:
+        if self.sealed is not None:
+            self.sealed.extend(self.folder.changes())
+            self.folder = self.sealed
         changes = self.folder.changes()
         self.folder = Folder()
-        self.raw_rows = 0
+        self.sealed = None
+        self.raw_rows = self.sealed_rows = 0
         self.envelopes = 0
-        self.base = None
+        self.base = self.sealed_stop = None
         return changes

@@ -34,6 +34,8 @@ from cynomys.transport.sequence import SequenceTracker
 
 log = logging.getLogger(__name__)
 
+READ_COUNT = 200  # envelopes per transport read
+
 
 @dataclass
 class ApplierStats:
@@ -73,6 +75,7 @@ class Applier:
         self.opener = opener
         self.stop = stop or threading.Event()
         self.buffer = DelayBuffer(cfg.applier.buffer_rows, cfg.applier.max_delay_ms / 1000.0)
+        self.max_buffer_rows = cfg.applier.max_buffer_rows or 10 * cfg.applier.buffer_rows
         self.tracker = SequenceTracker()
         self.applied: dict[str, AppliedState] = {}
         self.unacked: list[str] = []
@@ -97,14 +100,17 @@ class Applier:
     def run(self, until_idle_s: float = 0.0) -> None:
         self.start()
         while not self.stop.is_set():
-            deliveries = self.sub.read(200, int(self.buffer.wait_s() * 1000))
+            deliveries = self.sub.read(READ_COUNT, int(self.buffer.wait_s() * 1000))
             if deliveries:
                 self.last_delivery = time.monotonic()
             for d in deliveries:
                 self.handle(d)
-                if self.buffer.due():  # checked per envelope: a read brings up to 200 of them
-                    self.flush()
-            if self.buffer.due():
+                if self.buffer.due() and len(self.buffer) >= self.max_buffer_rows:
+                    self.flush()  # the memory bound, checked per envelope
+            # Behind (the read came back full: more is waiting): take the
+            # backlog into this flush rather than commit once per buffer_rows.
+            behind = len(deliveries) >= READ_COUNT
+            if self.buffer.due() and not behind:
                 self.flush()
             self._ack()  # envelopes seen again after a restart: nothing to commit for them
             if until_idle_s and not deliveries and not self.buffer.envelopes \
@@ -190,10 +196,11 @@ class Applier:
     def take(self, pid: str, seq: int, batch: Batch) -> None:
         """Buffer one new envelope; DDL flushes what precedes it and runs alone."""
         span = Span.of(batch)
-        if batch.meta.get("frag") == "0" and self.buffer.complete and self.buffer.envelopes:
-            # Keep a large transaction alone in the buffer, so dropping an
-            # obsolete attempt of it never drops complete transactions.
-            self.flush()
+        if not batch.complete and self.buffer.complete and self.buffer.envelopes:
+            # A transaction cut into fragments starts: set apart the whole
+            # transactions before it, so dropping an obsolete attempt of it
+            # never drops them.
+            self.buffer.seal()
         if span is not None:
             self._check_overlap(pid, seq, span)
         elif batch.meta.get("frag") == "0" and not self.buffer.complete:
@@ -231,17 +238,20 @@ class Applier:
         cannot be told apart inside folded envelopes, and the applier stops
         before applying either."""
         buf = self.buffer
-        if buf.base is None or buf.covered is None or span.start >= buf.covered:
-            return
-        if span.start <= buf.base:
+        if buf.covered is None or span.start >= buf.covered:
+            return  # follows on: the usual case
+        if buf.base is None and buf.sealed_stop is None:
+            return  # nothing buffered: what the target holds is filtered change by change
+        sealed_ok = buf.sealed_stop is None or span.start >= buf.sealed_stop
+        if buf.base is not None and span.start <= buf.base and sealed_ok:
             log.warning("producer %s sends again, in envelope %d from %s, changes the buffer holds from %s: "
                         "dropping the %d buffered changes of the earlier attempt",
-                        pid, seq, span.describe_start(), Span.describe(buf.base), len(buf))
+                        pid, seq, span.describe_start(), Span.describe(buf.base), len(buf) - buf.sealed_rows)
             buf.discard()
             return
         raise TerminalError(
             f"envelope {seq} of producer {pid!r} starts at {span.describe_start()}, inside what the buffer "
-            f"holds ({Span.describe(buf.base)} to {Span.describe(buf.covered)}): the producer sent changes "
+            f"holds (up to {Span.describe(buf.covered)}): the producer sent changes "
             f"again and the two attempts cannot be separated; nothing of either was applied",
             hint="see the producer's log for why it sent them again; re-snapshot the tables it names, then "
                  "restart the applier with a new consumer group")

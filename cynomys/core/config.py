@@ -105,6 +105,12 @@ class SecurityConfig:
 class ApplierConfig:
     buffer_rows: int = field(default=10_000, metadata=_POSITIVE)
     max_delay_ms: int = field(default=1000, metadata=_NON_NEGATIVE)
+    # Adaptive delay commit: buffer_rows / max_delay_ms are the floor a quiet
+    # source sees; while envelopes keep arriving (the applier is behind) a
+    # flush waits for them, up to this many buffered changes (memory bound;
+    # 0 = 10 x buffer_rows).  A target whose commit is dear (Spark/Iceberg)
+    # then pays it once for the whole backlog instead of once per buffer_rows.
+    max_buffer_rows: int = field(default=0, metadata=_NON_NEGATIVE)
     state_dir: str = "./state/applier"
     consumer_name: str = "applier-1"
     # DDL statements to skip on purpose, by exact text or a "position"

@@ -105,3 +105,22 @@ def test_changes_the_target_holds_are_not_applied_again(mariadb: MariaDBServer, 
     app.flush()
     assert _rows(mariadb, db) == ([(i, 100) for i in range(3)] + [(i, 200) for i in range(10, 12)],
                                   [(100, 3), (200, 2)])
+
+
+def test_a_resend_drops_only_its_earlier_attempt_not_the_whole_transactions_before(
+        mariadb: MariaDBServer, tmp_path: Path) -> None:
+    app, db = _applier(tmp_path, mariadb)
+    t0, t1, t2 = _txn(db, 50, range(30, 33)), _txn(db, 100, range(0, 3)), _txn(db, 200, range(10, 20))
+    app.take(db, 1, _batch(db, t0, end=90, complete=True, start=(50, 0)))       # buffered, not flushed
+    app.take(db, 2, _batch(db, t1 + t2[:6], end=250, complete=False, start=(100, 0), stop=(200, 6), frag=0))
+    app.take(db, 3, _batch(db, t1 + t2, end=300, complete=True, start=(100, 0)))  # sent again from T1
+    app.flush()
+    assert _rows(mariadb, db) == (
+        [(i, 100) for i in range(3)] + [(i, 200) for i in range(10, 20)] + [(i, 50) for i in range(30, 33)],
+        [(50, 3), (100, 3), (200, 10)])
+    # ... while one reaching into those whole transactions stops the applier.
+    app.take(db, 4, _batch(db, _txn(db, 400, range(40, 41)), end=450, complete=True, start=(400, 0)))
+    app.take(db, 5, _batch(db, _txn(db, 500, range(50, 52)), end=550, complete=False, start=(500, 0),
+                           stop=(500, 2), frag=0))
+    with pytest.raises(TerminalError, match="sent changes again"):
+        app.take(db, 6, _batch(db, _txn(db, 400, range(40, 41)), end=600, complete=True, start=(400, 0)))
