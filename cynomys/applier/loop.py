@@ -308,15 +308,15 @@ class Applier:
 
 
 def _after_ddl(ddl: Change, batch: Batch) -> Position:
-    """Where the DDL's transaction ends: the next change's start, or the
-    batch end when the DDL is its last change."""
-    seen = False
-    for c in batch.changes:
-        if seen:
-            return c.txn
-        if c is ddl:
-            seen = True
-    return batch.end
+    """How far the source is applied once the DDL ran: up to the earliest
+    transaction among the changes after it, or the batch end when none
+    follows.  The earliest, not the next in the list: a net change sits
+    where its key was first changed but carries the transaction of its last
+    change, and the state must not claim transactions whose other changes
+    (keyless rows, other keys) are still only in the buffer."""
+    at = next(i for i, c in enumerate(batch.changes) if c is ddl)
+    after = [c.txn for c in batch.changes[at + 1:]]
+    return min(after, key=Position.sort_key) if after else batch.end
 
 
 def run_applier(cfg: Config, stop: threading.Event, *, until_idle_s: float = 0.0) -> ApplierStats:

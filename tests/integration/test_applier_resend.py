@@ -33,10 +33,13 @@ def _applier(tmp_path: Path, mariadb: MariaDBServer) -> tuple[Applier, str]:
                         security={k: str(v) for k, v in keys.items()},
                         applier={"buffer_rows": 100_000, "max_delay_ms": 600_000},
                         target={"kind": "columnstore", "url": mariadb.url, "engine": "InnoDB"})
-    cfg: Config = load_config(path, env={})
+    return _open(load_config(path, env={})), db
+
+
+def _open(cfg: Config) -> Applier:
     app = Applier(cfg, open_target(cfg), make_subscriber(cfg), make_opener(cfg))
     app.start()
-    return app, db
+    return app
 
 
 def _txn(db: str, at: int, ids: range) -> list[Change]:
@@ -124,3 +127,27 @@ def test_a_resend_drops_only_its_earlier_attempt_not_the_whole_transactions_befo
                            stop=(500, 2), frag=0))
     with pytest.raises(TerminalError, match="sent changes again"):
         app.take(db, 6, _batch(db, _txn(db, 400, range(40, 41)), end=600, complete=True, start=(400, 0)))
+
+
+def test_an_applier_killed_right_after_a_ddl_loses_nothing_of_its_envelope(
+        mariadb: MariaDBServer, tmp_path: Path) -> None:
+    """The state recorded after a DDL said "applied up to the next change's
+    transaction"; the next change was a net change folded from a later
+    transaction, so after a crash there the changes of the transactions in
+    between were filtered out as applied (keyless rows lost in the kill test)."""
+    app, db = _applier(tmp_path, mariadb)
+    ddl = Change(Op.DDL, db, "", "0-1-10", Position(F, 10), 1, sql=f"CREATE TABLE {db}.x (a INT)")
+    t20 = _txn(db, 20, range(0, 1))                      # key 0 inserted, and a keyless row
+    t30 = _txn(db, 30, range(5, 6))
+    upd = [Change(Op.UPDATE, db, "t", "0-1-40", Position(F, 40), 1, t20[0].schema, (0, 20), (0, 40))]
+    from cynomys.reducer.fold import fold
+    changes = fold([ddl, *t20, *t30, *upd])
+    assert changes[1].txn == Position(F, 40)  # the first net change after the DDL: key 0, folded from T20 and T40
+    batch = _batch(db, changes, end=50, complete=True, start=(10, 0))
+    app.take(db, 1, batch)                    # the DDL runs and commits its state; the rest is buffered
+    app.sub.close()
+    app.target.close()                        # killed before the flush
+    app2 = _open(app.cfg)
+    app2.take(db, 1, batch)
+    app2.flush()
+    assert _rows(mariadb, db) == ([(0, 40), (5, 30)], [(20, 1), (30, 1)])
