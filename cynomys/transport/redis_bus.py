@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from typing import Any, Sequence
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -88,12 +89,53 @@ class TransportRejectedError(TerminalError):
     """Redis refused a command for a reason retrying will not fix."""
 
 
-def _client(url: str, socket_timeout: float) -> redis.Redis:
+# Query parameters accepted in [transport] url.  redis-py passes any other
+# name on to the connection class, where it fails with a TypeError at the
+# first command, far from the config; we refuse it up front instead.
+_URL_OPTIONS = frozenset({
+    "db", "username", "password", "protocol", "client_name", "socket_timeout", "socket_connect_timeout",
+    "socket_keepalive", "retry_on_timeout", "health_check_interval", "max_connections",
+    "ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile", "ssl_password", "ssl_cert_reqs",
+    "ssl_check_hostname", "ssl_min_version",
+})
+# The names [source] and the target URLs use for the same TLS files.
+_URL_ALIASES = {"ssl_ca": "ssl_ca_certs", "ssl_cert": "ssl_certfile", "ssl_key": "ssl_keyfile"}
+
+
+def _normalize_url(url: str) -> str:
+    """``url`` with our TLS aliases renamed to redis-py's names; a ConfigError
+    for options redis-py would only trip over at the first command."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ConfigError(f"[transport] url {redact_url(url)} is not a Redis URL (scheme {parts.scheme!r})",
+                          hint="use redis://[user:password@]host:port/db, or rediss://... for TLS")
+    out: list[str] = []
+    for param in parts.query.split("&") if parts.query else []:
+        name, eq, value = param.partition("=")
+        name = _URL_ALIASES.get(name, name)
+        if name not in _URL_OPTIONS:
+            # Not the URL itself: a misspelt "pasword=" would not be redacted.
+            raise ConfigError(f"[transport] url has an unknown option {name!r}",
+                              hint="known options: " + ", ".join(sorted({*_URL_OPTIONS, *_URL_ALIASES})))
+        if name.startswith("ssl_") and parts.scheme != "rediss":
+            raise ConfigError(f"[transport] url {redact_url(url)}: {name} needs TLS",
+                              hint="use rediss:// for a TLS connection to Redis")
+        if name == "ssl_cert_reqs" and value.lower() not in ("none", "optional", "required"):
+            raise ConfigError(f"[transport] url {redact_url(url)}: ssl_cert_reqs={value!r}",
+                              hint="use ssl_cert_reqs=required (the default) or leave it out")
+        out.append(f"{name}{eq}{value}")
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, "&".join(out), parts.fragment))
+
+
+def redis_client(url: str, socket_timeout: float) -> redis.Redis:
+    """A client for ``url`` (redis://, or rediss:// with certificate and host
+    name verification on unless the URL says ssl_cert_reqs=none); a
+    malformed URL is a ConfigError naming it, password redacted."""
     try:
         # retry=0: our own loops own the retry policy (and log each attempt);
         # redis-py's built-in retries would hide outages and delay `stop`.
         return redis.Redis.from_url(
-            url,
+            _normalize_url(url),
             socket_timeout=socket_timeout,
             socket_connect_timeout=5.0,
             health_check_interval=30,
@@ -102,6 +144,9 @@ def _client(url: str, socket_timeout: float) -> redis.Redis:
     except ValueError as exc:
         raise ConfigError(f"[transport] url {redact_url(url)} is not a valid Redis URL: {exc}",
                           hint="use redis://[user:password@]host:port/db or rediss://... for TLS") from None
+
+
+_client = redis_client
 
 
 def translate(exc: redis.RedisError, url: str, doing: str) -> CynomysError:
@@ -116,7 +161,8 @@ def translate(exc: redis.RedisError, url: str, doing: str) -> CynomysError:
         # OOM: the stream is full of entries no applier has acknowledged;
         # waiting for the applier is the right reaction (back-pressure).
         # READONLY/MASTERDOWN: a failover is in progress.  BUSY: a slow script.
-        return TransportUnavailableError(f"Redis at {where} unavailable while {doing}: {exc}")
+        return TransportUnavailableError(f"Redis at {where} unavailable while {doing}: {exc}",
+                                         hint="start Redis, or check host, port and TLS in [transport] url")
     if "WRONGTYPE" in str(exc):
         return ConfigError(f"Redis at {where}: a key used by the transport holds another type ({doing}): {exc}",
                            hint="choose another [transport] stream name or delete the key")
