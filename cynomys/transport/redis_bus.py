@@ -289,6 +289,8 @@ class RedisStreamPublisher(_RedisPublisherBase):
         trim less (whole nodes only), never more."""
         stream = self._cfg.stream
         try:
+            if not self._r.exists(stream):
+                return 0  # deleted meanwhile: nothing to trim (XINFO would say "no such key")
             groups = self._r.xinfo_groups(stream)
             if not groups:
                 if not self._warned_no_group:
@@ -446,11 +448,21 @@ class RedisStreamSubscriber:
             self._recovering = True
             self._took_over = False
             self._pel_cursor = "0"
-            if "NOGROUP" in str(exc):
+            text = str(exc)
+            if "NOGROUP" in text or "UNBLOCKED" in text or "no such key" in text:
+                # The stream (and with it the group) was deleted or lost:
+                # by hand (DEL), a FLUSHALL, a Redis restarted without
+                # persistence.  Not terminal: the group is recreated and the
+                # producer's next XADD recreates the stream.  What the stream
+                # held unacknowledged is gone; the sequence check reports it.
                 self._group_ready = False
+                log.error("stream %s or its consumer group %s vanished at %s (%s): recreating the group; "
+                          "entries not yet acknowledged are lost with it, and the applier reports any "
+                          "missing sequence numbers", self._stream, self._group, self._url, text)
                 raise TransportUnavailableError(
-                    f"consumer group {self._group} of stream {self._stream} at {self._url} vanished "
-                    "(Redis restarted without persistence?); it will be recreated") from exc
+                    f"stream {self._stream} or its consumer group {self._group} at {self._url} vanished "
+                    "(deleted, flushed, or Redis restarted without persistence); it will be recreated",
+                    hint="nothing to do if the stream was reset on purpose; otherwise find who deletes it") from exc
             raise translate(exc, self._cfg.url, f"reading stream {self._stream}") from exc
 
     def _ensure_group(self) -> None:
@@ -473,14 +485,35 @@ class RedisStreamSubscriber:
             entry_id = _text(raw_id)
             if entry_id in self._in_flight:
                 continue
-            if not fields or b"env" not in fields:
+            if not fields:
+                # XREADGROUP/XCLAIM return an id without fields for an entry
+                # that was XDEL'd while pending.
                 gone.append(entry_id)
+                continue
+            if b"env" not in fields:
+                # Present but not ours (another writer, a tool, a bug): set
+                # it aside where it can be inspected, never acknowledge it
+                # as if nothing happened.
+                self._dead_letter_foreign(entry_id, fields)
                 continue
             self._in_flight.add(entry_id)
             out.append(Delivery(entry_id, bytes(fields[b"env"]), redelivered))
         if gone:
             self._drop_deleted(gone)
         return out
+
+    def _dead_letter_foreign(self, entry_id: str, fields: dict[Any, Any]) -> None:
+        names = ", ".join(sorted(_text(k) for k in fields))
+        reason = f"no-envelope-field: the entry has fields [{names}] and no 'env'"
+        dead = self._dead.fields(Delivery(entry_id, b""), reason, self._stream, self.consumer)
+        # The entry's own fields travel along (prefixed), for whoever inspects it.
+        dead.update({f"orig.{_text(k)}": v for k, v in fields.items()})
+        with self._r.pipeline(transaction=True) as pipe:
+            pipe.xadd(self._dead.stream, dead, maxlen=self._dead.cap, approximate=True)
+            pipe.xack(self._stream, self._group, entry_id)
+            pipe.execute()
+        log.error("stream %s: entry %s is not a Cynomys envelope (fields: %s); dead-lettered to %s",
+                  self._stream, entry_id, names, self._dead.stream)
 
     def _drop_deleted(self, ids: list[str]) -> None:
         # An entry deleted while pending cannot be redelivered; acknowledge it

@@ -453,3 +453,57 @@ def test_lost_reply_entries_come_back_first(redis_url: str, crypto: Crypto) -> N
     assert app.redelivered == 3
     pub.close()
     sub.close()
+
+
+# --- issue #13, item 7: a stream deleted under the applier, foreign entries ------
+
+def test_stream_deleted_under_a_blocked_reader_is_transient(redis_url: str, crypto: Crypto,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    pub, sub = open_publisher(cfg(redis_url)), open_subscriber(cfg(redis_url), "applier-1")
+    app = Applier(crypto.opener)
+    publish_all(pub, crypto.sealer, 3)
+    drain(sub, app, 3)
+
+    def delete_soon() -> None:
+        time.sleep(0.5)
+        with redis.Redis.from_url(redis_url) as r:
+            r.delete(STREAM)
+
+    killer = threading.Thread(target=delete_soon)
+    killer.start()
+    # Redis answers the blocked XREADGROUP with "UNBLOCKED the stream key no
+    # longer exists": before the fix a terminal TransportRejectedError.
+    with caplog.at_level(logging.ERROR, logger="cynomys.transport.redis_bus"):
+        with pytest.raises(TransportUnavailableError, match="vanished") as ei:
+            sub.read(10, 5000)
+    killer.join()
+    assert ei.value.transient
+    assert any("recreating the group" in r.getMessage() for r in caplog.records)
+    # The producer goes on; the same subscriber picks up where the stream restarts.
+    for s in range(4, 7):
+        pub.publish(PID, s, crypto.sealer.seal(row_payload(s), s))
+    drain(sub, app, 6)
+    assert app.applied == [1, 2, 3, 4, 5, 6]
+    pub.close()
+    sub.close()
+
+
+def test_entry_without_envelope_field_is_dead_lettered(redis_url: str, crypto: Crypto) -> None:
+    pub, sub = open_publisher(cfg(redis_url)), open_subscriber(cfg(redis_url), "applier-1")
+    app = Applier(crypto.opener)
+    pub.publish(PID, 1, crypto.sealer.seal(row_payload(1), 1))
+    with redis.Redis.from_url(redis_url) as r:
+        foreign = r.xadd(STREAM, {"producer": PID, "seq": 2, "payload": b"not an envelope"}).decode()
+    pub.publish(PID, 2, crypto.sealer.seal(row_payload(2), 2))
+    drain(sub, app, 2)
+    assert app.applied == [1, 2]
+    with redis.Redis.from_url(redis_url) as r:
+        dead = r.xrange(f"{STREAM}:dead")
+        assert len(dead) == 1
+        fields = dead[0][1]
+        assert fields[b"id"].decode() == foreign
+        assert fields[b"reason"].startswith(b"no-envelope-field") and b"payload" in fields[b"reason"]
+        assert fields[b"orig.payload"] == b"not an envelope"
+        assert r.xpending(STREAM, "cynomys-appliers")["pending"] == 0
+    pub.close()
+    sub.close()
