@@ -156,6 +156,12 @@ def translate(exc: redis.RedisError, url: str, doing: str) -> CynomysError:
                         redis.exceptions.NoPermissionError)):
         return ConfigError(f"Redis at {where} refused our credentials while {doing}: {exc}",
                            hint="set user and password in [transport] url (or CYNOMYS_TRANSPORT_URL)")
+    if "CERTIFICATE_VERIFY_FAILED" in str(exc) or "certificate verify failed" in str(exc):
+        # rediss:// verifies the server's certificate and host name; a
+        # mismatch does not heal by retrying.
+        return ConfigError(f"Redis at {where} presented a TLS certificate that does not verify: {exc}",
+                           hint="add ?ssl_ca=/path/ca.pem (the CA that signed Redis's certificate) to [transport] "
+                                "url, and use a host name the certificate holds")
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOnlyError,
                         redis.exceptions.OutOfMemoryError)) or str(exc).startswith(_TRANSIENT_REPLIES):
         # OOM: the stream is full of entries no applier has acknowledged;

@@ -507,3 +507,26 @@ def test_entry_without_envelope_field_is_dead_lettered(redis_url: str, crypto: C
         assert r.xpending(STREAM, "cynomys-appliers")["pending"] == 0
     pub.close()
     sub.close()
+
+
+def test_rediss_verifies_the_server_certificate(tmp_path: Path, crypto: Crypto) -> None:
+    from tests.servers.tls import make_tls_files
+
+    srv = RedisServer(tmp_path / "r", tls=True)
+    try:
+        assert srv.tls is not None
+        base = f"rediss://127.0.0.1:{srv.port}/0"
+        # ssl_ca: the name [source] and the target URLs use (redis-py's is ssl_ca_certs).
+        pub = open_publisher(cfg(f"{base}?ssl_ca={srv.tls.ca_cert}"))
+        pub.publish(PID, 1, crypto.sealer.seal(row_payload(1), 1))
+        assert pub.last_sequence(PID) == 1
+        pub.close()
+        stranger = make_tls_files(tmp_path / "other-ca")
+        for url in (base, f"{base}?ssl_ca={stranger.ca_cert}"):  # system CAs; another CA
+            with pytest.raises(ConfigError, match="does not verify") as ei:
+                open_publisher(cfg(url)).last_sequence(PID)
+            assert ei.value.hint is not None and "ssl_ca" in ei.value.hint
+        with pytest.raises(ConfigError, match="needs TLS"):
+            open_publisher(cfg(f"redis://127.0.0.1:{srv.port}/0?ssl_ca={srv.tls.ca_cert}"))
+    finally:
+        srv.close()
