@@ -132,14 +132,21 @@ def redis_client(url: str, socket_timeout: float) -> redis.Redis:
     name verification on unless the URL says ssl_cert_reqs=none); a
     malformed URL is a ConfigError naming it, password redacted."""
     try:
+        normalized = _normalize_url(url)
+        tls: dict[str, Any] = {}
+        if normalized.startswith("rediss:"):
+            # Host name checking became redis-py's default only in 6.0; we
+            # accept redis>=5, so ask for it (an explicit URL option wins).
+            tls["ssl_check_hostname"] = True
         # retry=0: our own loops own the retry policy (and log each attempt);
         # redis-py's built-in retries would hide outages and delay `stop`.
         return redis.Redis.from_url(
-            _normalize_url(url),
+            normalized,
             socket_timeout=socket_timeout,
             socket_connect_timeout=5.0,
             health_check_interval=30,
             retry=Retry(NoBackoff(), 0),
+            **tls,
         )
     except ValueError as exc:
         raise ConfigError(f"[transport] url {redact_url(url)} is not a valid Redis URL: {exc}",
