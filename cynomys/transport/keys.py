@@ -122,6 +122,10 @@ def _make_key_dir(out_dir: Path) -> None:
         raise _os_error(exc, f"cannot create the key directory {out_dir}", out_dir) from None
     if not stat.S_ISDIR(st.st_mode):
         raise ConfigError(f"{out_dir} is not a directory", hint="pass --out a directory for the key files")
+    if st.st_uid not in (os.geteuid(), 0):
+        # Its owner can rename our files away and put its own keys in place.
+        raise ConfigError(f"key directory {out_dir} belongs to another user (uid {st.st_uid})",
+                          hint=f"pass --out a directory of your own (uid {os.geteuid()}), or a new one")
     if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
         raise ConfigError(
             f"key directory {out_dir} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})",

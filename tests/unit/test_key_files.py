@@ -85,3 +85,13 @@ def test_allow_readable_private_keys_warns_instead(tmp_path: Path, caplog: pytes
     assert key is not None
     assert any("accessible by group or others" in r.getMessage() and str(priv) in r.getMessage()
                for r in caplog.records)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a directory owned by another user needs root")
+def test_keygen_refuses_a_directory_of_another_user(tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 65534, 65534)  # nobody: could swap our key files for its own
+    with pytest.raises(ConfigError, match="belongs to another user"):
+        generate_keys(theirs, rsa_bits=2048)
+    assert list(theirs.iterdir()) == []
