@@ -96,7 +96,7 @@ _URL_OPTIONS = frozenset({
     "db", "username", "password", "protocol", "client_name", "socket_timeout", "socket_connect_timeout",
     "socket_keepalive", "retry_on_timeout", "health_check_interval", "max_connections",
     "ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile", "ssl_password", "ssl_cert_reqs",
-    "ssl_check_hostname", "ssl_min_version",
+    "ssl_check_hostname",
 })
 # The names [source] and the target URLs use for the same TLS files.
 _URL_ALIASES = {"ssl_ca": "ssl_ca_certs", "ssl_cert": "ssl_certfile", "ssl_key": "ssl_keyfile"}
