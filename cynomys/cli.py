@@ -232,6 +232,13 @@ def _log_peak_memory() -> None:
     log.info("peak RSS %.1f MB (ru_maxrss)", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
+def _one_line(exc: CynomysError) -> str:
+    """The problem and its fix on one line (log collectors and shells keep
+    lines together; a driver's multi-line message is folded too)."""
+    text = exc.message if exc.hint is None else f"{exc.message} (fix: {exc.hint})"
+    return " ".join(text.split())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
@@ -241,10 +248,10 @@ def main(argv: list[str] | None = None) -> int:
             _log_peak_memory()
         return rc
     except ConfigError as exc:
-        print(f"cynomys: configuration error: {exc}", file=sys.stderr)
+        print(f"cynomys: configuration error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except CynomysError as exc:
-        print(f"cynomys: {'transient' if exc.transient else 'terminal'} error: {exc}", file=sys.stderr)
+        print(f"cynomys: {'transient' if exc.transient else 'terminal'} error: {_one_line(exc)}", file=sys.stderr)
         return 3
     except KeyboardInterrupt:
         return 0

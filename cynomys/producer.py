@@ -477,7 +477,7 @@ class SealedSink:
             cfg.producer.id, cfg.transport.stream,
             load_public_key(cfg.resolve(sec.applier_public_key), config_key="applier_public_key"),
             load_private_key(cfg.resolve(sec.producer_private_key), sec.passphrase or None,
-                             config_key="producer_private_key"),
+                             config_key="producer_private_key", allow_readable=sec.allow_readable_private_keys),
             rotate_envelopes=cfg.transport.key_rotate_envelopes, rotate_seconds=cfg.transport.key_rotate_seconds)
         tcfg = cfg.transport
         if tcfg.kind == "file":

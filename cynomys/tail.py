@@ -26,21 +26,32 @@ log = logging.getLogger(__name__)
 def _stream_envelopes(cfg: Config, stop: threading.Event, follow: bool) -> Iterator[bytes]:
     import redis
 
-    r = redis.Redis.from_url(cfg.transport.url)
+    from cynomys.transport.redis_bus import SUBSCRIBE_SOCKET_TIMEOUT_S, redis_client, translate
+
+    # The transport's own client: URL checked, TLS verified, errors (Redis
+    # down, wrong password) translated into one-line Cynomys errors.
+    r = redis_client(cfg.transport.url, SUBSCRIBE_SOCKET_TIMEOUT_S)
+    stream = cfg.transport.stream
     last = "0-0"
     entries: list[Any]
-    while not stop.is_set():
-        if follow:
-            reply: Any = r.xread({cfg.transport.stream: last}, count=100, block=500)
-            entries = reply[0][1] if reply else []
-        else:
-            entries = list(r.xrange(cfg.transport.stream, min="(" + last if last != "0-0" else "-", count=100))  # type: ignore[arg-type]
-            if not entries:
+    try:
+        while not stop.is_set():
+            try:
+                if follow:
+                    reply: Any = r.xread({stream: last}, count=100, block=500)
+                    entries = reply[0][1] if reply else []
+                else:
+                    entries = list(r.xrange(stream, min="(" + last if last != "0-0" else "-", count=100))  # type: ignore[arg-type]
+            except redis.RedisError as exc:
+                raise translate(exc, cfg.transport.url, f"reading stream {stream}") from None
+            if not entries and not follow:
                 return
-        for entry_id, fields in entries:
-            last = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-            if b"env" in fields:
-                yield bytes(fields[b"env"])
+            for entry_id, fields in entries:
+                last = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+                if b"env" in fields:
+                    yield bytes(fields[b"env"])
+    finally:
+        r.close()
 
 
 def _other_envelopes(cfg: Config, stop: threading.Event, follow: bool) -> Iterator[bytes]:

@@ -54,9 +54,10 @@ def make_opener(cfg: Config) -> Opener:
         raise ConfigError(f"[security] applier_private_key and producer_public_key must be set in {cfg.path}",
                           hint="copy the files written by `cynomys keygen` and point [security] at them")
     priv = load_private_key(cfg.resolve(sec.applier_private_key), sec.passphrase or None,
-                            config_key="applier_private_key")
+                            config_key="applier_private_key", allow_readable=sec.allow_readable_private_keys)
     pub = load_public_key(cfg.resolve(sec.producer_public_key), config_key="producer_public_key")
-    return Opener(priv, {cfg.producer.id: pub}, cfg.transport.stream)
+    return Opener(priv, {cfg.producer.id: pub}, cfg.transport.stream,
+                  max_payload_bytes=cfg.transport.max_envelope_bytes)
 
 
 def make_subscriber(cfg: Config) -> Subscriber:

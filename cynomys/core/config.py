@@ -34,6 +34,10 @@ def _one_of(*choices: str) -> dict[str, Any]:
 _POSITIVE = _check(lambda v: v > 0, "a positive number")
 _NON_NEGATIVE = _check(lambda v: v >= 0, "a number >= 0")
 _SECRET: dict[str, Any] = {"secret": True}
+# A file path taken relative to the config file's folder when loaded (for
+# values handed to code that never sees the Config, e.g. TLS files of the
+# source connection, which the parser and the snapshot open).
+_PATH: dict[str, Any] = {"path": True}
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,13 @@ class SourceConfig:
     use_gtid: bool = False
     connect_timeout_s: float = field(default=10.0, metadata=_POSITIVE)
     heartbeat_s: float = field(default=5.0, metadata=_POSITIVE)
+    # TLS to the source: on when any of the three is set, for every source
+    # connection (settings, binlog stream, snapshots).  The server
+    # certificate is always verified (against ssl_ca, or the system CAs when
+    # only a client certificate is given) and must name [source] host.
+    ssl_ca: str = field(default="", metadata=_PATH)
+    ssl_cert: str = field(default="", metadata=_PATH)
+    ssl_key: str = field(default="", metadata=_PATH)
 
 
 @dataclass(frozen=True)
@@ -85,6 +96,10 @@ class TransportConfig:
     max_stream_len: int = field(default=100_000, metadata=_POSITIVE)
     consumer_group: str = "cynomys-appliers"
     dead_letter_stream: str = ""  # default: "<stream>:dead"
+    # Largest payload an envelope may open to (bytes after gunzip).  The
+    # signature already keeps strangers away from the decompressor; this
+    # bounds what a signed envelope can cost the applier in memory.
+    max_envelope_bytes: int = field(default=64 * 1024 * 1024, metadata=_POSITIVE)
 
 
 @dataclass(frozen=True)
@@ -99,6 +114,9 @@ class SecurityConfig:
     applier_private_key: str = ""
     producer_public_key: str = ""
     passphrase: str = field(default="", repr=False, metadata=_SECRET)
+    # A private key file group or others can access is refused; true only
+    # warns (for key stores whose permissions cannot be changed).
+    allow_readable_private_keys: bool = False
 
 
 @dataclass(frozen=True)
@@ -210,7 +228,7 @@ def _expected(tp: Any) -> str:
     return _TYPE_WORDS[tp]
 
 
-def _from_env(raw: str, tp: Any, name: str, where: str) -> Any:
+def _from_env(raw: str, tp: Any, name: str, where: str, secret: bool = False) -> Any:
     """Parse an environment override into the field's type."""
     try:
         if tp is bool:
@@ -229,7 +247,8 @@ def _from_env(raw: str, tp: Any, name: str, where: str) -> Any:
             return [s.strip() for s in raw.split(",") if s.strip()]
     except ValueError:
         pass
-    raise ConfigError(f"environment variable {name} (for {where}): expected {_expected(tp)}, got {raw!r}")
+    raise ConfigError(f"environment variable {name} (for {where}): expected {_expected(tp)}, "
+                      f"got {'***' if secret else repr(raw)}")
 
 
 def _build(cls: type, data: Mapping[str, Any], section: str, file: str, env: Mapping[str, str]) -> Any:
@@ -254,19 +273,22 @@ def _build(cls: type, data: Mapping[str, Any], section: str, file: str, env: Map
             kwargs[name] = _build(typing.cast(type, tp), raw, sub, file, env)
             continue
         env_name = "CYNOMYS_" + sub.replace(".", "_").upper()
+        secret = bool(f.metadata.get("secret"))
         if env_name in env:
-            value = _from_env(env[env_name], tp, env_name, where)
+            value = _from_env(env[env_name], tp, env_name, where, secret)
         elif name in data:
             value = data[name]
             if not _type_ok(value, tp):
-                raise ConfigError(f"{where} in {file}: expected {_expected(tp)}, got {value!r}")
+                # A password of the wrong type is still a password: name its type only.
+                shown = f"a {type(value).__name__}" if secret else repr(value)
+                raise ConfigError(f"{where} in {file}: expected {_expected(tp)}, got {shown}")
             if tp is float:
                 value = float(value)
         else:
             continue
         check: Check | None = f.metadata.get("check")
         if check is not None and not check[0](value):
-            shown = "***" if f.metadata.get("secret") else repr(value)
+            shown = "***" if secret else repr(value)
             raise ConfigError(f"{where} in {file}: expected {check[1]}, got {shown}")
         kwargs[name] = value
     return cls(**kwargs)
@@ -283,7 +305,36 @@ def load_config(path: str | os.PathLike[str] | None, env: Mapping[str, str] | No
             data = tomllib.load(fh)
     except FileNotFoundError:
         raise ConfigError(f"config file {file} not found", hint="pass -c PATH to an existing TOML file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {file} is a directory", hint="pass -c the TOML file itself") from None
+    except PermissionError:
+        raise ConfigError(f"config file {file} cannot be read: permission denied",
+                          hint="let this user read it (chmod/chown), or run as its owner") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {file} cannot be read: {exc.strerror or exc}",
+                          hint="pass -c PATH to a readable TOML file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {file} is not UTF-8 text (byte {exc.start}: {exc.reason})",
+                          hint="save it as UTF-8 (TOML files are UTF-8)") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {file} is not valid TOML: {exc}") from None
     cfg = _build(Config, data, "", file, env)
-    return dataclasses.replace(cfg, path=os.path.abspath(file))
+    return _resolve_paths(dataclasses.replace(cfg, path=os.path.abspath(file)))
+
+
+def _resolve_paths(cfg: Any) -> Any:
+    """Fields marked as paths, made absolute against the config file's folder."""
+    changes: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            sub = _resolve_paths_in(value, cfg)
+            if sub is not value:
+                changes[f.name] = sub
+    return dataclasses.replace(cfg, **changes) if changes else cfg
+
+
+def _resolve_paths_in(section: Any, cfg: Config) -> Any:
+    changes = {f.name: str(cfg.resolve(getattr(section, f.name))) for f in dataclasses.fields(section)
+               if f.metadata.get("path") and getattr(section, f.name)}
+    return dataclasses.replace(section, **changes) if changes else section

@@ -17,6 +17,7 @@ from pymysqlreplication import event as rp_event
 from pymysqlreplication import row_event as rp_row
 
 from cynomys.core.config import SourceConfig
+from cynomys.core.tls import source_connect_args, source_tls_error
 from cynomys.core.errors import (
     PositionLostError,
     SourceConfigError,
@@ -85,6 +86,9 @@ class TableFilter:
 
 
 def _translate(exc: pymysql.err.MySQLError, cfg: SourceConfig, what: str) -> Exception:
+    tls = source_tls_error(exc, cfg)
+    if tls is not None:
+        return tls
     code = exc.args[0] if exc.args else 0
     if code == _POSITION_LOST:
         return PositionLostError(
@@ -105,7 +109,7 @@ class SourceInspector:
         try:
             self.conn = pymysql.connect(host=cfg.host, port=cfg.port, user=cfg.user, password=cfg.password,
                                         connect_timeout=int(cfg.connect_timeout_s), autocommit=True,
-                                        charset="utf8mb4")
+                                        charset="utf8mb4", **source_connect_args(cfg))
         except pymysql.err.MySQLError as exc:
             raise _translate(exc, cfg, "a connection") from None
 
@@ -202,7 +206,7 @@ class BinlogSource:
         self.filter = table_filter or TableFilter(cfg.include_tables, cfg.exclude_tables)
         self.decoders: dict[int, tuple[Any, TableDecoder, TableSchema]] = {}
         settings = {"host": cfg.host, "port": cfg.port, "user": cfg.user, "password": cfg.password,
-                    "connect_timeout": int(cfg.connect_timeout_s)}
+                    "connect_timeout": int(cfg.connect_timeout_s), **source_connect_args(cfg)}
         # mysql-replication's MariaDB dump request ignores log_file/log_pos
         # (it asks for position 4 of an empty file name: the oldest binlog),
         # so file/pos resumption must use the classic COM_BINLOG_DUMP, which

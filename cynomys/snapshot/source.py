@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import pymysql
 
 from cynomys.core.config import SourceConfig
+from cynomys.core.tls import source_connect_args, source_tls_error
 from cynomys.core.errors import CynomysError, SourceUnavailableError
 from cynomys.core.model import Position
 from cynomys.snapshot.columns import TableInfo, table_info
@@ -30,6 +31,9 @@ _SYSTEM_SCHEMAS = ("mysql", "information_schema", "performance_schema", "sys")
 
 
 def translate(exc: pymysql.err.MySQLError, cfg: SourceConfig, what: str) -> CynomysError:
+    tls = source_tls_error(exc, cfg)
+    if tls is not None:
+        return tls
     code = exc.args[0] if exc.args else 0
     if code in _CONNECTION_ERRORS or (isinstance(exc, pymysql.err.OperationalError) and isinstance(code, int)
                                       and code >= 2000):
@@ -48,7 +52,8 @@ class SnapshotConnection:
         try:
             self.conn = pymysql.connect(
                 host=cfg.host, port=cfg.port, user=cfg.user, password=cfg.password,
-                connect_timeout=int(cfg.connect_timeout_s), autocommit=True, charset="utf8mb4")
+                connect_timeout=int(cfg.connect_timeout_s), autocommit=True, charset="utf8mb4",
+                **source_connect_args(cfg))
         except pymysql.err.MySQLError as exc:
             raise translate(exc, cfg, "a connection") from None
         self.query("SET time_zone = '+00:00'")

@@ -83,16 +83,33 @@ class Backoff:
         self._next = self._first
 
 
+# Query parameters whose value is a secret (redis-py reads ?password=...,
+# pymysql-style URLs ?ssl_password=..., tokens in REST catalog URLs).
+_SECRET_PARAM_WORDS = ("pass", "pwd", "secret", "token", "auth", "credential")
+
+
 def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ***, fit for logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    user = parts.username or ""
-    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
+    """``url`` with any password replaced by ***, fit for logs: the one in
+    ``user:password@`` and any secret-looking query parameter.  Works on
+    malformed URLs too (a bad port must not crash the error message that
+    reports it), so it never uses urlsplit's port parsing."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    netloc = parts.netloc
+    userinfo, at, hostport = netloc.rpartition("@")
+    if at and ":" in userinfo:
+        netloc = f"{userinfo.split(':', 1)[0]}:***@{hostport}"
+    query = "&".join(_redact_param(p) for p in parts.query.split("&")) if parts.query else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _redact_param(param: str) -> str:
+    name, eq, _ = param.partition("=")
+    if eq and any(w in name.lower() for w in _SECRET_PARAM_WORDS):
+        return f"{name}=***"
+    return param
 
 
 def _file_path(cfg: TransportConfig) -> Path:

@@ -68,6 +68,11 @@ _GZIP_WBITS = 31
 # live key at a time; a few hundred covers many producers and old keys still
 # in flight after a rotation.
 _KEY_CACHE_SIZE = 256
+# Default bound of an opened payload ([transport] max_envelope_bytes): gzip
+# turns ~1 MB into ~1 GB of zeros, and a payload is decoded into Python
+# objects several times its size, so "whatever the producer signed" is not
+# a bound an applier can live with.
+DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
 
 _U8 = struct.Struct(">B")
 _U16 = struct.Struct(">H")
@@ -295,7 +300,13 @@ class Opener:
         applier_private_key: PrivateKey,
         producer_public_keys: Mapping[str, PublicKey],
         stream: str,
+        *,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
+        if max_payload_bytes <= 0:
+            raise ConfigError(f"max_envelope_bytes {max_payload_bytes} is invalid",
+                              hint="set [transport] max_envelope_bytes to a positive number")
+        self.max_payload_bytes = max_payload_bytes
         self._rsa = require_rsa_private(applier_private_key, "the applier's private key")
         self._verifiers: dict[str, ed25519.Ed25519PublicKey] = {
             pid: require_ed25519_public(k, f"public key of producer {pid!r}") for pid, k in producer_public_keys.items()
@@ -343,14 +354,28 @@ class Opener:
             compressed = aes.decrypt(p.nonce, p.ciphertext, p.header_bytes)
         except InvalidTag:
             raise _reject("decrypt-failed", f"{who}: AES-GCM authentication failed") from None
+        payload = self._gunzip(compressed, who)
+        return Opened(h.version, h.producer_id, h.stream, h.seq, h.key_id, h.sealed_at_ms, payload)
+
+    def _gunzip(self, compressed: bytes, who: str) -> bytes:
+        """Decompress at most max_payload_bytes; one byte more is a rejection,
+        decided before the rest is ever inflated."""
+        limit = self.max_payload_bytes
         try:
             d = zlib.decompressobj(_GZIP_WBITS)
-            payload = d.decompress(compressed) + d.flush()
+            payload = d.decompress(compressed, limit + 1)
+            if len(payload) <= limit and not d.unconsumed_tail:
+                payload += d.flush()
+            if len(payload) > limit or d.unconsumed_tail:
+                raise _reject("too-large",
+                              f"{who}: payload opens to more than {limit} bytes ([transport] max_envelope_bytes)",
+                              hint="if the producer really sends batches this large, raise [transport] "
+                                   "max_envelope_bytes on the applier (or lower [producer] batch_max_events)")
             if not d.eof or d.unused_data:
                 raise zlib.error("incomplete or trailing gzip data")
         except zlib.error as exc:
             raise _reject("gunzip-failed", f"{who}: payload is not valid gzip ({exc})") from None
-        return Opened(h.version, h.producer_id, h.stream, h.seq, h.key_id, h.sealed_at_ms, payload)
+        return payload
 
     def _data_key(self, h: EnvelopeHeader, wrapped: bytes, who: str) -> AESGCM:
         cache_key = (h.producer_id, h.key_id)

@@ -41,6 +41,12 @@ _U64 = struct.Struct(">Q")
 _POLL_S = 0.02
 # The smallest possible body: producer_len + 1-byte producer + seq + crc.
 _MIN_BODY = 1 + 1 + 8 + 4
+# After a damaged record, the subscriber keeps handing out nothing (instead
+# of failing) until the records before it are acknowledged, so the applier
+# commits them first; an applier that never acknowledges them (they end in a
+# transaction the damaged record would have finished) gets the error after
+# this long.
+DAMAGE_GRACE_S = 30.0
 
 
 class CorruptTransportFile(TerminalError):
@@ -197,6 +203,9 @@ class FileSubscriber:
         self._outstanding: OrderedDict[int, int] = OrderedDict()  # start -> end, in file order
         self._acked: set[int] = set()
         self._fd: int | None = None
+        # A damaged record at _read_pos: raised once what precedes it is acked.
+        self._damage: CorruptTransportFile | None = None
+        self._damage_seen_at = 0.0
 
     def _load_offset(self) -> tuple[int, int]:
         try:
@@ -228,6 +237,8 @@ class FileSubscriber:
             time.sleep(min(_POLL_S, max(0.0, deadline - time.monotonic())))
 
     def _read_available(self, count: int) -> list[Delivery]:
+        if self._damage is not None:
+            return self._stop_at_damage()
         fd = self._open()
         if fd is None:
             return []
@@ -237,6 +248,16 @@ class FileSubscriber:
                 rec = _read_record(fd, self._read_pos, self.path)
             except OSError as exc:
                 raise TransportUnavailableError(f"transport file {self.path} cannot be read: {exc.strerror}") from exc
+            except CorruptTransportFile as exc:
+                # The valid records before the damage go out first (this
+                # batch, and any still unacknowledged): the applier commits
+                # them, then stops on the error.  Failing right here would
+                # throw away the records read in this very call.
+                self._damage = exc
+                self._damage_seen_at = time.monotonic()
+                log.error("%s; the %d records before it are applied first, then the applier stops",
+                          exc.message, len(out) + len(self._outstanding))
+                break
             if rec is None:
                 break
             end, _, _, envelope = rec
@@ -244,7 +265,15 @@ class FileSubscriber:
             self._outstanding[start] = end
             out.append(Delivery(str(start), envelope, start < self._delivered_before))
             self._read_pos = end
+        if not out and self._damage is not None:
+            return self._stop_at_damage()
         return out
+
+    def _stop_at_damage(self) -> list[Delivery]:
+        assert self._damage is not None
+        if not self._outstanding or time.monotonic() - self._damage_seen_at >= DAMAGE_GRACE_S:
+            raise self._damage
+        return []
 
     def ack(self, ids: Sequence[str]) -> None:
         if not ids:

@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from typing import Any, Sequence
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -88,20 +89,71 @@ class TransportRejectedError(TerminalError):
     """Redis refused a command for a reason retrying will not fix."""
 
 
-def _client(url: str, socket_timeout: float) -> redis.Redis:
+# Query parameters accepted in [transport] url.  redis-py passes any other
+# name on to the connection class, where it fails with a TypeError at the
+# first command, far from the config; we refuse it up front instead.
+_URL_OPTIONS = frozenset({
+    "db", "username", "password", "protocol", "client_name", "socket_timeout", "socket_connect_timeout",
+    "socket_keepalive", "retry_on_timeout", "health_check_interval", "max_connections",
+    "ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile", "ssl_password", "ssl_cert_reqs",
+    "ssl_check_hostname",
+})
+# The names [source] and the target URLs use for the same TLS files.
+_URL_ALIASES = {"ssl_ca": "ssl_ca_certs", "ssl_cert": "ssl_certfile", "ssl_key": "ssl_keyfile"}
+
+
+def _normalize_url(url: str) -> str:
+    """``url`` with our TLS aliases renamed to redis-py's names; a ConfigError
+    for options redis-py would only trip over at the first command."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ConfigError(f"[transport] url {redact_url(url)} is not a Redis URL (scheme {parts.scheme!r})",
+                          hint="use redis://[user:password@]host:port/db, or rediss://... for TLS")
+    out: list[str] = []
+    for param in parts.query.split("&") if parts.query else []:
+        name, eq, value = param.partition("=")
+        name = _URL_ALIASES.get(name, name)
+        if name not in _URL_OPTIONS:
+            # Not the URL itself: a misspelt "pasword=" would not be redacted.
+            raise ConfigError(f"[transport] url has an unknown option {name!r}",
+                              hint="known options: " + ", ".join(sorted({*_URL_OPTIONS, *_URL_ALIASES})))
+        if name.startswith("ssl_") and parts.scheme != "rediss":
+            raise ConfigError(f"[transport] url {redact_url(url)}: {name} needs TLS",
+                              hint="use rediss:// for a TLS connection to Redis")
+        if name == "ssl_cert_reqs" and value.lower() not in ("none", "optional", "required"):
+            raise ConfigError(f"[transport] url {redact_url(url)}: ssl_cert_reqs={value!r}",
+                              hint="use ssl_cert_reqs=required (the default) or leave it out")
+        out.append(f"{name}{eq}{value}")
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, "&".join(out), parts.fragment))
+
+
+def redis_client(url: str, socket_timeout: float) -> redis.Redis:
+    """A client for ``url`` (redis://, or rediss:// with certificate and host
+    name verification on unless the URL says ssl_cert_reqs=none); a
+    malformed URL is a ConfigError naming it, password redacted."""
     try:
+        normalized = _normalize_url(url)
+        tls: dict[str, Any] = {}
+        if normalized.startswith("rediss:"):
+            # Host name checking became redis-py's default only in 6.0; we
+            # accept redis>=5, so ask for it (an explicit URL option wins).
+            tls["ssl_check_hostname"] = True
         # retry=0: our own loops own the retry policy (and log each attempt);
         # redis-py's built-in retries would hide outages and delay `stop`.
         return redis.Redis.from_url(
-            url,
+            normalized,
             socket_timeout=socket_timeout,
             socket_connect_timeout=5.0,
             health_check_interval=30,
             retry=Retry(NoBackoff(), 0),
+            **tls,
         )
     except ValueError as exc:
         raise ConfigError(f"[transport] url {redact_url(url)} is not a valid Redis URL: {exc}",
                           hint="use redis://[user:password@]host:port/db or rediss://... for TLS") from None
+
+
+_client = redis_client
 
 
 def translate(exc: redis.RedisError, url: str, doing: str) -> CynomysError:
@@ -111,12 +163,19 @@ def translate(exc: redis.RedisError, url: str, doing: str) -> CynomysError:
                         redis.exceptions.NoPermissionError)):
         return ConfigError(f"Redis at {where} refused our credentials while {doing}: {exc}",
                            hint="set user and password in [transport] url (or CYNOMYS_TRANSPORT_URL)")
+    if "CERTIFICATE_VERIFY_FAILED" in str(exc) or "certificate verify failed" in str(exc):
+        # rediss:// verifies the server's certificate and host name; a
+        # mismatch does not heal by retrying.
+        return ConfigError(f"Redis at {where} presented a TLS certificate that does not verify: {exc}",
+                           hint="add ?ssl_ca=/path/ca.pem (the CA that signed Redis's certificate) to [transport] "
+                                "url, and use a host name the certificate holds")
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOnlyError,
                         redis.exceptions.OutOfMemoryError)) or str(exc).startswith(_TRANSIENT_REPLIES):
         # OOM: the stream is full of entries no applier has acknowledged;
         # waiting for the applier is the right reaction (back-pressure).
         # READONLY/MASTERDOWN: a failover is in progress.  BUSY: a slow script.
-        return TransportUnavailableError(f"Redis at {where} unavailable while {doing}: {exc}")
+        return TransportUnavailableError(f"Redis at {where} unavailable while {doing}: {exc}",
+                                         hint="start Redis, or check host, port and TLS in [transport] url")
     if "WRONGTYPE" in str(exc):
         return ConfigError(f"Redis at {where}: a key used by the transport holds another type ({doing}): {exc}",
                            hint="choose another [transport] stream name or delete the key")
@@ -243,6 +302,8 @@ class RedisStreamPublisher(_RedisPublisherBase):
         trim less (whole nodes only), never more."""
         stream = self._cfg.stream
         try:
+            if not self._r.exists(stream):
+                return 0  # deleted meanwhile: nothing to trim (XINFO would say "no such key")
             groups = self._r.xinfo_groups(stream)
             if not groups:
                 if not self._warned_no_group:
@@ -400,11 +461,21 @@ class RedisStreamSubscriber:
             self._recovering = True
             self._took_over = False
             self._pel_cursor = "0"
-            if "NOGROUP" in str(exc):
+            text = str(exc)
+            if "NOGROUP" in text or "UNBLOCKED" in text or "no such key" in text:
+                # The stream (and with it the group) was deleted or lost:
+                # by hand (DEL), a FLUSHALL, a Redis restarted without
+                # persistence.  Not terminal: the group is recreated and the
+                # producer's next XADD recreates the stream.  What the stream
+                # held unacknowledged is gone; the sequence check reports it.
                 self._group_ready = False
+                log.error("stream %s or its consumer group %s vanished at %s (%s): recreating the group; "
+                          "entries not yet acknowledged are lost with it, and the applier reports any "
+                          "missing sequence numbers", self._stream, self._group, self._url, text)
                 raise TransportUnavailableError(
-                    f"consumer group {self._group} of stream {self._stream} at {self._url} vanished "
-                    "(Redis restarted without persistence?); it will be recreated") from exc
+                    f"stream {self._stream} or its consumer group {self._group} at {self._url} vanished "
+                    "(deleted, flushed, or Redis restarted without persistence); it will be recreated",
+                    hint="nothing to do if the stream was reset on purpose; otherwise find who deletes it") from exc
             raise translate(exc, self._cfg.url, f"reading stream {self._stream}") from exc
 
     def _ensure_group(self) -> None:
@@ -427,14 +498,35 @@ class RedisStreamSubscriber:
             entry_id = _text(raw_id)
             if entry_id in self._in_flight:
                 continue
-            if not fields or b"env" not in fields:
+            if not fields:
+                # XREADGROUP/XCLAIM return an id without fields for an entry
+                # that was XDEL'd while pending.
                 gone.append(entry_id)
+                continue
+            if b"env" not in fields:
+                # Present but not ours (another writer, a tool, a bug): set
+                # it aside where it can be inspected, never acknowledge it
+                # as if nothing happened.
+                self._dead_letter_foreign(entry_id, fields)
                 continue
             self._in_flight.add(entry_id)
             out.append(Delivery(entry_id, bytes(fields[b"env"]), redelivered))
         if gone:
             self._drop_deleted(gone)
         return out
+
+    def _dead_letter_foreign(self, entry_id: str, fields: dict[Any, Any]) -> None:
+        names = ", ".join(sorted(_text(k) for k in fields))
+        reason = f"no-envelope-field: the entry has fields [{names}] and no 'env'"
+        dead = self._dead.fields(Delivery(entry_id, b""), reason, self._stream, self.consumer)
+        # The entry's own fields travel along (prefixed), for whoever inspects it.
+        dead.update({f"orig.{_text(k)}": v for k, v in fields.items()})
+        with self._r.pipeline(transaction=True) as pipe:
+            pipe.xadd(self._dead.stream, dead, maxlen=self._dead.cap, approximate=True)
+            pipe.xack(self._stream, self._group, entry_id)
+            pipe.execute()
+        log.error("stream %s: entry %s is not a Cynomys envelope (fields: %s); dead-lettered to %s",
+                  self._stream, entry_id, names, self._dead.stream)
 
     def _drop_deleted(self, ids: list[str]) -> None:
         # An entry deleted while pending cannot be redelivered; acknowledge it

@@ -14,6 +14,7 @@ from cynomys.applier.loop import run_applier
 from cynomys.core.config import Config, load_config
 from cynomys.core.errors import TargetRejectedError
 from cynomys.producer import Producer, SealedSink
+from cynomys.transport.file_bus import CorruptTransportFile
 from cynomys.transport.keys import generate_keys
 from tests.helpers import write_config
 from tests.servers.mariadb import MariaDBServer
@@ -114,3 +115,25 @@ def test_target_rejecting_a_row_stops_clearly_and_resumes_when_fixed(
     target.execute("ALTER TABLE f.t MODIFY n INT")  # fixed
     run_applier(cfg, threading.Event(), until_idle_s=1)
     assert _rows(target) == _rows(src) == [(1, 5), (2, 100000), (3, 7)]
+
+
+def test_damaged_file_record_stops_the_applier_after_the_valid_records_before_it(
+        fresh_mariadb: MariaDBServer, target: MariaDBServer, tmp_path: Path) -> None:
+    src = fresh_mariadb
+    cfg = load_config(_config(tmp_path, src, target), env={})
+    src.execute("CREATE DATABASE f", "CREATE TABLE f.t (id INT PRIMARY KEY, v VARCHAR(10))",
+                "INSERT INTO f.t VALUES (1, 'a'), (2, 'b')")
+    _produce(cfg)
+    transport = Path(cfg.transport.path)
+    good = transport.stat().st_size
+    src.execute("INSERT INTO f.t VALUES (3, 'c')")
+    _produce(cfg)
+    assert transport.stat().st_size > good
+    with open(transport, "r+b") as fh:  # one flipped byte in the second record
+        fh.seek(good + (transport.stat().st_size - good) // 2)
+        byte = fh.read(1)
+        fh.seek(-1, 1)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(CorruptTransportFile, match=f"damaged at offset {good}"):
+        run_applier(cfg, threading.Event(), until_idle_s=5)
+    assert _rows(target) == [(1, "a"), (2, "b")]  # what precedes the damage is applied

@@ -105,6 +105,29 @@ def test_subscriber_waits_for_incomplete_record_and_reports_damage(tmp_path: Pat
         FileSubscriber(f, "b").read(10, 50)
 
 
+def test_records_before_a_damaged_one_are_delivered_and_acked_before_the_error(tmp_path: Path) -> None:
+    f = tmp_path / "bus.log"
+    pub = FilePublisher(f)
+    for s in range(1, 4):
+        pub.publish(PID, s, env(s))
+    pub.close()
+    third = f.stat().st_size - len(env(3)) - 4 - 4  # inside record 3's envelope
+    with open(f, "r+b") as fh:
+        fh.seek(third)
+        fh.write(b"\xff")
+    sub = FileSubscriber(f, "a")
+    # Before the fix, this read raised and records 1 and 2 were never seen.
+    batch = sub.read(10, 50)
+    assert [d.envelope for d in batch] == [env(1), env(2)]
+    assert sub.read(10, 50) == []  # 1 and 2 are not committed yet: no error yet
+    sub.ack([d.id for d in batch])
+    with pytest.raises(CorruptTransportFile, match="damaged at offset"):
+        sub.read(10, 50)
+    # The offset covers 1 and 2: a restarted applier goes straight to the damage.
+    with pytest.raises(CorruptTransportFile):
+        FileSubscriber(f, "a").read(10, 50)
+
+
 def test_dead_letter(tmp_path: Path) -> None:
     f = tmp_path / "bus.log"
     pub = FilePublisher(f)

@@ -453,3 +453,80 @@ def test_lost_reply_entries_come_back_first(redis_url: str, crypto: Crypto) -> N
     assert app.redelivered == 3
     pub.close()
     sub.close()
+
+
+# --- issue #13, item 7: a stream deleted under the applier, foreign entries ------
+
+def test_stream_deleted_under_a_blocked_reader_is_transient(redis_url: str, crypto: Crypto,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    pub, sub = open_publisher(cfg(redis_url)), open_subscriber(cfg(redis_url), "applier-1")
+    app = Applier(crypto.opener)
+    publish_all(pub, crypto.sealer, 3)
+    drain(sub, app, 3)
+
+    def delete_soon() -> None:
+        time.sleep(0.5)
+        with redis.Redis.from_url(redis_url) as r:
+            r.delete(STREAM)
+
+    killer = threading.Thread(target=delete_soon)
+    killer.start()
+    # Redis answers the blocked XREADGROUP with "UNBLOCKED the stream key no
+    # longer exists": before the fix a terminal TransportRejectedError.
+    with caplog.at_level(logging.ERROR, logger="cynomys.transport.redis_bus"):
+        with pytest.raises(TransportUnavailableError, match="vanished") as ei:
+            sub.read(10, 5000)
+    killer.join()
+    assert ei.value.transient
+    assert any("recreating the group" in r.getMessage() for r in caplog.records)
+    # The producer goes on; the same subscriber picks up where the stream restarts.
+    for s in range(4, 7):
+        pub.publish(PID, s, crypto.sealer.seal(row_payload(s), s))
+    drain(sub, app, 6)
+    assert app.applied == [1, 2, 3, 4, 5, 6]
+    pub.close()
+    sub.close()
+
+
+def test_entry_without_envelope_field_is_dead_lettered(redis_url: str, crypto: Crypto) -> None:
+    pub, sub = open_publisher(cfg(redis_url)), open_subscriber(cfg(redis_url), "applier-1")
+    app = Applier(crypto.opener)
+    pub.publish(PID, 1, crypto.sealer.seal(row_payload(1), 1))
+    with redis.Redis.from_url(redis_url) as r:
+        foreign = r.xadd(STREAM, {"producer": PID, "seq": 2, "payload": b"not an envelope"}).decode()
+    pub.publish(PID, 2, crypto.sealer.seal(row_payload(2), 2))
+    drain(sub, app, 2)
+    assert app.applied == [1, 2]
+    with redis.Redis.from_url(redis_url) as r:
+        dead = r.xrange(f"{STREAM}:dead")
+        assert len(dead) == 1
+        fields = dead[0][1]
+        assert fields[b"id"].decode() == foreign
+        assert fields[b"reason"].startswith(b"no-envelope-field") and b"payload" in fields[b"reason"]
+        assert fields[b"orig.payload"] == b"not an envelope"
+        assert r.xpending(STREAM, "cynomys-appliers")["pending"] == 0
+    pub.close()
+    sub.close()
+
+
+def test_rediss_verifies_the_server_certificate(tmp_path: Path, crypto: Crypto) -> None:
+    from tests.servers.tls import make_tls_files
+
+    srv = RedisServer(tmp_path / "r", tls=True)
+    try:
+        assert srv.tls is not None
+        base = f"rediss://127.0.0.1:{srv.port}/0"
+        # ssl_ca: the name [source] and the target URLs use (redis-py's is ssl_ca_certs).
+        pub = open_publisher(cfg(f"{base}?ssl_ca={srv.tls.ca_cert}"))
+        pub.publish(PID, 1, crypto.sealer.seal(row_payload(1), 1))
+        assert pub.last_sequence(PID) == 1
+        pub.close()
+        stranger = make_tls_files(tmp_path / "other-ca")
+        for url in (base, f"{base}?ssl_ca={stranger.ca_cert}"):  # system CAs; another CA
+            with pytest.raises(ConfigError, match="does not verify") as ei:
+                open_publisher(cfg(url)).last_sequence(PID)
+            assert ei.value.hint is not None and "ssl_ca" in ei.value.hint
+        with pytest.raises(ConfigError, match="needs TLS"):
+            open_publisher(cfg(f"redis://127.0.0.1:{srv.port}/0?ssl_ca={srv.tls.ca_cert}"))
+    finally:
+        srv.close()

@@ -103,3 +103,42 @@ def test_missing_file_and_bad_toml(tmp_path: Path) -> None:
         load_config(tmp_path / "nope.toml", env={})
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(write(tmp_path, "[source\n"), env={})
+
+
+# --- issue #13: unreadable configs and leaked secrets -------------------------
+
+def test_a_directory_or_non_utf8_config_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="is a directory") as ei:
+        load_config(tmp_path)
+    assert ei.value.hint is not None
+    latin = tmp_path / "latin1.toml"
+    latin.write_bytes('[source]\nuser = "r\xe9plica"\n'.encode("latin-1"))
+    with pytest.raises(ConfigError, match="is not UTF-8") as ei:
+        load_config(latin)
+    assert ei.value.hint is not None and "UTF-8" in ei.value.hint
+
+
+@pytest.mark.parametrize("text", ['[source]\npassword = 12345678\n', '[transport]\nurl = ["redis://:hunter2@h"]\n',
+                                  '[target]\nurl = { pw = "hunter2" }\n'])
+def test_a_secret_of_the_wrong_type_is_not_echoed(tmp_path: Path, text: str) -> None:
+    with pytest.raises(ConfigError, match="expected a string") as ei:
+        load_config(write(tmp_path, text))
+    assert "12345678" not in str(ei.value) and "hunter2" not in str(ei.value)
+
+
+def test_environment_type_errors_name_the_variable(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="CYNOMYS_SOURCE_PORT") as ei:
+        load_config(write(tmp_path, ""), env={"CYNOMYS_SOURCE_PORT": "hunter2"})
+    assert "hunter2" in str(ei.value)  # not a secret: shown, so the user sees the typo
+    with pytest.raises(ConfigError, match="CYNOMYS_SECURITY_ALLOW_READABLE_PRIVATE_KEYS"):
+        load_config(write(tmp_path, ""), env={"CYNOMYS_SECURITY_ALLOW_READABLE_PRIVATE_KEYS": "maybe"})
+
+
+def test_source_tls_files_are_resolved_against_the_config_file(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, '[source]\nssl_ca = "tls/ca.pem"\nssl_cert = "/etc/c.pem"\n'
+                                      '[transport]\nmax_envelope_bytes = 1048576\n'))
+    assert cfg.source.ssl_ca == str(tmp_path / "tls" / "ca.pem")
+    assert cfg.source.ssl_cert == "/etc/c.pem" and cfg.source.ssl_key == ""
+    assert cfg.transport.max_envelope_bytes == 1048576
+    with pytest.raises(ConfigError, match="max_envelope_bytes"):
+        load_config(write(tmp_path, "[transport]\nmax_envelope_bytes = 0\n"))

@@ -335,3 +335,31 @@ def test_load_errors_name_path_and_config_key(tmp_path: Path) -> None:
         load_public_key(priv, config_key="producer_public_key")
     with pytest.raises(ConfigError, match="no key file configured"):
         load_public_key("", config_key="applier_public_key")
+
+
+# --- decompression bound ([transport] max_envelope_bytes) ---------------------
+
+def test_a_signed_zip_bomb_is_rejected_before_it_is_inflated(keys: Keys) -> None:
+    # The case: a producer key signs a ~0.2 MB envelope that opens to
+    # 200 MB.  The default bound (64 MiB) stops it, reason "too-large".
+    bomb = bytes(200 * 1024 * 1024)
+    data = sealer(keys, compress_level=9).seal(bomb, 1)
+    del bomb
+    assert len(data) < 1024 * 1024
+    o = opener(keys)
+    with pytest.raises(EnvelopeRejected) as ei:
+        o.open(data)
+    assert ei.value.reason == "too-large"
+    assert "max_envelope_bytes" in str(ei.value) and o.rejections["too-large"] == 1
+
+
+def test_max_payload_bytes_is_exact(keys: Keys) -> None:
+    body = payload(10_000)
+    s = sealer(keys)
+    tight = Opener(keys.applier_private, {PID: keys.producer_public}, STREAM, max_payload_bytes=len(body))
+    assert tight.open(s.seal(body, 1)).payload == body
+    with pytest.raises(EnvelopeRejected) as ei:
+        tight.open(s.seal(body + b"x", 2))
+    assert ei.value.reason == "too-large"
+    with pytest.raises(ConfigError, match="max_envelope_bytes"):
+        Opener(keys.applier_private, {PID: keys.producer_public}, STREAM, max_payload_bytes=0)
