@@ -473,6 +473,7 @@ class SealedSink:
                 hint="run `cynomys keygen --out DIR` and point [security] at the files it writes")
         self._encode = codec.encode
         self.producer_id = cfg.producer.id
+        self.max_payload = cfg.transport.max_envelope_bytes
         self.sealer = Sealer(
             cfg.producer.id, cfg.transport.stream,
             load_public_key(cfg.resolve(sec.applier_public_key), config_key="applier_public_key"),
@@ -492,7 +493,16 @@ class SealedSink:
         return self._where
 
     def send(self, seq: int, batch: Batch, stop: threading.Event) -> None:
-        self.publisher.publish(self.producer_id, seq, self.sealer.seal(self._encode(batch), seq), stop)
+        payload = self._encode(batch)
+        if len(payload) > self.max_payload:
+            # The applier would refuse it (too-large) and then stop on the gap:
+            # stop here instead, before anything is sent or checkpointed.
+            raise TerminalError(
+                f"envelope {seq} would carry {len(payload)} bytes of Avro ({len(batch.changes)} changes up to "
+                f"{batch.end}), more than [transport] max_envelope_bytes = {self.max_payload} the applier accepts",
+                hint="lower [producer] batch_max_events (large rows), or raise [transport] max_envelope_bytes "
+                     "on both sides")
+        self.publisher.publish(self.producer_id, seq, self.sealer.seal(payload, seq), stop)
 
     def close(self) -> None:
         self.publisher.close()

@@ -12,6 +12,7 @@ and the envelope after the crash must be the next fragment, not a re-send.
 """
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import threading
 import uuid
@@ -234,3 +235,17 @@ def test_a_reset_producer_is_refused_not_skipped(fresh_mariadb: MariaDBServer, t
     with pytest.raises(TerminalError, match="numbering restarted"):
         _finish(app)
     assert target.execute("SELECT COUNT(*) FROM w.k") == [(5,)]
+
+
+def test_an_envelope_the_applier_would_refuse_as_too_large_stops_the_producer(
+        fresh_mariadb: MariaDBServer, target: MariaDBServer, redis_url: str, tmp_path: Path) -> None:
+    from cynomys.core.errors import TerminalError
+
+    src = fresh_mariadb
+    src.execute("CREATE DATABASE w", "CREATE TABLE w.k (id INT PRIMARY KEY, v TEXT)",
+                "INSERT INTO w.k VALUES (1, REPEAT('x', 5000))")
+    cfg = _config(tmp_path, src, target, redis_url)
+    cfg = dataclasses.replace(cfg, transport=dataclasses.replace(cfg.transport, max_envelope_bytes=2000))
+    with pytest.raises(TerminalError, match="max_envelope_bytes"):
+        _produce(cfg, SealedSink(cfg))
+    assert transport_batches(cfg) == []
