@@ -225,7 +225,13 @@ class BinlogSource:
         self.pos = start.pos
 
     def close(self) -> None:
-        self.reader.close()
+        try:
+            self.reader.close()
+        except pymysql.err.Error as exc:
+            # "Already closed": the stream closed itself (the reader thread
+            # hit an error or the end); closing twice must not replace the
+            # error the producer is stopping for.
+            log.debug("binlog stream already closed: %s", exc)
 
     def __iter__(self) -> Iterator[SourceEvent]:
         while True:
