@@ -177,9 +177,43 @@ static PyObject *call_pydec(ColPlan *c, PyObject *body, Py_ssize_t *off) {
     return v;
 }
 
+/* What CPython's collector does to a tuple of atoms at its first pass
+ * (_PyTuple_MaybeUntrack), done at once: row images hold only ints, str,
+ * bytes, Decimals, dates..., so the collector never has to traverse them. */
+static void untrack_if_atomic(PyObject *t) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(t); i++) {
+        PyObject *v = PyTuple_GET_ITEM(t, i);
+        if (PyObject_IS_GC(v) && (!PyTuple_CheckExact(v) || PyObject_GC_IsTracked(v))) return;
+    }
+    PyObject_GC_UnTrack(t);
+}
+
 #define NEED(k) do { if (off + (Py_ssize_t)(k) > end) goto truncated; } while (0)
 
+#define DECIMAL_CACHE_MAX 4096
+
+static PyObject *decode_decimal_text(ColPlan *c, const unsigned char *p);
+
+/* DECIMALs repeat (prices, rates, quantities) and Decimal objects are
+ * immutable: a per-column dict (the plan's obj, owned by the TableDecoder)
+ * maps the field's raw bytes, when they fit 8 bytes, to the object made
+ * once.  Bounded: past DECIMAL_CACHE_MAX entries nothing is added. */
 static PyObject *decode_decimal(ColPlan *c, const unsigned char *p) {
+    if (c->dsize > 8 || !PyDict_Check(c->obj)) return decode_decimal_text(c, p);
+    PyObject *key = PyLong_FromUnsignedLongLong(be(p, c->dsize));
+    if (!key) return NULL;
+    PyObject *v = PyDict_GetItemWithError(c->obj, key);
+    if (v) {
+        Py_INCREF(v);
+    } else if (!PyErr_Occurred() && (v = decode_decimal_text(c, p)) != NULL
+               && PyDict_GET_SIZE(c->obj) < DECIMAL_CACHE_MAX && PyDict_SetItem(c->obj, key, v) < 0) {
+        Py_CLEAR(v);
+    }
+    Py_DECREF(key);
+    return v;
+}
+
+static PyObject *decode_decimal_text(ColPlan *c, const unsigned char *p) {
     unsigned char b[80];
     int size = c->dsize;
     if (size > (int)sizeof(b)) { PyErr_SetString(Fallback, "decimal too wide"); return NULL; }
@@ -417,6 +451,7 @@ static PyObject *read_image(ColPlan *cols, Py_ssize_t n, PyObject *body, const u
         if (off > end) goto truncated;
     }
     *poff = off;
+    untrack_if_atomic(row);
     return row;
 truncated:
     Py_XDECREF(row);
@@ -449,6 +484,7 @@ static PyObject *decode_rows(PyObject *self, PyObject *args) {
         if (!pair) { Py_DECREF(first); Py_DECREF(second); goto fail; }
         PyTuple_SET_ITEM(pair, 0, first);
         PyTuple_SET_ITEM(pair, 1, second);
+        untrack_if_atomic(pair);
         if (PyList_Append(out, pair) < 0) { Py_DECREF(pair); goto fail; }
         Py_DECREF(pair);
     }
@@ -645,6 +681,23 @@ static int put_tagged(Buf *b, PyObject *v) {
     return fallback("value type for the pure encoder");
 }
 
+/* str(Decimal) by object identity within one column: the decoder hands out
+ * one object per distinct DECIMAL field, and the batch keeps every value
+ * alive during the call, so equal pointers are the same value. */
+#define STR_CACHE 256
+typedef struct { PyObject *key, *text; } StrSlot;
+
+static int put_decimal_cached(Buf *b, PyObject *v, StrSlot *cache) {
+    StrSlot *slot = &cache[((uintptr_t)v >> 4) % STR_CACHE];
+    if (slot->key != v) {
+        PyObject *s = PyObject_Str(v);
+        if (!s) return -1;
+        Py_XSETREF(slot->text, s);
+        slot->key = v;
+    }
+    return put_str(b, slot->text);
+}
+
 /* One column of a block: codec._encode_column. */
 static int put_column(Buf *b, PyObject **rows, Py_ssize_t nrows, Py_ssize_t col) {
     unsigned mask = 0;
@@ -698,6 +751,16 @@ static int put_column(Buf *b, PyObject **rows, Py_ssize_t nrows, Py_ssize_t col)
     /* v: the non-NULL values, in row order */
     Py_ssize_t npresent = nrows - nnull;
     if (npresent && put_long(b, npresent) < 0) return -1;
+    if (cls == C_DECIMAL) {
+        StrSlot cache[STR_CACHE] = {{0}};
+        int rc = 0;
+        for (Py_ssize_t r = 0; rc == 0 && r < nrows; r++) {
+            PyObject *v = PyTuple_GET_ITEM(rows[r], col);
+            if (v != Py_None) rc = put_decimal_cached(b, v, cache);
+        }
+        for (int i = 0; i < STR_CACHE; i++) Py_XDECREF(cache[i].text);
+        return rc < 0 ? -1 : put_long(b, 0);
+    }
     for (Py_ssize_t r = 0; npresent && r < nrows; r++) {
         PyObject *v = PyTuple_GET_ITEM(rows[r], col);
         int rc = 0;
@@ -706,7 +769,7 @@ static int put_column(Buf *b, PyObject **rows, Py_ssize_t nrows, Py_ssize_t col)
         case C_LONG:
             rc = Py_TYPE(v) == &PyBool_Type ? put_long(b, v == Py_True) : put_long(b, PyLong_AsLongLong(v));
             break;
-        case C_BIGINT: case C_DECIMAL: rc = put_str_of(b, v); break;
+        case C_BIGINT: rc = put_str_of(b, v); break;
         case C_DOUBLE: rc = put_double(b, PyFloat_AS_DOUBLE(v)); break;
         case C_STRING: rc = put_str(b, v); break;
         case C_BYTES: rc = put_raw(b, PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v)); break;

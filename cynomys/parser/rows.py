@@ -477,8 +477,8 @@ def _plan_for(col: Any, pydec: Decoder) -> PlanEntry:
         return text(col.length_size)
     if t == GEOMETRY:
         return (K_BYTES, col.length_size, 0, None, pydec)
-    if t == NEWDECIMAL:
-        return (K_DECIMAL, col.precision, col.decimals, None, pydec)
+    if t == NEWDECIMAL:  # obj: the compiled decoder's cache of Decimal objects by raw field
+        return (K_DECIMAL, col.precision, col.decimals, {}, pydec)
     if t == ENUM:
         values = list(col.enum_values or [])
         return (K_ENUM, col.size, 0, values if values and values[0] == "" else [""] + values, pydec)
