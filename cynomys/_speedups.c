@@ -45,7 +45,29 @@ typedef struct {
     int dsize, ngroups;
     unsigned char gbytes[16], gdigits[16];
     const char *codec;
+    void *cache;          /* VSlot[VCACHE] (DATE, DECIMAL) or SSlot[SCACHE] (short UTF-8 text) */
 } ColPlan;
+
+/* Value caches of a compiled plan.  Dates, DECIMALs and short strings
+ * repeat a lot in real tables (dates, prices, flags, codes) and their
+ * Python objects are immutable, so one object per distinct raw field is
+ * handed out again: fewer allocations, and the Avro writer's str(Decimal)
+ * cache (by identity) hits.  Direct-mapped: a collision just replaces. */
+#define VCACHE 2048
+#define SCACHE 512
+#define SCACHE_MAXLEN 24
+typedef struct { uint64_t key; PyObject *v; } VSlot;
+typedef struct { Py_ssize_t len; char raw[SCACHE_MAXLEN]; PyObject *v; } SSlot;
+
+static inline VSlot *vslot(ColPlan *c, uint64_t key) {
+    return &((VSlot *)c->cache)[(key * 0x9E3779B97F4A7C15ULL) >> (64 - 11)];
+}
+
+static inline SSlot *sslot(ColPlan *c, const char *s, Py_ssize_t len) {
+    uint32_t h = 2166136261u;
+    for (Py_ssize_t i = 0; i < len; i++) h = (h ^ (unsigned char)s[i]) * 16777619u;
+    return &((SSlot *)c->cache)[h % SCACHE];
+}
 
 static const int DIG2BYTES[10] = {0, 1, 1, 2, 2, 3, 3, 4, 4, 4};
 static const int FSP_BYTES[7] = {0, 1, 1, 2, 2, 3, 3};
@@ -101,6 +123,19 @@ static void civil_from_days(int64_t z, int *y, int *m, int *d) {
  * Row decoding
  * ==================================================================== */
 
+static void free_plan(ColPlan *cols, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        ColPlan *c = &cols[i];
+        if (!c->cache) continue;
+        if (c->kind == K_TEXT_UTF8)
+            for (int k = 0; k < SCACHE; k++) Py_XDECREF(((SSlot *)c->cache)[k].v);
+        else
+            for (int k = 0; k < VCACHE; k++) Py_XDECREF(((VSlot *)c->cache)[k].v);
+        PyMem_Free(c->cache);
+    }
+    PyMem_Free(cols);
+}
+
 static int build_plan(PyObject *plan, ColPlan **out, Py_ssize_t *n_out) {
     if (!PyTuple_Check(plan)) {
         PyErr_SetString(PyExc_TypeError, "plan must be a tuple");
@@ -149,12 +184,19 @@ static int build_plan(PyObject *plan, ColPlan **out, Py_ssize_t *n_out) {
             PyErr_SetString(PyExc_ValueError, "unknown column kind in plan");
             goto fail;
         }
+        if (c->kind == K_DATE || (c->kind == K_DECIMAL && c->dsize <= 8))
+            c->cache = PyMem_Calloc(VCACHE, sizeof(VSlot));
+        else if (c->kind == K_TEXT_UTF8)
+            c->cache = PyMem_Calloc(SCACHE, sizeof(SSlot));
+        else
+            continue;
+        if (!c->cache) { PyErr_NoMemory(); goto fail; }
     }
     *out = cols;
     *n_out = n;
     return 0;
 fail:
-    PyMem_Free(cols);
+    free_plan(cols, n);
     return -1;
 }
 
@@ -190,27 +232,20 @@ static void untrack_if_atomic(PyObject *t) {
 
 #define NEED(k) do { if (off + (Py_ssize_t)(k) > end) goto truncated; } while (0)
 
-#define DECIMAL_CACHE_MAX 4096
-
 static PyObject *decode_decimal_text(ColPlan *c, const unsigned char *p);
 
-/* DECIMALs repeat (prices, rates, quantities) and Decimal objects are
- * immutable: a per-column dict (the plan's obj, owned by the TableDecoder)
- * maps the field's raw bytes, when they fit 8 bytes, to the object made
- * once.  Bounded: past DECIMAL_CACHE_MAX entries nothing is added. */
 static PyObject *decode_decimal(ColPlan *c, const unsigned char *p) {
-    if (c->dsize > 8 || !PyDict_Check(c->obj)) return decode_decimal_text(c, p);
-    PyObject *key = PyLong_FromUnsignedLongLong(be(p, c->dsize));
-    if (!key) return NULL;
-    PyObject *v = PyDict_GetItemWithError(c->obj, key);
-    if (v) {
-        Py_INCREF(v);
-    } else if (!PyErr_Occurred() && (v = decode_decimal_text(c, p)) != NULL
-               && PyDict_GET_SIZE(c->obj) < DECIMAL_CACHE_MAX && PyDict_SetItem(c->obj, key, v) < 0) {
-        Py_CLEAR(v);
+    if (!c->cache) return decode_decimal_text(c, p);
+    uint64_t key = be(p, c->dsize);
+    VSlot *slot = vslot(c, key);
+    if (!slot->v || slot->key != key) {
+        PyObject *v = decode_decimal_text(c, p);
+        if (!v) return NULL;
+        Py_XSETREF(slot->v, v);
+        slot->key = key;
     }
-    Py_DECREF(key);
-    return v;
+    Py_INCREF(slot->v);
+    return slot->v;
 }
 
 static PyObject *decode_decimal_text(ColPlan *c, const unsigned char *p) {
@@ -310,9 +345,25 @@ static PyObject *read_image(ColPlan *cols, Py_ssize_t n, PyObject *body, const u
             Py_ssize_t len = (Py_ssize_t)le(p, pre);
             NEED(pre + len);
             const char *s = (const char *)p + pre;
+            SSlot *slot = NULL;
+            if (c->kind == K_TEXT_UTF8 && len <= SCACHE_MAXLEN) {
+                slot = sslot(c, s, len);
+                if (slot->v && slot->len == len && memcmp(slot->raw, s, len) == 0) {
+                    v = slot->v;
+                    Py_INCREF(v);
+                    off += pre + len;
+                    break;
+                }
+            }
             if (c->kind == K_TEXT_UTF8 || c->kind == K_TEXT_CODEC) {
                 v = c->kind == K_TEXT_UTF8 ? PyUnicode_DecodeUTF8(s, len, "strict")
                                            : PyUnicode_Decode(s, len, c->codec, "strict");
+                if (v && slot) {
+                    Py_INCREF(v);
+                    Py_XSETREF(slot->v, v);
+                    slot->len = len;
+                    memcpy(slot->raw, s, len);
+                }
                 if (!v) {
                     /* Let the pure decoder raise its own, explanatory error. */
                     PyErr_Clear();
@@ -339,7 +390,14 @@ static PyObject *read_image(ColPlan *cols, Py_ssize_t n, PyObject *body, const u
             int y = d >> 9, m = (d >> 5) & 15, dd = d & 31;
             if (!valid_date(y, m, dd)) { v = call_pydec(c, body, &off); break; }
             off += 3;
-            v = PyDate_FromDate(y, m, dd);
+            VSlot *slot = vslot(c, d);
+            if (!slot->v || slot->key != d) {
+                if (!(v = PyDate_FromDate(y, m, dd))) break;
+                Py_XSETREF(slot->v, v);
+                slot->key = d;
+            }
+            v = slot->v;
+            Py_INCREF(v);
             break;
         }
         case K_DATETIME2: {
@@ -459,17 +517,53 @@ truncated:
     return NULL;
 }
 
-static PyObject *decode_rows(PyObject *self, PyObject *args) {
-    PyObject *body, *plan;
-    int pairs;
-    if (!PyArg_ParseTuple(args, "SO!p:decode_rows", &body, &PyTuple_Type, &plan, &pairs)) return NULL;
+/* Plan(spec): a table's compiled decode plan, made once per TABLE_MAP
+ * (TableDecoder), holding its value caches. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *spec;       /* the plan tuple: keeps the borrowed obj/pydec alive */
     ColPlan *cols;
     Py_ssize_t n;
-    if (build_plan(plan, &cols, &n) < 0) return NULL;
+} PlanObject;
+
+static PyObject *Plan_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    PyObject *spec;
+    if (!PyArg_ParseTuple(args, "O!:Plan", &PyTuple_Type, &spec)) return NULL;
+    PlanObject *self = (PlanObject *)type->tp_alloc(type, 0);
+    if (!self) return NULL;
+    if (build_plan(spec, &self->cols, &self->n) < 0) { Py_DECREF(self); return NULL; }
+    Py_INCREF(spec);
+    self->spec = spec;
+    return (PyObject *)self;
+}
+
+static void Plan_dealloc(PlanObject *self) {
+    if (self->cols) free_plan(self->cols, self->n);
+    Py_XDECREF(self->spec);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject PlanType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cynomys._speedups.Plan",
+    .tp_basicsize = sizeof(PlanObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Plan(spec): the compiled decode plan of one table (see parser/rows.py _plan_for)",
+    .tp_new = Plan_new,
+    .tp_dealloc = (destructor)Plan_dealloc,
+};
+
+static PyObject *decode_rows(PyObject *self, PyObject *args) {
+    PyObject *body;
+    PlanObject *plan;
+    int pairs;
+    if (!PyArg_ParseTuple(args, "SO!p:decode_rows", &body, &PlanType, &plan, &pairs)) return NULL;
+    ColPlan *cols = plan->cols;
+    Py_ssize_t n = plan->n;
     const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(body);
     Py_ssize_t end = PyBytes_GET_SIZE(body), off = 0;
     PyObject *out = PyList_New(0);
-    if (!out) goto done;
+    if (!out) return NULL;
     while (off < end) {
         PyObject *first = read_image(cols, n, body, buf, &off, end), *second = NULL, *pair;
         if (!first) goto fail;
@@ -488,12 +582,10 @@ static PyObject *decode_rows(PyObject *self, PyObject *args) {
         if (PyList_Append(out, pair) < 0) { Py_DECREF(pair); goto fail; }
         Py_DECREF(pair);
     }
-    goto done;
+    return out;
 fail:
     Py_CLEAR(out);
-done:
-    PyMem_Free(cols);
-    return out;
+    return NULL;
 }
 
 /* ======================================================================
@@ -1011,7 +1103,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"decode_rows", decode_rows, METH_VARARGS,
-     "decode_rows(body, plan, pairs) -> [(row, row|None)]: every row image of a ROWS event body"},
+     "decode_rows(body, plan: Plan, pairs) -> [(row, row|None)]: every row image of a ROWS event body"},
     {"encode_batch", encode_batch, METH_VARARGS,
      "encode_batch(prefix, producer_id, end, complete, first_txn, created_us, last_commit_ts, meta, changes, "
      "op_index) -> bytes: a Batch as codec.encode writes it"},
@@ -1035,6 +1127,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     Py_DECREF(model);
     dec = model = NULL;
     if (!DecimalType || !RawTemporalType) goto fail;
+    if (PyType_Ready(&PlanType) < 0 || PyModule_AddObjectRef(m, "Plan", (PyObject *)&PlanType) < 0) goto fail;
     Fallback = PyErr_NewException("cynomys._speedups.Fallback", NULL, NULL);
     if (!Fallback || PyModule_AddObjectRef(m, "Fallback", Fallback) < 0) goto fail;
 #define INTERN(var, text) if (!(var = PyUnicode_InternFromString(text))) goto fail

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 from types import ModuleType
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,12 @@ def use_compiled(flag: bool) -> bool:
         ext, _reason = _loaded, ""
     _announced = False
     return ext is not None
+
+
+def make_plan(spec: Any) -> Any:
+    """A table's decode plan compiled by the extension (None when it is not
+    built); made whatever path is selected, so that switching works."""
+    return _loaded.Plan(spec) if _loaded is not None and spec else None
 
 
 def available() -> bool:

@@ -28,7 +28,7 @@ import datetime
 import decimal
 import json
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from cynomys import compiled
@@ -477,8 +477,8 @@ def _plan_for(col: Any, pydec: Decoder) -> PlanEntry:
         return text(col.length_size)
     if t == GEOMETRY:
         return (K_BYTES, col.length_size, 0, None, pydec)
-    if t == NEWDECIMAL:  # obj: the compiled decoder's cache of Decimal objects by raw field
-        return (K_DECIMAL, col.precision, col.decimals, {}, pydec)
+    if t == NEWDECIMAL:
+        return (K_DECIMAL, col.precision, col.decimals, None, pydec)
     if t == ENUM:
         values = list(col.enum_values or [])
         return (K_ENUM, col.size, 0, values if values and values[0] == "" else [""] + values, pydec)
@@ -499,6 +499,8 @@ class TableDecoder:
     columns: tuple[ColumnDef, ...]
     key: tuple[str, ...]
     plan: tuple[PlanEntry, ...] = ()
+    #: the plan compiled by the extension (with its value caches), when it is built
+    compiled_plan: Any = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_table_map(cls, columns: Sequence[Any], primary_key: Sequence[int]) -> TableDecoder:
@@ -507,7 +509,7 @@ class TableDecoder:
         key = tuple(defs[i].name for i in primary_key)
         decoders = tuple(compile_decoder(c) for c in columns)
         plan = tuple(_plan_for(c, d) for c, d in zip(columns, decoders))
-        return cls(decoders, defs, key, plan)
+        return cls(decoders, defs, key, plan, compiled.make_plan(plan))
 
     def _read_image(self, buf: bytes, off: int, present: int) -> tuple[Row, int]:
         """One row image.  ``present`` is the columns-present bitmap as int."""
@@ -539,9 +541,10 @@ class TableDecoder:
     def rows(self, buf: bytes, present: int, pairs: bool) -> list[tuple[Row, Row | None]]:
         """All rows of an event body.  ``pairs`` for UPDATE (before, after)."""
         ext = compiled.ext
-        if ext is not None and self.plan and present == (1 << len(self.plan)) - 1 and type(buf) is bytes:
+        if ext is not None and self.compiled_plan is not None and present == (1 << len(self.plan)) - 1 \
+                and type(buf) is bytes:
             try:
-                rows: list[tuple[Row, Row | None]] = ext.decode_rows(buf, self.plan, pairs)
+                rows: list[tuple[Row, Row | None]] = ext.decode_rows(buf, self.compiled_plan, pairs)
                 return rows
             except ext.Fallback:
                 compiled.fallbacks["decode"] += 1  # something the reference must judge: decode (or fail) exactly as it does
