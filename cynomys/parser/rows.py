@@ -482,13 +482,14 @@ def _plan_for(col: Any, pydec: Decoder) -> PlanEntry:
     if t == ENUM:
         values = list(col.enum_values or [])
         return (K_ENUM, col.size, 0, values if values and values[0] == "" else [""] + values, pydec)
-    fixed = {FLOAT: (K_FLOAT, 0), DOUBLE: (K_DOUBLE, 0), YEAR: (K_YEAR, 0), DATE: (K_DATE, 0), NEWDATE: (K_DATE, 0),
-             NULL: (K_NULL, 0), BIT: (K_BIT, getattr(col, "bytes", 0) or 0),
-             DATETIME2: (K_DATETIME2, col.fsp or 0) if t == DATETIME2 else (K_PY, 0),
-             TIMESTAMP2: (K_TIMESTAMP2, col.fsp or 0) if t == TIMESTAMP2 else (K_PY, 0),
-             TIME2: (K_TIME2, col.fsp or 0) if t == TIME2 else (K_PY, 0)}
-    kind, a = fixed.get(t, (K_PY, 0))  # JSON, SET, old DATETIME/TIMESTAMP/TIME
-    return (kind, a, 0, None, pydec)
+    if t in (DATETIME2, TIMESTAMP2, TIME2):
+        kinds = {DATETIME2: K_DATETIME2, TIMESTAMP2: K_TIMESTAMP2, TIME2: K_TIME2}
+        return (kinds[t], col.fsp or 0, 0, None, pydec)
+    if t == BIT:
+        return (K_BIT, col.bytes, 0, None, pydec)
+    simple = {FLOAT: K_FLOAT, DOUBLE: K_DOUBLE, YEAR: K_YEAR, DATE: K_DATE, NEWDATE: K_DATE, NULL: K_NULL}
+    # Anything else (JSON, SET, the old DATETIME/TIMESTAMP/TIME) is K_PY.
+    return (simple.get(t, K_PY), 0, 0, None, pydec)
 
 
 @dataclass(frozen=True)
