@@ -46,6 +46,8 @@ typedef struct {
     unsigned char gbytes[16], gdigits[16];
     const char *codec;
     void *cache;          /* VSlot[VCACHE] (DATE, DECIMAL) or SSlot[SCACHE] (short UTF-8 text) */
+    size_t cache_size;    /* bytes of cache, 0 until first used */
+    int cacheable;        /* a kind with a cache that may still get one */
 } ColPlan;
 
 /* Value caches of a compiled plan.  Dates, DECIMALs and short strings
@@ -58,6 +60,23 @@ typedef struct {
 #define SCACHE_MAXLEN 24
 typedef struct { uint64_t key; PyObject *v; } VSlot;
 typedef struct { Py_ssize_t len; char raw[SCACHE_MAXLEN]; PyObject *v; } SSlot;
+
+/* Caches are allocated on first use, within one budget for the process:
+ * a producer that sees thousands of wide tables keeps bounded memory (the
+ * columns past the budget decode without a cache, just as fast as before
+ * caching). */
+#define CACHE_BUDGET ((size_t)64 << 20)
+static size_t cache_bytes;
+
+static void *get_cache(ColPlan *c) {
+    if (c->cache || !c->cacheable) return c->cache;
+    size_t size = c->kind == K_TEXT_UTF8 ? SCACHE * sizeof(SSlot) : VCACHE * sizeof(VSlot);
+    c->cacheable = 0;
+    if (cache_bytes + size > CACHE_BUDGET || !(c->cache = PyMem_Calloc(1, size))) return NULL;
+    cache_bytes += size;
+    c->cache_size = size;
+    return c->cache;
+}
 
 static inline VSlot *vslot(ColPlan *c, uint64_t key) {
     return &((VSlot *)c->cache)[(key * 0x9E3779B97F4A7C15ULL) >> (64 - 11)];
@@ -132,6 +151,7 @@ static void free_plan(ColPlan *cols, Py_ssize_t n) {
         else
             for (int k = 0; k < VCACHE; k++) Py_XDECREF(((VSlot *)c->cache)[k].v);
         PyMem_Free(c->cache);
+        cache_bytes -= c->cache_size;
     }
     PyMem_Free(cols);
 }
@@ -184,13 +204,7 @@ static int build_plan(PyObject *plan, ColPlan **out, Py_ssize_t *n_out) {
             PyErr_SetString(PyExc_ValueError, "unknown column kind in plan");
             goto fail;
         }
-        if (c->kind == K_DATE || (c->kind == K_DECIMAL && c->dsize <= 8))
-            c->cache = PyMem_Calloc(VCACHE, sizeof(VSlot));
-        else if (c->kind == K_TEXT_UTF8)
-            c->cache = PyMem_Calloc(SCACHE, sizeof(SSlot));
-        else
-            continue;
-        if (!c->cache) { PyErr_NoMemory(); goto fail; }
+        c->cacheable = c->kind == K_DATE || c->kind == K_TEXT_UTF8 || (c->kind == K_DECIMAL && c->dsize <= 8);
     }
     *out = cols;
     *n_out = n;
@@ -235,7 +249,7 @@ static void untrack_if_atomic(PyObject *t) {
 static PyObject *decode_decimal_text(ColPlan *c, const unsigned char *p);
 
 static PyObject *decode_decimal(ColPlan *c, const unsigned char *p) {
-    if (!c->cache) return decode_decimal_text(c, p);
+    if (!get_cache(c)) return decode_decimal_text(c, p);
     uint64_t key = be(p, c->dsize);
     VSlot *slot = vslot(c, key);
     if (!slot->v || slot->key != key) {
@@ -346,7 +360,7 @@ static PyObject *read_image(ColPlan *cols, Py_ssize_t n, PyObject *body, const u
             NEED(pre + len);
             const char *s = (const char *)p + pre;
             SSlot *slot = NULL;
-            if (c->kind == K_TEXT_UTF8 && len <= SCACHE_MAXLEN) {
+            if (c->kind == K_TEXT_UTF8 && len <= SCACHE_MAXLEN && get_cache(c)) {
                 slot = sslot(c, s, len);
                 if (slot->v && slot->len == len && memcmp(slot->raw, s, len) == 0) {
                     v = slot->v;
@@ -390,6 +404,7 @@ static PyObject *read_image(ColPlan *cols, Py_ssize_t n, PyObject *body, const u
             int y = d >> 9, m = (d >> 5) & 15, dd = d & 31;
             if (!valid_date(y, m, dd)) { v = call_pydec(c, body, &off); break; }
             off += 3;
+            if (!get_cache(c)) { v = PyDate_FromDate(y, m, dd); break; }
             VSlot *slot = vslot(c, d);
             if (!slot->v || slot->key != d) {
                 if (!(v = PyDate_FromDate(y, m, dd))) break;

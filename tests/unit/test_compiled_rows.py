@@ -156,3 +156,13 @@ def test_plan_covers_every_column_and_calls_back_only_where_needed() -> None:
     assert dec.compiled_plan is not None and len(dec.plan) == len(COLUMNS)
     called_back = {c.type for c, p in zip(COLUMNS, dec.plan) if p[0] == R.K_PY}
     assert called_back == {R.SET, R.DATETIME, R.TIMESTAMP, R.TIME}
+
+
+def test_columns_past_the_cache_budget_decode_alike() -> None:
+    """Value caches have one memory budget per process (64 MiB); columns
+    past it decode without a cache, with the same result."""
+    rng = random.Random(7)
+    cols = [Col(R.DATE)] * 2500  # 2500 x 32 KiB of date caches is past the budget
+    dec = R.TableDecoder.from_table_map(cols, [0])
+    body = b"".join(_image(rng, cols) for _ in range(3))
+    assert _outcome(dec, body, False, True) == _outcome(dec, body, False, False)
