@@ -548,7 +548,8 @@ class TableDecoder:
                 rows: list[tuple[Row, Row | None]] = ext.decode_rows(buf, self.compiled_plan, pairs)
                 return rows
             except ext.Fallback:
-                compiled.fallbacks["decode"] += 1  # something the reference must judge: decode (or fail) exactly as it does
+                # Something the reference must judge: decode (or fail) exactly as it does.
+                compiled.fallbacks["decode"] += 1
         out: list[tuple[Row, Row | None]] = []
         off, end = 0, len(buf)
         read = self._read_image

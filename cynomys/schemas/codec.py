@@ -10,7 +10,7 @@ zero dates, integers beyond int64) travel as small named records chosen with
 fastavro's tuple notation; plain ints, floats, strings, bytes and NULL are
 Avro primitives.
 
-``encode`` below is the reference (it builds fastavro's datum).  The
+``encode_pure`` is the reference (it builds fastavro's datum).  Its
 compiled twin (``cynomys/_speedups.c``, ``encode_batch``) writes the same
 bytes straight from the Batch, without a Python object per value; on
 anything it does not handle exactly like the reference it raises
@@ -216,9 +216,9 @@ def _op_index() -> dict[Op, int]:
 
 def encode(batch: Batch) -> bytes:
     """The batch as ``MAGIC + version + Avro``; compiled when available."""
+    compiled.announce()
     ext = compiled.ext
     if ext is not None:
-        compiled.announce()
         changes = batch.changes if type(batch.changes) is tuple else tuple(batch.changes)
         try:
             out: bytes = ext.encode_batch(MAGIC + bytes([VERSION]), batch.producer_id, batch.end, batch.complete,
@@ -226,7 +226,8 @@ def encode(batch: Batch) -> bytes:
                                           changes, _op_index())
             return out
         except ext.Fallback:
-            compiled.fallbacks["encode"] += 1  # a value the reference must judge: encode (or refuse) exactly as it does
+            # A value the reference must judge: encode (or refuse) exactly as it does.
+            compiled.fallbacks["encode"] += 1
     return encode_pure(batch)
 
 
