@@ -2,7 +2,9 @@
 # Installs what Cynomys and its tests need on a fresh Debian/Ubuntu machine:
 # MariaDB and Redis server binaries (the tests and the demo start their own
 # throwaway servers on free loopback ports; no system service is used), a
-# Java 17 runtime (Spark), and a Python virtual environment in .venv.
+# Java 17 runtime (Spark), a C compiler and the Python headers (the
+# compiled hot path, cynomys/_speedups.c), and a Python virtual environment
+# in .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +13,9 @@ command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || need+=(maria
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+# The compiled hot path: gcc and Python.h for the python3 that makes .venv.
+command -v gcc >/dev/null 2>&1 || need+=(gcc libc6-dev)
+[ -f "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ] || need+=(python3-dev)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
@@ -24,4 +29,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e '.[columnstore,monetdb,spark,test,bench]'
+# The extension is optional (Cynomys falls back to pure Python): say so here
+# rather than let a slow producer be the first sign.
+.venv/bin/python -c 'import cynomys._speedups' 2>/dev/null \
+  || echo "setup: WARNING: the compiled hot path (cynomys._speedups) did not build; Cynomys runs pure Python (slower)" >&2
 echo "setup: ready (.venv)"

@@ -9,6 +9,15 @@ FULL metadata) and decode the row images ourselves: for each table a list of
 small decoder closures is compiled once from the TABLE_MAP column metadata,
 then rows are read with ``struct.unpack_from`` over one ``bytes`` buffer.
 
+That pure-Python decoder is the reference.  The compiled twin
+(``cynomys/_speedups.c``, ``decode_rows``) reads a whole event body in one
+call from a *plan*: one small tuple per column, built here from the same
+metadata (``_plan_for``).  It returns the same values of the same types; for
+what it does not handle itself (JSON, SET, old temporal types, zero dates,
+bytes invalid in a charset) it calls the column's pure decoder for that
+value, and on anything unexpected it raises ``Fallback`` and the event is
+decoded here instead.  ``cynomys.compiled`` selects the path.
+
 Formats follow the server's own ``my_*_packed_from_binary`` functions
 (sql-common/my_time.c, strings/decimal.c); multi-byte temporal parts are
 big-endian, integers little-endian.
@@ -19,9 +28,10 @@ import datetime
 import decimal
 import json
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from cynomys import compiled
 from cynomys.core.errors import UnsupportedEventError
 from cynomys.core.model import ColumnDef, RawTemporal, Row, Value
 
@@ -433,6 +443,55 @@ def compile_decoder(col: Any) -> Decoder:
     return table[t]()
 
 
+# Column kinds of the compiled decoder's plan (the enum in _speedups.c).
+K_PY, K_INT, K_FLOAT, K_DOUBLE, K_DECIMAL, K_TEXT_UTF8, K_TEXT_CODEC, K_BYTES, K_BINARY_FIXED = range(9)
+K_DATE, K_DATETIME2, K_TIMESTAMP2, K_TIME2, K_YEAR, K_BIT, K_ENUM, K_NULL = range(9, 17)
+_INT_SIZES = {TINY: 1, SHORT: 2, INT24: 3, LONG: 4, LONGLONG: 8}
+# (kind, a, b, obj, pure decoder): one column of the compiled decoder's plan.
+PlanEntry = tuple[int, int, int, Any, Decoder]
+
+
+def _plan_for(col: Any, pydec: Decoder) -> PlanEntry:
+    """The compiled decoder's instructions for one column; parameters as
+    ``compile_decoder`` reads them, so both paths agree by construction.
+    K_PY: the compiled decoder calls ``pydec`` for every value."""
+    t = col.type
+    cs = _charset(col)
+    codec = _PY_CODEC.get(cs, cs)
+
+    def text(prefix: int) -> PlanEntry:
+        if cs == "binary":
+            return (K_BYTES, prefix, 0, None, pydec)
+        if codec == "utf-8":
+            return (K_TEXT_UTF8, prefix, 0, None, pydec)
+        return (K_TEXT_CODEC, prefix, 0, codec, pydec)
+
+    if t in _INT_SIZES:
+        return (K_INT, _INT_SIZES[t], int(bool(col.unsigned)), None, pydec)
+    if t in (VARCHAR, VAR_STRING):
+        return text(1 if col.max_length < 256 else 2)
+    if t == STRING:
+        prefix = 1 if col.max_length < 256 else 2
+        return (K_BINARY_FIXED, prefix, col.max_length, None, pydec) if cs == "binary" else text(prefix)
+    if t == BLOB:
+        return text(col.length_size)
+    if t == GEOMETRY:
+        return (K_BYTES, col.length_size, 0, None, pydec)
+    if t == NEWDECIMAL:
+        return (K_DECIMAL, col.precision, col.decimals, None, pydec)
+    if t == ENUM:
+        values = list(col.enum_values or [])
+        return (K_ENUM, col.size, 0, values if values and values[0] == "" else [""] + values, pydec)
+    if t in (DATETIME2, TIMESTAMP2, TIME2):
+        kinds = {DATETIME2: K_DATETIME2, TIMESTAMP2: K_TIMESTAMP2, TIME2: K_TIME2}
+        return (kinds[t], col.fsp or 0, 0, None, pydec)
+    if t == BIT:
+        return (K_BIT, col.bytes, 0, None, pydec)
+    simple = {FLOAT: K_FLOAT, DOUBLE: K_DOUBLE, YEAR: K_YEAR, DATE: K_DATE, NEWDATE: K_DATE, NULL: K_NULL}
+    # Anything else (JSON, SET, the old DATETIME/TIMESTAMP/TIME) is K_PY.
+    return (simple.get(t, K_PY), 0, 0, None, pydec)
+
+
 @dataclass(frozen=True)
 class TableDecoder:
     """Decoders for every column of one TABLE_MAP, compiled once."""
@@ -440,12 +499,18 @@ class TableDecoder:
     decoders: tuple[Decoder, ...]
     columns: tuple[ColumnDef, ...]
     key: tuple[str, ...]
+    plan: tuple[PlanEntry, ...] = ()
+    #: the plan compiled by the extension (with its value caches), when it is built
+    compiled_plan: Any = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_table_map(cls, columns: Sequence[Any], primary_key: Sequence[int]) -> TableDecoder:
+        compiled.announce()
         defs = column_defs(columns)
         key = tuple(defs[i].name for i in primary_key)
-        return cls(tuple(compile_decoder(c) for c in columns), defs, key)
+        decoders = tuple(compile_decoder(c) for c in columns)
+        plan = tuple(_plan_for(c, d) for c, d in zip(columns, decoders))
+        return cls(decoders, defs, key, plan, compiled.make_plan(plan))
 
     def _read_image(self, buf: bytes, off: int, present: int) -> tuple[Row, int]:
         """One row image.  ``present`` is the columns-present bitmap as int."""
@@ -476,6 +541,15 @@ class TableDecoder:
 
     def rows(self, buf: bytes, present: int, pairs: bool) -> list[tuple[Row, Row | None]]:
         """All rows of an event body.  ``pairs`` for UPDATE (before, after)."""
+        ext = compiled.ext
+        if ext is not None and self.compiled_plan is not None and present == (1 << len(self.plan)) - 1 \
+                and type(buf) is bytes:
+            try:
+                rows: list[tuple[Row, Row | None]] = ext.decode_rows(buf, self.compiled_plan, pairs)
+                return rows
+            except ext.Fallback:
+                # Something the reference must judge: decode (or fail) exactly as it does.
+                compiled.fallbacks["decode"] += 1
         out: list[tuple[Row, Row | None]] = []
         off, end = 0, len(buf)
         read = self._read_image

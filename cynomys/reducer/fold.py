@@ -19,10 +19,11 @@ surprise never silently loses a change.
 from __future__ import annotations
 
 import logging
+import operator
 from dataclasses import replace
 from typing import Callable, Iterable
 
-from cynomys.core.model import Change, Op
+from cynomys.core.model import Change, Op, Row, TableSchema, Value
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,22 @@ FOLD_RULES: dict[tuple[Op, Op], Rule] = {
 }
 
 
+KeyOf = Callable[[Row], "tuple[Value, ...]"]
+
+
+def key_getter(schema: TableSchema) -> KeyOf | None:
+    """A function row -> primary-key values, the same tuple as
+    ``Change.key`` gives, without its per-call lookups (the fold runs once per
+    row change: this is on the producer's hot path).  None: no key."""
+    idx = schema.key_indexes()
+    if not idx:
+        return None
+    if len(idx) == 1:
+        (i,) = idx
+        return lambda row: (row[i],)
+    return operator.itemgetter(*idx)  # type: ignore[return-value]  # a tuple for 2+ indexes
+
+
 def split_key_change(c: Change) -> list[Change]:
     """UPDATE that moves a row to another key -> DELETE old + INSERT new."""
     if c.op is U and c.schema is not None and c.schema.key and c.key(c.before) != c.key(c.after):
@@ -81,19 +98,32 @@ class Folder:
     The order of net changes follows the first change of each key; keyless
     tables and statements keep their exact positions.  Feed it with
     ``add``; read the result with ``changes()``.
+
+    ``add`` runs once per row change on the producer's hot path, so the
+    common case (a keyed row change of a table seen before) does one dict
+    lookup for the table and one for the key: keys are indexed per
+    (database, table), and each table's key getter is made once.
     """
 
     def __init__(self) -> None:
         self._slots: list[Change | None] = []
-        self._index: dict[tuple[str, str, tuple[object, ...]], int] = {}
+        # (database, table) -> primary-key values -> slot of its net change
+        self._index: dict[tuple[str, str], dict[tuple[object, ...], int]] = {}
         self.folded = 0
+        # id(schema) -> (schema, database, table, key getter, that table's
+        # index).  The schema is held so that its id cannot be reused by
+        # another object while this Folder lives.
+        self._tables: dict[int, tuple[TableSchema, str, str, KeyOf | None, dict[tuple[object, ...], int]]] = {}
 
     def __len__(self) -> int:
         return len(self._slots)
 
     def add(self, change: Change) -> None:
-        for c in split_key_change(change):
-            self._add_one(c)
+        if change.op is U:
+            for c in split_key_change(change):
+                self._add_one(c)
+        else:
+            self._add_one(change)
 
     def extend(self, changes: Iterable[Change]) -> None:
         for c in changes:
@@ -102,21 +132,36 @@ class Folder:
     def barrier(self) -> None:
         """Forget keys: later changes do not fold into earlier ones (used
         around DDL, which may change what a key means)."""
-        self._index.clear()
+        for keys in self._index.values():
+            keys.clear()
+
+    def _table(self, c: Change, schema: TableSchema) -> tuple[TableSchema, str, str, KeyOf | None,
+                                                              dict[tuple[object, ...], int]]:
+        keys = self._index.setdefault((c.database, c.table), {})
+        entry = self._tables[id(schema)] = (schema, c.database, c.table, key_getter(schema), keys)
+        return entry
 
     def _add_one(self, c: Change) -> None:
         if c.op is Op.DDL:
             self.barrier()
             self._slots.append(c)
             return
-        k = c.key()
-        if k is None:
+        schema = c.schema
+        if schema is None:
             self._slots.append(c)
             return
-        ident = (c.database, c.table, k)
-        at = self._index.get(ident)
+        entry = self._tables.get(id(schema))
+        if entry is None or entry[1] != c.database or entry[2] != c.table:
+            entry = self._table(c, schema)
+        key_of, keys = entry[3], entry[4]
+        if key_of is None:
+            self._slots.append(c)
+            return
+        # Change.key(): the after image, else the before image.
+        k = key_of(c.after if c.after is not None else c.before)  # type: ignore[arg-type]
+        at = keys.get(k)
         if at is None:
-            self._index[ident] = len(self._slots)
+            keys[k] = len(self._slots)
             self._slots.append(c)
             return
         prev = self._slots[at]
@@ -128,7 +173,7 @@ class Folder:
         if rule is None:
             log.warning("no fold rule for %s then %s on %s.%s key %r; keeping both in order",
                         prev.op.value, c.op.value, c.database, c.table, k)
-            self._index[ident] = len(self._slots)
+            keys[k] = len(self._slots)
             self._slots.append(c)
             return
         self._slots[at] = rule(prev, c)

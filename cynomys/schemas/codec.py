@@ -9,6 +9,12 @@ Values whose Avro primitive would lose their type (DECIMAL, dates and times,
 zero dates, integers beyond int64) travel as small named records chosen with
 fastavro's tuple notation; plain ints, floats, strings, bytes and NULL are
 Avro primitives.
+
+``encode_pure`` is the reference (it builds fastavro's datum).  Its
+compiled twin (``cynomys/_speedups.c``, ``encode_batch``) writes the same
+bytes straight from the Batch, without a Python object per value; on
+anything it does not handle exactly like the reference it raises
+``Fallback`` and the reference runs.  ``cynomys.compiled`` selects the path.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from typing import Any, Callable
 
 import fastavro
 
+from cynomys import compiled
 from cynomys.core.errors import SchemaError
 from cynomys.core.model import Batch, Change, ColumnDef, Op, Position, RawTemporal, Row, TableSchema, Value
 
@@ -194,7 +201,38 @@ def _unpos(d: Any) -> Position:
     return Position(d["file"], d["pos"], d.get("gtid", ""))
 
 
+_OP_INDEX: dict[Op, int] = {}
+
+
+def _op_index() -> dict[Op, int]:
+    """Op -> its index in the writer schema's enum (for the compiled writer)."""
+    if not _OP_INDEX:
+        raw = json.loads((_HERE / f"batch.v{VERSION}.avsc").read_text())
+        records = next(f for f in raw["fields"] if f["name"] == "records")["type"]["items"]
+        op_type = next(f for f in records["fields"] if f["name"] == "op")["type"]
+        _OP_INDEX.update({Op(sym): i for i, sym in enumerate(op_type["symbols"])})
+    return _OP_INDEX
+
+
 def encode(batch: Batch) -> bytes:
+    """The batch as ``MAGIC + version + Avro``; compiled when available."""
+    compiled.announce()
+    ext = compiled.ext
+    if ext is not None:
+        changes = batch.changes if type(batch.changes) is tuple else tuple(batch.changes)
+        try:
+            out: bytes = ext.encode_batch(MAGIC + bytes([VERSION]), batch.producer_id, batch.end, batch.complete,
+                                          batch.first_txn, batch.created_us, batch.last_commit_ts, dict(batch.meta),
+                                          changes, _op_index())
+            return out
+        except ext.Fallback:
+            # A value the reference must judge: encode (or refuse) exactly as it does.
+            compiled.fallbacks["encode"] += 1
+    return encode_pure(batch)
+
+
+def encode_pure(batch: Batch) -> bytes:
+    """The reference encoder: fastavro over a datum built in Python."""
     tables: list[dict[str, Any]] = []
     refs: dict[int, int] = {}                 # id(schema) -> table_ref (schemas are shared objects)
     by_value: dict[TableSchema, int] = {}     # equal schemas from different objects share a ref

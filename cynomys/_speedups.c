@@ -1,0 +1,1161 @@
+/*
+ * cynomys._speedups: the producer's compiled hot path (issue #12).
+ *
+ * Two functions, each the compiled twin of a pure-Python reference that
+ * stays the specification and the fallback:
+ *
+ *   decode_rows(body, plan, pairs)   <-> parser/rows.py TableDecoder.rows
+ *   encode_batch(...)                <-> schemas/codec.py encode (Avro bytes)
+ *
+ * Contract with the Python side: the results are identical (same values,
+ * same types; same Avro bytes).  Whenever this code meets something it does
+ * not handle exactly like the reference -- an invalid/zero date, bytes not
+ * valid in a charset, a truncated event, an unexpected value type -- it
+ * either calls the column's pure-Python decoder for that one value, or
+ * raises Fallback so the caller redoes the whole call in Python (which then
+ * produces the reference result or the reference error).  Nothing here
+ * invents its own error semantics.
+ *
+ * Binary formats follow the server (sql-common/my_time.c, strings/decimal.c):
+ * integers little-endian, temporal parts and DECIMAL big-endian.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <datetime.h>
+#include <stdint.h>
+#include <string.h>
+
+static PyObject *Fallback;        /* raised to make the caller use the pure path */
+static PyObject *DecimalType;     /* decimal.Decimal */
+static PyObject *RawTemporalType; /* cynomys.core.model.RawTemporal */
+
+/* Column kinds of a decode plan; must match parser/rows.py _plan_for(). */
+enum {
+    K_PY = 0, K_INT = 1, K_FLOAT = 2, K_DOUBLE = 3, K_DECIMAL = 4, K_TEXT_UTF8 = 5,
+    K_TEXT_CODEC = 6, K_BYTES = 7, K_BINARY_FIXED = 8, K_DATE = 9, K_DATETIME2 = 10,
+    K_TIMESTAMP2 = 11, K_TIME2 = 12, K_YEAR = 13, K_BIT = 14, K_ENUM = 15, K_NULL = 16,
+};
+
+typedef struct {
+    int kind;
+    Py_ssize_t a, b;      /* kind parameters (size, unsigned, prefix, fsp, ...) */
+    PyObject *obj;        /* codec name (K_TEXT_CODEC), enum table (K_ENUM); borrowed */
+    PyObject *pydec;      /* the pure decoder (buf, off) -> (value, off); borrowed */
+    /* DECIMAL: byte size and the (bytes, digits) groups, most significant first */
+    int dsize, ngroups;
+    unsigned char gbytes[16], gdigits[16];
+    const char *codec;
+    void *cache;          /* VSlot[VCACHE] (DATE, DECIMAL) or SSlot[SCACHE] (short UTF-8 text) */
+    size_t cache_size;    /* bytes of cache, 0 until first used */
+    int cacheable;        /* a kind with a cache that may still get one */
+} ColPlan;
+
+/* Value caches of a compiled plan.  Dates, DECIMALs and short strings
+ * repeat a lot in real tables (dates, prices, flags, codes) and their
+ * Python objects are immutable, so one object per distinct raw field is
+ * handed out again: fewer allocations, and the Avro writer's str(Decimal)
+ * cache (by identity) hits.  Direct-mapped: a collision just replaces. */
+#define VCACHE 2048
+#define SCACHE 512
+#define SCACHE_MAXLEN 24
+typedef struct { uint64_t key; PyObject *v; } VSlot;
+typedef struct { Py_ssize_t len; char raw[SCACHE_MAXLEN]; PyObject *v; } SSlot;
+
+/* Caches are allocated on first use, within one budget for the process:
+ * a producer that sees thousands of wide tables keeps bounded memory (the
+ * columns past the budget decode without a cache, just as fast as before
+ * caching). */
+#define CACHE_BUDGET ((size_t)64 << 20)
+static size_t cache_bytes;
+
+static void *get_cache(ColPlan *c) {
+    if (c->cache || !c->cacheable) return c->cache;
+    size_t size = c->kind == K_TEXT_UTF8 ? SCACHE * sizeof(SSlot) : VCACHE * sizeof(VSlot);
+    c->cacheable = 0;
+    if (cache_bytes + size > CACHE_BUDGET || !(c->cache = PyMem_Calloc(1, size))) return NULL;
+    cache_bytes += size;
+    c->cache_size = size;
+    return c->cache;
+}
+
+static inline VSlot *vslot(ColPlan *c, uint64_t key) {
+    return &((VSlot *)c->cache)[(key * 0x9E3779B97F4A7C15ULL) >> (64 - 11)];
+}
+
+static inline SSlot *sslot(ColPlan *c, const char *s, Py_ssize_t len) {
+    uint32_t h = 2166136261u;
+    for (Py_ssize_t i = 0; i < len; i++) h = (h ^ (unsigned char)s[i]) * 16777619u;
+    return &((SSlot *)c->cache)[h % SCACHE];
+}
+
+static const int DIG2BYTES[10] = {0, 1, 1, 2, 2, 3, 3, 4, 4, 4};
+static const int FSP_BYTES[7] = {0, 1, 1, 2, 2, 3, 3};
+static const int FSP_SCALE[7] = {1, 10000, 10000, 100, 100, 1, 1};
+static const uint32_t POW10[10] = {1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000, 1000000000};
+
+static inline uint64_t be(const unsigned char *p, int n) {
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++) v = (v << 8) | p[i];
+    return v;
+}
+
+static inline uint64_t le(const unsigned char *p, int n) {
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+static int days_in_month(int y, int m) {
+    static const int d[13] = {0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    if (m == 2 && ((y % 4 == 0 && y % 100 != 0) || y % 400 == 0)) return 29;
+    return d[m];
+}
+
+static int valid_date(long y, long m, long d) {
+    return y >= 1 && y <= 9999 && m >= 1 && m <= 12 && d >= 1 && d <= days_in_month((int)y, (int)m);
+}
+
+/* Howard Hinnant's days_from_civil / civil_from_days (proleptic Gregorian). */
+static int64_t days_from_civil(int64_t y, unsigned m, unsigned d) {
+    y -= m <= 2;
+    const int64_t era = (y >= 0 ? y : y - 399) / 400;
+    const unsigned yoe = (unsigned)(y - era * 400);
+    const unsigned doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+    const unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + (int64_t)doe - 719468;
+}
+
+static void civil_from_days(int64_t z, int *y, int *m, int *d) {
+    z += 719468;
+    const int64_t era = (z >= 0 ? z : z - 146096) / 146097;
+    const unsigned doe = (unsigned)(z - era * 146097);
+    const unsigned yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    const int64_t yy = (int64_t)yoe + era * 400;
+    const unsigned doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    const unsigned mp = (5 * doy + 2) / 153;
+    *d = (int)(doy - (153 * mp + 2) / 5 + 1);
+    *m = (int)(mp < 10 ? mp + 3 : mp - 9);
+    *y = (int)(yy + (*m <= 2));
+}
+
+/* ======================================================================
+ * Row decoding
+ * ==================================================================== */
+
+static void free_plan(ColPlan *cols, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        ColPlan *c = &cols[i];
+        if (!c->cache) continue;
+        if (c->kind == K_TEXT_UTF8)
+            for (int k = 0; k < SCACHE; k++) Py_XDECREF(((SSlot *)c->cache)[k].v);
+        else
+            for (int k = 0; k < VCACHE; k++) Py_XDECREF(((VSlot *)c->cache)[k].v);
+        PyMem_Free(c->cache);
+        cache_bytes -= c->cache_size;
+    }
+    PyMem_Free(cols);
+}
+
+static int build_plan(PyObject *plan, ColPlan **out, Py_ssize_t *n_out) {
+    if (!PyTuple_Check(plan)) {
+        PyErr_SetString(PyExc_TypeError, "plan must be a tuple");
+        return -1;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(plan);
+    ColPlan *cols = PyMem_Calloc(n ? n : 1, sizeof(ColPlan));
+    if (!cols) { PyErr_NoMemory(); return -1; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *spec = PyTuple_GET_ITEM(plan, i);
+        ColPlan *c = &cols[i];
+        if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 5) {
+            PyErr_SetString(PyExc_TypeError, "plan entry must be (kind, a, b, obj, pydec)");
+            goto fail;
+        }
+        c->kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(spec, 0));
+        c->a = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 1));
+        c->b = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 2));
+        if (PyErr_Occurred()) goto fail;
+        c->obj = PyTuple_GET_ITEM(spec, 3);
+        c->pydec = PyTuple_GET_ITEM(spec, 4);
+        if (c->kind == K_TEXT_CODEC) {
+            c->codec = PyUnicode_AsUTF8(c->obj);
+            if (!c->codec) goto fail;
+        }
+        if (c->kind == K_ENUM && !PyList_Check(c->obj)) {
+            PyErr_SetString(PyExc_TypeError, "enum table must be a list");
+            goto fail;
+        }
+        if (c->kind == K_DECIMAL) {
+            /* strings/decimal.c: groups of 9 digits in 4 bytes, leftover
+             * digits of the integer part first, of the fraction last. */
+            int precision = (int)c->a, scale = (int)c->b;
+            int intg = precision - scale, intg0 = intg / 9, intg0x = intg % 9;
+            int frac0 = scale / 9, frac0x = scale % 9, g = 0, size = 0;
+            if (intg < 0 || intg0 + frac0 + 2 > 16) { c->kind = K_PY; continue; }
+            if (intg0x) { c->gbytes[g] = DIG2BYTES[intg0x]; c->gdigits[g++] = intg0x; }
+            for (int k = 0; k < intg0 + frac0; k++) { c->gbytes[g] = 4; c->gdigits[g++] = 9; }
+            if (frac0x) { c->gbytes[g] = DIG2BYTES[frac0x]; c->gdigits[g++] = frac0x; }
+            for (int k = 0; k < g; k++) size += c->gbytes[k];
+            c->ngroups = g;
+            c->dsize = size;
+            if (size == 0) c->kind = K_PY;
+        }
+        if (c->kind < K_PY || c->kind > K_NULL) {
+            PyErr_SetString(PyExc_ValueError, "unknown column kind in plan");
+            goto fail;
+        }
+        c->cacheable = c->kind == K_DATE || c->kind == K_TEXT_UTF8 || (c->kind == K_DECIMAL && c->dsize <= 8);
+    }
+    *out = cols;
+    *n_out = n;
+    return 0;
+fail:
+    free_plan(cols, n);
+    return -1;
+}
+
+/* The pure decoder for one value: used for what this file does not
+ * handle itself (JSON, SET, old temporal types, zero dates, bad bytes). */
+static PyObject *call_pydec(ColPlan *c, PyObject *body, Py_ssize_t *off) {
+    PyObject *r = PyObject_CallFunction(c->pydec, "On", body, *off);
+    if (!r) return NULL;
+    if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 2) {
+        Py_DECREF(r);
+        PyErr_SetString(Fallback, "pure decoder returned something else than (value, off)");
+        return NULL;
+    }
+    PyObject *v = PyTuple_GET_ITEM(r, 0);
+    Py_ssize_t n = PyLong_AsSsize_t(PyTuple_GET_ITEM(r, 1));
+    if (n == -1 && PyErr_Occurred()) { Py_DECREF(r); return NULL; }
+    Py_INCREF(v);
+    Py_DECREF(r);
+    *off = n;
+    return v;
+}
+
+/* What CPython's collector does to a tuple of atoms at its first pass
+ * (_PyTuple_MaybeUntrack), done at once: row images hold only ints, str,
+ * bytes, Decimals, dates..., so the collector never has to traverse them. */
+static void untrack_if_atomic(PyObject *t) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(t); i++) {
+        PyObject *v = PyTuple_GET_ITEM(t, i);
+        if (PyObject_IS_GC(v) && (!PyTuple_CheckExact(v) || PyObject_GC_IsTracked(v))) return;
+    }
+    PyObject_GC_UnTrack(t);
+}
+
+#define NEED(k) do { if (off + (Py_ssize_t)(k) > end) goto truncated; } while (0)
+
+static PyObject *decode_decimal_text(ColPlan *c, const unsigned char *p);
+
+static PyObject *decode_decimal(ColPlan *c, const unsigned char *p) {
+    if (!get_cache(c)) return decode_decimal_text(c, p);
+    uint64_t key = be(p, c->dsize);
+    VSlot *slot = vslot(c, key);
+    if (!slot->v || slot->key != key) {
+        PyObject *v = decode_decimal_text(c, p);
+        if (!v) return NULL;
+        Py_XSETREF(slot->v, v);
+        slot->key = key;
+    }
+    Py_INCREF(slot->v);
+    return slot->v;
+}
+
+static PyObject *decode_decimal_text(ColPlan *c, const unsigned char *p) {
+    unsigned char b[80];
+    int size = c->dsize;
+    if (size > (int)sizeof(b)) { PyErr_SetString(Fallback, "decimal too wide"); return NULL; }
+    memcpy(b, p, size);
+    /* The stored sign bit is 1 for positive numbers; a negative number has
+     * every byte inverted.  After this, b holds the magnitude. */
+    int negative = !(b[0] & 0x80);
+    b[0] ^= 0x80;
+    if (negative)
+        for (int i = 0; i < size; i++) b[i] = (unsigned char)~b[i];
+    char text[160];
+    int t = 0, pos = 0;
+    if (negative) text[t++] = '-';
+    for (int g = 0; g < c->ngroups; g++) {
+        uint32_t v = (uint32_t)be(b + pos, c->gbytes[g]);
+        int nd = c->gdigits[g];
+        pos += c->gbytes[g];
+        /* The reference folds groups as n = n * 10**digits + group; that is
+         * the zero-padded concatenation only while group < 10**digits. */
+        if (v >= POW10[nd]) { PyErr_SetString(Fallback, "decimal group out of range"); return NULL; }
+        for (int k = nd - 1; k >= 0; k--) { text[t + k] = (char)('0' + v % 10); v /= 10; }
+        t += nd;
+    }
+    if (c->ngroups == 0) text[t++] = '0';
+    t += snprintf(text + t, sizeof(text) - t, "E%d", -(int)c->b);
+    PyObject *s = PyUnicode_FromStringAndSize(text, t);
+    if (!s) return NULL;
+    PyObject *d = PyObject_CallOneArg(DecimalType, s);
+    Py_DECREF(s);
+    return d;
+}
+
+static PyObject *read_image(ColPlan *cols, Py_ssize_t n, PyObject *body, const unsigned char *buf,
+                            Py_ssize_t *poff, Py_ssize_t end) {
+    Py_ssize_t off = *poff;
+    Py_ssize_t null_len = (n + 7) >> 3;
+    PyObject *row = NULL;
+    NEED(null_len);
+    const unsigned char *nulls = buf + off;
+    off += null_len;
+    row = PyTuple_New(n);
+    if (!row) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        ColPlan *c = &cols[i];
+        PyObject *v = NULL;
+        if (nulls[i >> 3] >> (i & 7) & 1) {
+            Py_INCREF(Py_None);
+            PyTuple_SET_ITEM(row, i, Py_None);
+            continue;
+        }
+        const unsigned char *p = buf + off;
+        switch (c->kind) {
+        case K_INT: {
+            int size = (int)c->a;
+            NEED(size);
+            uint64_t u = le(p, size);
+            off += size;
+            if (c->b) {
+                v = PyLong_FromUnsignedLongLong(u);
+            } else {
+                int shift = 64 - 8 * size;
+                int64_t s = shift ? (int64_t)(u << shift) >> shift : (int64_t)u;
+                v = PyLong_FromLongLong(s);
+            }
+            break;
+        }
+        case K_FLOAT: {
+            NEED(4);
+            float f;
+            memcpy(&f, p, 4);  /* x86/ARM little-endian, as the binlog */
+            off += 4;
+            v = PyFloat_FromDouble((double)f);
+            break;
+        }
+        case K_DOUBLE: {
+            NEED(8);
+            double d;
+            memcpy(&d, p, 8);
+            off += 8;
+            v = PyFloat_FromDouble(d);
+            break;
+        }
+        case K_DECIMAL:
+            NEED(c->dsize);
+            v = decode_decimal(c, p);
+            off += c->dsize;
+            break;
+        case K_TEXT_UTF8:
+        case K_TEXT_CODEC:
+        case K_BYTES:
+        case K_BINARY_FIXED: {
+            int pre = (int)c->a;
+            NEED(pre);
+            Py_ssize_t len = (Py_ssize_t)le(p, pre);
+            NEED(pre + len);
+            const char *s = (const char *)p + pre;
+            SSlot *slot = NULL;
+            if (c->kind == K_TEXT_UTF8 && len <= SCACHE_MAXLEN && get_cache(c)) {
+                slot = sslot(c, s, len);
+                if (slot->v && slot->len == len && memcmp(slot->raw, s, len) == 0) {
+                    v = slot->v;
+                    Py_INCREF(v);
+                    off += pre + len;
+                    break;
+                }
+            }
+            if (c->kind == K_TEXT_UTF8 || c->kind == K_TEXT_CODEC) {
+                v = c->kind == K_TEXT_UTF8 ? PyUnicode_DecodeUTF8(s, len, "strict")
+                                           : PyUnicode_Decode(s, len, c->codec, "strict");
+                if (v && slot) {
+                    Py_INCREF(v);
+                    Py_XSETREF(slot->v, v);
+                    slot->len = len;
+                    memcpy(slot->raw, s, len);
+                }
+                if (!v) {
+                    /* Let the pure decoder raise its own, explanatory error. */
+                    PyErr_Clear();
+                    v = call_pydec(c, body, &off);
+                    break;
+                }
+            } else if (c->kind == K_BYTES) {
+                v = PyBytes_FromStringAndSize(s, len);
+            } else {
+                /* BINARY(n) is stored without its trailing 0x00 padding. */
+                Py_ssize_t width = c->b > len ? c->b : len;
+                v = PyBytes_FromStringAndSize(NULL, width);
+                if (v) {
+                    memcpy(PyBytes_AS_STRING(v), s, len);
+                    memset(PyBytes_AS_STRING(v) + len, 0, width - len);
+                }
+            }
+            off += pre + len;
+            break;
+        }
+        case K_DATE: {
+            NEED(3);
+            uint32_t d = (uint32_t)le(p, 3);
+            int y = d >> 9, m = (d >> 5) & 15, dd = d & 31;
+            if (!valid_date(y, m, dd)) { v = call_pydec(c, body, &off); break; }
+            off += 3;
+            if (!get_cache(c)) { v = PyDate_FromDate(y, m, dd); break; }
+            VSlot *slot = vslot(c, d);
+            if (!slot->v || slot->key != d) {
+                if (!(v = PyDate_FromDate(y, m, dd))) break;
+                Py_XSETREF(slot->v, v);
+                slot->key = d;
+            }
+            v = slot->v;
+            Py_INCREF(v);
+            break;
+        }
+        case K_DATETIME2: {
+            int fsp = (int)c->a, nf = FSP_BYTES[fsp];
+            NEED(5 + nf);
+            int64_t ip = (int64_t)be(p, 5) - 0x8000000000LL;
+            long micro = nf ? (long)be(p + 5, nf) * FSP_SCALE[fsp] : 0;
+            if (ip < 0) { v = call_pydec(c, body, &off); break; }
+            int64_t ymd = ip >> 17, hms = ip & 0x1FFFF;
+            int64_t ym = ymd >> 5;
+            int day = (int)(ymd & 31), year = (int)(ym / 13), month = (int)(ym % 13);
+            int hour = (int)(hms >> 12), minute = (int)((hms >> 6) & 63), second = (int)(hms & 63);
+            if (!valid_date(year, month, day) || hour > 23 || minute > 59 || second > 59 || micro > 999999) {
+                v = call_pydec(c, body, &off);  /* zero date: MySQL's text */
+                break;
+            }
+            off += 5 + nf;
+            v = PyDateTime_FromDateAndTime(year, month, day, hour, minute, second, (int)micro);
+            break;
+        }
+        case K_TIMESTAMP2: {
+            int fsp = (int)c->a, nf = FSP_BYTES[fsp];
+            NEED(4 + nf);
+            int64_t sec = (int64_t)be(p, 4);
+            long micro = nf ? (long)be(p + 4, nf) * FSP_SCALE[fsp] : 0;
+            if ((sec == 0 && micro == 0) || micro > 999999) { v = call_pydec(c, body, &off); break; }
+            off += 4 + nf;
+            int y, m, d;
+            int64_t days = sec / 86400, rem = sec % 86400;
+            civil_from_days(days, &y, &m, &d);
+            v = PyDateTimeAPI->DateTime_FromDateAndTime(y, m, d, (int)(rem / 3600), (int)(rem / 60 % 60),
+                                                        (int)(rem % 60), (int)micro, PyDateTime_TimeZone_UTC,
+                                                        PyDateTimeAPI->DateTimeType);
+            break;
+        }
+        case K_TIME2: {
+            /* my_time_packed_from_binary: a biased integer part and a
+             * fraction whose borrow is undone for negative values. */
+            int fsp = (int)c->a;
+            int64_t packed;
+            int size;
+            if (fsp >= 5) {
+                NEED(6);
+                packed = (int64_t)be(p, 6) - 0x800000000000LL;
+                size = 6;
+            } else {
+                NEED(3 + FSP_BYTES[fsp]);
+                int64_t intpart = (int64_t)be(p, 3) - 0x800000;
+                int64_t frac = 0;
+                size = 3;
+                if (fsp) {
+                    int nb = FSP_BYTES[fsp];
+                    frac = (int64_t)be(p + 3, nb);
+                    size += nb;
+                    if (intpart < 0 && frac) {
+                        intpart += 1;
+                        frac -= nb == 1 ? 0x100 : 0x10000;
+                    }
+                    frac *= FSP_SCALE[fsp];
+                }
+                packed = intpart * (1LL << 24) + frac;
+            }
+            int neg = packed < 0;
+            if (neg) packed = -packed;
+            int64_t hms = packed >> 24, micro = packed & 0xFFFFFF;
+            int64_t total = ((((hms >> 12) & 0x3FF) * 60 + ((hms >> 6) & 63)) * 60 + (hms & 63)) * 1000000LL + micro;
+            if (neg) total = -total;
+            int64_t dday = 86400000000LL;
+            int64_t days = total >= 0 ? total / dday : -((-total + dday - 1) / dday);
+            int64_t r = total - days * dday;
+            off += size;
+            v = PyDelta_FromDSU((int)days, (int)(r / 1000000), (int)(r % 1000000));
+            break;
+        }
+        case K_YEAR:
+            NEED(1);
+            v = PyLong_FromLong(p[0] ? p[0] + 1900 : 0);
+            off += 1;
+            break;
+        case K_BIT: {
+            int nb = (int)c->a;
+            NEED(nb);
+            v = PyLong_FromUnsignedLongLong(be(p, nb));
+            off += nb;
+            break;
+        }
+        case K_ENUM: {
+            int size = (int)c->a;
+            NEED(size);
+            uint64_t idx = le(p, size);
+            off += size;
+            if (idx < (uint64_t)PyList_GET_SIZE(c->obj)) {
+                v = PyList_GET_ITEM(c->obj, (Py_ssize_t)idx);
+                Py_INCREF(v);
+            } else {
+                v = PyUnicode_FromStringAndSize("", 0);
+            }
+            break;
+        }
+        case K_NULL:
+            v = Py_None;
+            Py_INCREF(v);
+            break;
+        default:
+            v = call_pydec(c, body, &off);
+        }
+        if (!v) { Py_DECREF(row); return NULL; }
+        PyTuple_SET_ITEM(row, i, v);
+        if (off > end) goto truncated;
+    }
+    *poff = off;
+    untrack_if_atomic(row);
+    return row;
+truncated:
+    Py_XDECREF(row);
+    PyErr_SetString(Fallback, "row image runs past the end of the event");
+    return NULL;
+}
+
+/* Plan(spec): a table's compiled decode plan, made once per TABLE_MAP
+ * (TableDecoder), holding its value caches. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *spec;       /* the plan tuple: keeps the borrowed obj/pydec alive */
+    ColPlan *cols;
+    Py_ssize_t n;
+} PlanObject;
+
+static PyObject *Plan_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    PyObject *spec;
+    if (!PyArg_ParseTuple(args, "O!:Plan", &PyTuple_Type, &spec)) return NULL;
+    PlanObject *self = (PlanObject *)type->tp_alloc(type, 0);
+    if (!self) return NULL;
+    if (build_plan(spec, &self->cols, &self->n) < 0) { Py_DECREF(self); return NULL; }
+    Py_INCREF(spec);
+    self->spec = spec;
+    return (PyObject *)self;
+}
+
+static void Plan_dealloc(PlanObject *self) {
+    if (self->cols) free_plan(self->cols, self->n);
+    Py_XDECREF(self->spec);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject PlanType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cynomys._speedups.Plan",
+    .tp_basicsize = sizeof(PlanObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Plan(spec): the compiled decode plan of one table (see parser/rows.py _plan_for)",
+    .tp_new = Plan_new,
+    .tp_dealloc = (destructor)Plan_dealloc,
+};
+
+static PyObject *decode_rows(PyObject *self, PyObject *args) {
+    PyObject *body;
+    PlanObject *plan;
+    int pairs;
+    if (!PyArg_ParseTuple(args, "SO!p:decode_rows", &body, &PlanType, &plan, &pairs)) return NULL;
+    ColPlan *cols = plan->cols;
+    Py_ssize_t n = plan->n;
+    const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(body);
+    Py_ssize_t end = PyBytes_GET_SIZE(body), off = 0;
+    PyObject *out = PyList_New(0);
+    if (!out) return NULL;
+    while (off < end) {
+        PyObject *first = read_image(cols, n, body, buf, &off, end), *second = NULL, *pair;
+        if (!first) goto fail;
+        if (pairs) {
+            second = read_image(cols, n, body, buf, &off, end);
+            if (!second) { Py_DECREF(first); goto fail; }
+        } else {
+            second = Py_None;
+            Py_INCREF(second);
+        }
+        pair = PyTuple_New(2);
+        if (!pair) { Py_DECREF(first); Py_DECREF(second); goto fail; }
+        PyTuple_SET_ITEM(pair, 0, first);
+        PyTuple_SET_ITEM(pair, 1, second);
+        untrack_if_atomic(pair);
+        if (PyList_Append(out, pair) < 0) { Py_DECREF(pair); goto fail; }
+        Py_DECREF(pair);
+    }
+    return out;
+fail:
+    Py_CLEAR(out);
+    return NULL;
+}
+
+/* ======================================================================
+ * Avro encoding of a Batch (schemas/batch.v1.avsc), byte-for-byte what
+ * fastavro's schemaless_writer writes for codec.py's datum:
+ *   long/int: zig-zag varint; string/bytes: long length + bytes;
+ *   boolean: one byte; double: 8 bytes little-endian;
+ *   array/map: one block (count, items) then a 0 count -- an empty one is
+ *   just the 0; union: the branch index as a long, then the value.
+ * ==================================================================== */
+
+typedef struct {
+    char *p;
+    Py_ssize_t len, cap;
+} Buf;
+
+static int buf_grow(Buf *b, Py_ssize_t need) {
+    if (b->len + need <= b->cap) return 0;
+    Py_ssize_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + need) cap *= 2;
+    char *p = PyMem_Realloc(b->p, cap);
+    if (!p) { PyErr_NoMemory(); return -1; }
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+static inline int put_long(Buf *b, int64_t n) {
+    if (buf_grow(b, 10) < 0) return -1;
+    uint64_t z = ((uint64_t)n << 1) ^ (uint64_t)(n >> 63);
+    unsigned char *o = (unsigned char *)b->p + b->len;
+    int i = 0;
+    while (z & ~0x7FULL) { o[i++] = (unsigned char)((z & 0x7F) | 0x80); z >>= 7; }
+    o[i++] = (unsigned char)z;
+    b->len += i;
+    return 0;
+}
+
+static inline int put_raw(Buf *b, const char *s, Py_ssize_t n) {
+    if (put_long(b, n) < 0 || buf_grow(b, n) < 0) return -1;
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    return 0;
+}
+
+static int put_double(Buf *b, double d) {
+    if (buf_grow(b, 8) < 0) return -1;
+    memcpy(b->p + b->len, &d, 8);
+    b->len += 8;
+    return 0;
+}
+
+static int put_byte(Buf *b, int v) {
+    if (buf_grow(b, 1) < 0) return -1;
+    b->p[b->len++] = (char)v;
+    return 0;
+}
+
+static int fallback(const char *why) {
+    PyErr_SetString(Fallback, why);
+    return -1;
+}
+
+/* An exact str (not a subclass) as Avro string. */
+static int put_str(Buf *b, PyObject *s) {
+    if (!PyUnicode_CheckExact(s)) return fallback("expected a str");
+    Py_ssize_t n;
+    const char *u = PyUnicode_AsUTF8AndSize(s, &n);
+    if (!u) { PyErr_Clear(); return fallback("str not encodable as UTF-8"); }
+    return put_raw(b, u, n);
+}
+
+/* str(v) as Avro string (DECIMAL text, big integers, RawTemporal). */
+static int put_str_of(Buf *b, PyObject *v) {
+    PyObject *s = PyObject_Str(v);
+    if (!s) return -1;
+    int r = put_str(b, s);
+    Py_DECREF(s);
+    return r;
+}
+
+static int put_int_obj(Buf *b, PyObject *v) {
+    if (!PyLong_CheckExact(v)) return fallback("expected an int");
+    int overflow;
+    long long n = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow || (n == -1 && PyErr_Occurred())) { PyErr_Clear(); return fallback("int beyond int64"); }
+    return put_long(b, n);
+}
+
+static PyObject *S_file, *S_pos, *S_gtid, *S_database, *S_table, *S_columns, *S_key, *S_name, *S_type,
+    *S_nullable, *S_tid, *S_sql, *S_op, *S_txn, *S_commit_ts, *S_schema, *S_before, *S_after;
+
+static int put_attr_str(Buf *b, PyObject *o, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (!v) return -1;
+    int r = put_str(b, v);
+    Py_DECREF(v);
+    return r;
+}
+
+static int put_attr_int(Buf *b, PyObject *o, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (!v) return -1;
+    int r = put_int_obj(b, v);
+    Py_DECREF(v);
+    return r;
+}
+
+static int put_position(Buf *b, PyObject *p) {
+    if (put_attr_str(b, p, S_file) < 0 || put_attr_int(b, p, S_pos) < 0 || put_attr_str(b, p, S_gtid) < 0) return -1;
+    return 0;
+}
+
+/* Value kinds of a column, as codec._encode_column sees type(value). */
+enum { V_NONE, V_INT, V_BOOL, V_FLOAT, V_STR, V_BYTES, V_DECIMAL, V_DATE, V_DATETIME, V_TIMEDELTA, V_RAWTEMPORAL };
+
+static int value_kind(PyObject *v) {
+    PyTypeObject *t = Py_TYPE(v);
+    if (v == Py_None) return V_NONE;
+    if (t == &PyLong_Type) return V_INT;
+    if (t == &PyUnicode_Type) return V_STR;
+    if (t == &PyFloat_Type) return V_FLOAT;
+    if (t == &PyBytes_Type) return V_BYTES;
+    if ((PyObject *)t == DecimalType) return V_DECIMAL;
+    if (t == PyDateTimeAPI->DateType) return V_DATE;
+    if (t == PyDateTimeAPI->DateTimeType) return V_DATETIME;
+    if (t == PyDateTimeAPI->DeltaType) return V_TIMEDELTA;
+    if (t == &PyBool_Type) return V_BOOL;
+    if ((PyObject *)t == RawTemporalType) return V_RAWTEMPORAL;
+    return -1;  /* bytearray, memoryview, unknown: the pure path decides */
+}
+
+static int64_t date_days(PyObject *v) {
+    return days_from_civil(PyDateTime_GET_YEAR(v), PyDateTime_GET_MONTH(v), PyDateTime_GET_DAY(v));
+}
+
+static int64_t datetime_us(PyObject *v) {
+    int64_t days = date_days(v);
+    return ((days * 24 + PyDateTime_DATE_GET_HOUR(v)) * 60 + PyDateTime_DATE_GET_MINUTE(v)) * 60000000LL
+           + PyDateTime_DATE_GET_SECOND(v) * 1000000LL + PyDateTime_DATE_GET_MICROSECOND(v);
+}
+
+static int64_t delta_us(PyObject *v) {
+    return ((int64_t)PyDateTime_DELTA_GET_DAYS(v) * 86400 + PyDateTime_DELTA_GET_SECONDS(v)) * 1000000LL
+           + PyDateTime_DELTA_GET_MICROSECONDS(v);
+}
+
+/* Aware datetimes: only UTC (what the decoder makes) is computed here. */
+static int dt_tz(PyObject *v) {
+    PyObject *tz = PyDateTime_DATE_GET_TZINFO(v);
+    if (tz == Py_None) return 0;
+    if (tz == PyDateTime_TimeZone_UTC) return 1;
+    return -1;
+}
+
+/* Union branches of MixedColumn's items and of the column union. */
+enum { M_NULL, M_LONG, M_DOUBLE, M_STRING, M_BYTES, M_DECIMAL, M_BIGINT, M_DATE, M_DATETIME, M_TIMESTAMP, M_TIME,
+       M_RAWTEMPORAL };
+enum { C_LONG, C_DOUBLE, C_STRING, C_BYTES, C_DECIMAL, C_BIGINT, C_DATE, C_DATETIME, C_TIMESTAMP, C_TIME, C_MIXED };
+
+static int put_tagged(Buf *b, PyObject *v) {
+    switch (value_kind(v)) {
+    case V_NONE: return put_long(b, M_NULL);
+    case V_INT: {
+        int overflow;
+        long long n = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (n == -1 && PyErr_Occurred()) return -1;
+        if (overflow) return put_long(b, M_BIGINT) < 0 ? -1 : put_str_of(b, v);
+        return put_long(b, M_LONG) < 0 ? -1 : put_long(b, n);
+    }
+    case V_BOOL: return put_long(b, M_LONG) < 0 ? -1 : put_long(b, v == Py_True);
+    case V_FLOAT: return put_long(b, M_DOUBLE) < 0 ? -1 : put_double(b, PyFloat_AS_DOUBLE(v));
+    case V_STR: return put_long(b, M_STRING) < 0 ? -1 : put_str(b, v);
+    case V_BYTES: return put_long(b, M_BYTES) < 0 ? -1 : put_raw(b, PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v));
+    case V_DECIMAL: return put_long(b, M_DECIMAL) < 0 ? -1 : put_str_of(b, v);
+    case V_DATE: return put_long(b, M_DATE) < 0 ? -1 : put_long(b, date_days(v));
+    case V_DATETIME: {
+        int tz = dt_tz(v);
+        if (tz < 0) return fallback("datetime in a time zone other than UTC");
+        return put_long(b, tz ? M_TIMESTAMP : M_DATETIME) < 0 ? -1 : put_long(b, datetime_us(v));
+    }
+    case V_TIMEDELTA: return put_long(b, M_TIME) < 0 ? -1 : put_long(b, delta_us(v));
+    case V_RAWTEMPORAL: return put_long(b, M_RAWTEMPORAL) < 0 ? -1 : put_str_of(b, v);
+    }
+    return fallback("value type for the pure encoder");
+}
+
+/* str(Decimal) by object identity within one column: the decoder hands out
+ * one object per distinct DECIMAL field, and the batch keeps every value
+ * alive during the call, so equal pointers are the same value. */
+#define STR_CACHE 256
+typedef struct { PyObject *key, *text; } StrSlot;
+
+static int put_decimal_cached(Buf *b, PyObject *v, StrSlot *cache) {
+    StrSlot *slot = &cache[((uintptr_t)v >> 4) % STR_CACHE];
+    if (slot->key != v) {
+        PyObject *s = PyObject_Str(v);
+        if (!s) return -1;
+        Py_XSETREF(slot->text, s);
+        slot->key = v;
+    }
+    return put_str(b, slot->text);
+}
+
+/* One column of a block: codec._encode_column. */
+static int put_column(Buf *b, PyObject **rows, Py_ssize_t nrows, Py_ssize_t col) {
+    unsigned mask = 0;
+    Py_ssize_t nnull = 0;
+    int big = 0, naive = 0, aware = 0;
+    for (Py_ssize_t r = 0; r < nrows; r++) {
+        PyObject *v = PyTuple_GET_ITEM(rows[r], col);
+        int k = value_kind(v);
+        if (k < 0) return fallback("value type for the pure encoder");
+        if (k == V_NONE) { nnull++; continue; }
+        mask |= 1u << k;
+        if (k == V_INT && !big) {
+            int overflow;
+            long long n = PyLong_AsLongLongAndOverflow(v, &overflow);
+            if (n == -1 && PyErr_Occurred()) return -1;
+            big = overflow != 0;
+        } else if (k == V_DATETIME) {
+            int tz = dt_tz(v);
+            if (tz < 0) return fallback("datetime in a time zone other than UTC");
+            if (tz) aware = 1; else naive = 1;
+        }
+    }
+    int cls;
+    switch (mask) {
+    case 0: cls = C_LONG; break;
+    case 1u << V_INT: cls = big ? C_BIGINT : C_LONG; break;
+    case 1u << V_BOOL: cls = C_LONG; break;
+    case 1u << V_FLOAT: cls = C_DOUBLE; break;
+    case 1u << V_STR: cls = C_STRING; break;
+    case 1u << V_BYTES: cls = C_BYTES; break;
+    case 1u << V_DECIMAL: cls = C_DECIMAL; break;
+    case 1u << V_DATE: cls = C_DATE; break;
+    case 1u << V_TIMEDELTA: cls = C_TIME; break;
+    case 1u << V_DATETIME: cls = naive && aware ? C_MIXED : aware ? C_TIMESTAMP : C_DATETIME; break;
+    default: cls = C_MIXED;  /* several kinds, or RawTemporal alone */
+    }
+    if (put_long(b, cls) < 0) return -1;
+    if (cls == C_MIXED) {  /* NULLs inline, one tagged value each */
+        if (nrows && put_long(b, nrows) < 0) return -1;
+        for (Py_ssize_t r = 0; r < nrows; r++)
+            if (put_tagged(b, PyTuple_GET_ITEM(rows[r], col)) < 0) return -1;
+        return put_long(b, 0);
+    }
+    /* nulls: the row indexes of the NULLs */
+    if (nnull) {
+        if (put_long(b, nnull) < 0) return -1;
+        for (Py_ssize_t r = 0; r < nrows; r++)
+            if (PyTuple_GET_ITEM(rows[r], col) == Py_None && put_long(b, r) < 0) return -1;
+    }
+    if (put_long(b, 0) < 0) return -1;
+    /* v: the non-NULL values, in row order */
+    Py_ssize_t npresent = nrows - nnull;
+    if (npresent && put_long(b, npresent) < 0) return -1;
+    if (cls == C_DECIMAL) {
+        StrSlot cache[STR_CACHE] = {{0}};
+        int rc = 0;
+        for (Py_ssize_t r = 0; rc == 0 && r < nrows; r++) {
+            PyObject *v = PyTuple_GET_ITEM(rows[r], col);
+            if (v != Py_None) rc = put_decimal_cached(b, v, cache);
+        }
+        for (int i = 0; i < STR_CACHE; i++) Py_XDECREF(cache[i].text);
+        return rc < 0 ? -1 : put_long(b, 0);
+    }
+    for (Py_ssize_t r = 0; npresent && r < nrows; r++) {
+        PyObject *v = PyTuple_GET_ITEM(rows[r], col);
+        int rc = 0;
+        if (v == Py_None) continue;
+        switch (cls) {
+        case C_LONG:
+            rc = Py_TYPE(v) == &PyBool_Type ? put_long(b, v == Py_True) : put_long(b, PyLong_AsLongLong(v));
+            break;
+        case C_BIGINT: rc = put_str_of(b, v); break;
+        case C_DOUBLE: rc = put_double(b, PyFloat_AS_DOUBLE(v)); break;
+        case C_STRING: rc = put_str(b, v); break;
+        case C_BYTES: rc = put_raw(b, PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v)); break;
+        case C_DATE: rc = put_long(b, date_days(v)); break;
+        case C_DATETIME: case C_TIMESTAMP: rc = put_long(b, datetime_us(v)); break;
+        case C_TIME: rc = put_long(b, delta_us(v)); break;
+        }
+        if (rc < 0) return -1;
+    }
+    return put_long(b, 0);
+}
+
+typedef struct {
+    PyObject *schema;     /* borrowed: the first object seen for this table */
+    PyObject **rows;      /* borrowed row images, in order */
+    Py_ssize_t nrows, cap;
+} TableImages;
+
+typedef struct {
+    TableImages *t;
+    Py_ssize_t n, cap;
+    PyObject **alias;     /* schema objects seen (identity), parallel to alias_ref */
+    Py_ssize_t *alias_ref;
+    Py_ssize_t nalias, alias_cap;
+} Tables;
+
+static void tables_free(Tables *ts) {
+    for (Py_ssize_t i = 0; i < ts->n; i++) PyMem_Free(ts->t[i].rows);
+    PyMem_Free(ts->t);
+    PyMem_Free(ts->alias);
+    PyMem_Free(ts->alias_ref);
+}
+
+/* codec.encode's table_ref(): by identity first, then by value (equal
+ * schemas from different objects share one ref). */
+static Py_ssize_t table_ref(Tables *ts, PyObject *schema) {
+    for (Py_ssize_t i = ts->nalias - 1; i >= 0; i--)
+        if (ts->alias[i] == schema) return ts->alias_ref[i];
+    Py_ssize_t ref = -1;
+    for (Py_ssize_t i = 0; i < ts->n && ref < 0; i++) {
+        int eq = PyObject_RichCompareBool(ts->t[i].schema, schema, Py_EQ);
+        if (eq < 0) return -2;
+        if (eq) ref = i;
+    }
+    if (ref < 0) {
+        if (ts->n == ts->cap) {
+            Py_ssize_t cap = ts->cap ? ts->cap * 2 : 8;
+            TableImages *t = PyMem_Realloc(ts->t, cap * sizeof(TableImages));
+            if (!t) { PyErr_NoMemory(); return -2; }
+            ts->t = t;
+            ts->cap = cap;
+        }
+        ref = ts->n++;
+        ts->t[ref] = (TableImages){schema, NULL, 0, 0};
+    }
+    if (ts->nalias == ts->alias_cap) {
+        Py_ssize_t cap = ts->alias_cap ? ts->alias_cap * 2 : 8;
+        PyObject **a = PyMem_Realloc(ts->alias, cap * sizeof(PyObject *));
+        if (!a) { PyErr_NoMemory(); return -2; }
+        ts->alias = a;
+        Py_ssize_t *r = PyMem_Realloc(ts->alias_ref, cap * sizeof(Py_ssize_t));
+        if (!r) { PyErr_NoMemory(); return -2; }
+        ts->alias_ref = r;
+        ts->alias_cap = cap;
+    }
+    ts->alias[ts->nalias] = schema;
+    ts->alias_ref[ts->nalias++] = ref;
+    return ref;
+}
+
+static Py_ssize_t add_image(TableImages *t, PyObject *row) {
+    if (t->nrows == t->cap) {
+        Py_ssize_t cap = t->cap ? t->cap * 2 : 256;
+        PyObject **r = PyMem_Realloc(t->rows, cap * sizeof(PyObject *));
+        if (!r) { PyErr_NoMemory(); return -1; }
+        t->rows = r;
+        t->cap = cap;
+    }
+    t->rows[t->nrows] = row;
+    return t->nrows++;
+}
+
+static int put_table_def(Buf *b, PyObject *schema) {
+    int rc = -1;
+    PyObject *cols = NULL, *key = NULL;
+    if (put_attr_str(b, schema, S_database) < 0 || put_attr_str(b, schema, S_table) < 0) return -1;
+    cols = PyObject_GetAttr(schema, S_columns);
+    if (!cols) goto done;
+    if (!PyTuple_CheckExact(cols)) { fallback("schema columns not a tuple"); goto done; }
+    Py_ssize_t n = PyTuple_GET_SIZE(cols);
+    if (n && put_long(b, n) < 0) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *c = PyTuple_GET_ITEM(cols, i), *nullable;
+        if (put_attr_str(b, c, S_name) < 0 || put_attr_str(b, c, S_type) < 0) goto done;
+        nullable = PyObject_GetAttr(c, S_nullable);
+        if (!nullable) goto done;
+        int t = PyObject_IsTrue(nullable);
+        Py_DECREF(nullable);
+        if (t < 0 || put_byte(b, t) < 0) goto done;
+    }
+    if (put_long(b, 0) < 0) goto done;
+    key = PyObject_GetAttr(schema, S_key);
+    if (!key) goto done;
+    if (!PyTuple_CheckExact(key)) { fallback("schema key not a tuple"); goto done; }
+    n = PyTuple_GET_SIZE(key);
+    if (n && put_long(b, n) < 0) goto done;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (put_str(b, PyTuple_GET_ITEM(key, i)) < 0) goto done;
+    rc = put_long(b, 0);
+done:
+    Py_XDECREF(cols);
+    Py_XDECREF(key);
+    return rc;
+}
+
+/* encode_batch(prefix, producer_id, end, complete, first_txn, created_us,
+ *              last_commit_ts, meta, changes, op_index) -> bytes */
+static PyObject *encode_batch(PyObject *self, PyObject *args) {
+    PyObject *prefix, *producer_id, *end, *complete, *first_txn, *created_us, *last_commit_ts, *meta, *changes,
+        *op_index;
+    if (!PyArg_ParseTuple(args, "SOOOOOOO!O!O!:encode_batch", &prefix, &producer_id, &end, &complete, &first_txn,
+                          &created_us, &last_commit_ts, &PyDict_Type, &meta, &PyTuple_Type, &changes, &PyDict_Type,
+                          &op_index))
+        return NULL;
+    Buf b = {NULL, 0, 0};
+    Tables ts = {0};
+    Py_ssize_t nchanges = PyTuple_GET_SIZE(changes);
+    Py_ssize_t *refs = PyMem_Malloc(3 * (nchanges ? nchanges : 1) * sizeof(Py_ssize_t));
+    PyObject *out = NULL;
+    if (!refs) { PyErr_NoMemory(); goto done; }
+
+    /* Pass 1: table refs and row-image indexes (records point into images). */
+    for (Py_ssize_t i = 0; i < nchanges; i++) {
+        PyObject *c = PyTuple_GET_ITEM(changes, i);
+        PyObject *schema = PyObject_GetAttr(c, S_schema);
+        if (!schema) goto done;
+        Py_ssize_t ref = -1, img[2] = {-1, -1};
+        if (schema != Py_None) {
+            ref = table_ref(&ts, schema);
+            if (ref == -2) { Py_DECREF(schema); goto done; }
+        }
+        Py_DECREF(schema);  /* the change keeps it alive */
+        PyObject *names[2] = {S_before, S_after};
+        for (int k = 0; k < 2; k++) {
+            PyObject *row = PyObject_GetAttr(c, names[k]);
+            if (!row) goto done;
+            Py_DECREF(row);  /* borrowed from the change */
+            if (row == Py_None) continue;
+            if (ref < 0 || !PyTuple_CheckExact(row)) { fallback("row image the pure encoder must judge"); goto done; }
+            img[k] = add_image(&ts.t[ref], row);
+            if (img[k] < 0) goto done;
+        }
+        refs[3 * i] = ref;
+        refs[3 * i + 1] = img[0];
+        refs[3 * i + 2] = img[1];
+    }
+
+    if (buf_grow(&b, PyBytes_GET_SIZE(prefix)) < 0) goto done;
+    memcpy(b.p, PyBytes_AS_STRING(prefix), PyBytes_GET_SIZE(prefix));
+    b.len = PyBytes_GET_SIZE(prefix);
+    int truth;
+    if (put_str(&b, producer_id) < 0 || put_position(&b, end) < 0) goto done;
+    if ((truth = PyObject_IsTrue(complete)) < 0 || put_byte(&b, truth) < 0) goto done;
+    if (first_txn == Py_None) {
+        if (put_long(&b, 0) < 0) goto done;
+    } else if (put_long(&b, 1) < 0 || put_position(&b, first_txn) < 0) goto done;
+    if (put_int_obj(&b, created_us) < 0 || put_int_obj(&b, last_commit_ts) < 0) goto done;
+    if (PyDict_GET_SIZE(meta) && put_long(&b, PyDict_GET_SIZE(meta)) < 0) goto done;
+    {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(meta, &pos, &k, &v))
+            if (put_str(&b, k) < 0 || put_str(&b, v) < 0) goto done;
+    }
+    if (put_long(&b, 0) < 0) goto done;
+
+    /* tables */
+    if (ts.n && put_long(&b, ts.n) < 0) goto done;
+    for (Py_ssize_t i = 0; i < ts.n; i++)
+        if (put_table_def(&b, ts.t[i].schema) < 0) goto done;
+    if (put_long(&b, 0) < 0) goto done;
+
+    /* records */
+    if (nchanges && put_long(&b, nchanges) < 0) goto done;
+    for (Py_ssize_t i = 0; i < nchanges; i++) {
+        PyObject *c = PyTuple_GET_ITEM(changes, i), *v;
+        if (put_attr_str(&b, c, S_tid) < 0 || put_attr_str(&b, c, S_database) < 0
+            || put_attr_str(&b, c, S_table) < 0)
+            goto done;
+        if (!(v = PyObject_GetAttr(c, S_sql))) goto done;
+        int rc = v == Py_None ? put_long(&b, 0) : (put_long(&b, 1) < 0 ? -1 : put_str(&b, v));
+        Py_DECREF(v);
+        if (rc < 0) goto done;
+        if (!(v = PyObject_GetAttr(c, S_op))) goto done;
+        PyObject *idx = PyDict_GetItemWithError(op_index, v);
+        Py_DECREF(v);
+        if (!idx) { if (!PyErr_Occurred()) fallback("op not in the schema's enum"); goto done; }
+        if (put_long(&b, PyLong_AsLongLong(idx)) < 0) goto done;
+        if (!(v = PyObject_GetAttr(c, S_txn))) goto done;
+        rc = put_position(&b, v);
+        Py_DECREF(v);
+        if (rc < 0 || put_attr_int(&b, c, S_commit_ts) < 0) goto done;
+        if (put_long(&b, refs[3 * i]) < 0 || put_long(&b, refs[3 * i + 1]) < 0
+            || put_long(&b, refs[3 * i + 2]) < 0)
+            goto done;
+    }
+    if (put_long(&b, 0) < 0) goto done;
+
+    /* images: one block per table with rows, column-wise */
+    {
+        Py_ssize_t nblocks = 0;
+        for (Py_ssize_t i = 0; i < ts.n; i++) nblocks += ts.t[i].nrows > 0;
+        if (nblocks && put_long(&b, nblocks) < 0) goto done;
+        for (Py_ssize_t i = 0; i < ts.n; i++) {
+            TableImages *t = &ts.t[i];
+            if (!t->nrows) continue;
+            PyObject *cols = PyObject_GetAttr(t->schema, S_columns);
+            if (!cols) goto done;
+            Py_ssize_t width = PyObject_Length(cols);
+            Py_DECREF(cols);
+            if (width < 0) goto done;
+            for (Py_ssize_t r = 0; r < t->nrows; r++)
+                if (PyTuple_GET_SIZE(t->rows[r]) != width) { fallback("row width differs from its schema"); goto done; }
+            if (put_long(&b, i) < 0 || put_long(&b, t->nrows) < 0) goto done;
+            if (width && put_long(&b, width) < 0) goto done;
+            for (Py_ssize_t col = 0; col < width; col++)
+                if (put_column(&b, t->rows, t->nrows, col) < 0) goto done;
+            if (put_long(&b, 0) < 0) goto done;
+        }
+        if (put_long(&b, 0) < 0) goto done;
+    }
+    out = PyBytes_FromStringAndSize(b.p, b.len);
+done:
+    PyMem_Free(b.p);
+    PyMem_Free(refs);
+    tables_free(&ts);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"decode_rows", decode_rows, METH_VARARGS,
+     "decode_rows(body, plan: Plan, pairs) -> [(row, row|None)]: every row image of a ROWS event body"},
+    {"encode_batch", encode_batch, METH_VARARGS,
+     "encode_batch(prefix, producer_id, end, complete, first_txn, created_us, last_commit_ts, meta, changes, "
+     "op_index) -> bytes: a Batch as codec.encode writes it"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "cynomys._speedups",
+                                    "Compiled hot path of the producer (see _speedups.c).", -1, methods};
+
+PyMODINIT_FUNC PyInit__speedups(void) {
+    PyDateTime_IMPORT;
+    if (!PyDateTimeAPI) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    PyObject *dec = PyImport_ImportModule("decimal");
+    PyObject *model = PyImport_ImportModule("cynomys.core.model");
+    if (!dec || !model) goto fail;
+    DecimalType = PyObject_GetAttrString(dec, "Decimal");
+    RawTemporalType = PyObject_GetAttrString(model, "RawTemporal");
+    Py_DECREF(dec);
+    Py_DECREF(model);
+    dec = model = NULL;
+    if (!DecimalType || !RawTemporalType) goto fail;
+    if (PyType_Ready(&PlanType) < 0 || PyModule_AddObjectRef(m, "Plan", (PyObject *)&PlanType) < 0) goto fail;
+    Fallback = PyErr_NewException("cynomys._speedups.Fallback", NULL, NULL);
+    if (!Fallback || PyModule_AddObjectRef(m, "Fallback", Fallback) < 0) goto fail;
+#define INTERN(var, text) if (!(var = PyUnicode_InternFromString(text))) goto fail
+    INTERN(S_file, "file"); INTERN(S_pos, "pos"); INTERN(S_gtid, "gtid"); INTERN(S_database, "database");
+    INTERN(S_table, "table"); INTERN(S_columns, "columns"); INTERN(S_key, "key"); INTERN(S_name, "name");
+    INTERN(S_type, "type"); INTERN(S_nullable, "nullable"); INTERN(S_tid, "tid"); INTERN(S_sql, "sql");
+    INTERN(S_op, "op"); INTERN(S_txn, "txn"); INTERN(S_commit_ts, "commit_ts"); INTERN(S_schema, "schema");
+    INTERN(S_before, "before"); INTERN(S_after, "after");
+#undef INTERN
+    return m;
+fail:
+    Py_XDECREF(dec);
+    Py_XDECREF(model);
+    Py_DECREF(m);
+    return NULL;
+}

@@ -1,0 +1,111 @@
+"""The compiled Avro writer writes the reference encoder's bytes exactly."""
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import random
+
+import pytest
+
+from cynomys import compiled
+from cynomys.core.errors import SchemaError
+from cynomys.core.model import Batch, Change, ColumnDef, Op, Position, RawTemporal, TableSchema, Value
+from cynomys.schemas import codec
+from tests.unit.test_codec import VALUES, _batch
+
+pytestmark = pytest.mark.skipif(not compiled.available(), reason="cynomys._speedups is not built")
+
+
+def _compiled_bytes(batch: Batch) -> bytes:
+    """The compiled writer alone (no fallback), so a test proves it ran."""
+    ext = compiled._loaded
+    assert ext is not None
+    return ext.encode_batch(codec.MAGIC + bytes([codec.VERSION]), batch.producer_id, batch.end, batch.complete,
+                            batch.first_txn, batch.created_us, batch.last_commit_ts, dict(batch.meta),
+                            tuple(batch.changes), codec._op_index())
+
+
+def _random_value(rng: random.Random, kind: str) -> Value:
+    if rng.random() < 0.15:
+        return None
+    if kind == "int":
+        return rng.choice([rng.randint(-2**63, 2**63 - 1), rng.randint(-1000, 1000), 0])
+    if kind == "bigint":
+        return rng.randint(0, 2**64 - 1)
+    if kind == "float":
+        return rng.choice([rng.uniform(-1e300, 1e300), -0.0, float("inf"), rng.random()])
+    if kind == "str":
+        return "".join(rng.choice("ab\u00e9\U0001F600\x00 ,'") for _ in range(rng.randint(0, 40)))
+    if kind == "bytes":
+        return bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 40)))
+    if kind == "decimal":
+        return decimal.Decimal(rng.randint(-10**30, 10**30)).scaleb(-rng.randint(0, 30))
+    if kind == "date":
+        return dt.date(1, 1, 1) + dt.timedelta(days=rng.randint(0, 3652058))
+    if kind == "zerodate":
+        return rng.choice([dt.date(2020, 2, 29), RawTemporal("0000-00-00"), RawTemporal("2020-00-10")])
+    if kind == "datetime":
+        return dt.datetime(1, 1, 1) + dt.timedelta(microseconds=rng.randint(0, 315537897599999999))
+    if kind == "timestamp":
+        return dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=rng.randint(1, 2**31 * 10**6))
+    if kind == "time":
+        return dt.timedelta(microseconds=rng.randint(-3020399999999, 3020399999999))
+    if kind == "mixed":
+        return _random_value(rng, rng.choice(["int", "bigint", "float", "str", "bytes", "decimal", "date", "zerodate",
+                                              "datetime", "timestamp", "time"]))
+    raise AssertionError(kind)
+
+
+KINDS = ["int", "bigint", "float", "str", "bytes", "decimal", "date", "zerodate", "datetime", "timestamp", "time", "mixed"]
+
+
+def random_batch(seed: int) -> Batch:
+    rng = random.Random(seed)
+    schemas = []
+    for t in range(3):
+        kinds = [rng.choice(KINDS) for _ in range(rng.randint(1, 8))]
+        cols = tuple(ColumnDef(f"c{i}_{k}", k, rng.random() < 0.8) for i, k in enumerate(kinds))
+        schemas.append((TableSchema("db", f"t{t}", cols, (cols[0].name,)), kinds))
+    changes: list[Change] = []
+    for i in range(rng.randint(0, 400)):
+        schema, kinds = rng.choice(schemas)
+        op = rng.choice([Op.INSERT, Op.UPDATE, Op.DELETE, Op.READ, Op.DDL])
+        txn = Position("mysql-bin.000001", 4 + i, rng.choice(["", "0-1-%d" % i]))
+        if op is Op.DDL:
+            changes.append(Change(op, "db", "", f"0-1-{i}", txn, i, sql=f"ALTER TABLE t ADD c{i} int"))
+            continue
+        row = lambda: tuple(_random_value(rng, k) for k in kinds)  # noqa: E731
+        before = row() if op in (Op.UPDATE, Op.DELETE) else None
+        after = row() if op in (Op.INSERT, Op.UPDATE, Op.READ) else None
+        # an equal schema from another object shares a table ref
+        sch = TableSchema(schema.database, schema.table, schema.columns, schema.key) if rng.random() < 0.1 else schema
+        changes.append(Change(op, "db", schema.table, f"0-1-{i}", txn, 1700000000 + i, sch, before, after,
+                              rng.choice([None, "INSERT ..."])))
+    meta = {"frag": str(seed)} if seed % 2 else {}
+    return Batch(f"p{seed}", tuple(changes), Position("mysql-bin.000002", 77, "0-1-9"), bool(seed % 3),
+                 changes[0].txn if changes else None, seed * 1000, 1700000000 + seed, meta)
+
+
+def test_every_value_type_same_bytes() -> None:
+    b = _batch(VALUES)
+    assert _compiled_bytes(b) == codec.encode_pure(b)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_random_batches_same_bytes_and_round_trip(seed: int) -> None:
+    b = random_batch(seed)
+    got = _compiled_bytes(b)
+    assert got == codec.encode_pure(b)
+    assert codec.decode(got) == b
+
+
+def test_unusual_values_fall_back_to_the_reference() -> None:
+    cet = dt.timezone(dt.timedelta(hours=1))
+    b = _batch([1, bytearray(b"ab"), dt.datetime(2020, 1, 1, tzinfo=cet)])
+    assert codec.encode(b) == codec.encode_pure(b)  # via Fallback
+    with pytest.raises(SchemaError, match="complex"):
+        codec.encode(_batch([1, complex(1, 2)]))
+    with pytest.raises(SchemaError, match="columns"):
+        cols = (ColumnDef("a", "int"), ColumnDef("b", "int"))
+        codec.encode(Batch("p", (Change(Op.INSERT, "d", "t", "x", Position("f", 4), 0, TableSchema("d", "t", cols, ("a",)),
+                                        None, (1,)),), Position("f", 5)))
