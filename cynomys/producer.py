@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from cynomys import compiled
 from cynomys.core.checkpoint import read_json, write_json_atomic
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, CynomysError, TerminalError
@@ -189,6 +190,7 @@ class Producer:
 
     def run(self) -> None:
         """Read until stopped (or, non-blocking, until the binlog's end)."""
+        compiled.announce()  # which hot path decodes rows (compiled or pure Python), once, at start
         self._recover_pending()
         first_start = self.state.checkpoint is None
         inspector = SourceInspector(self.cfg.source)
