@@ -31,28 +31,20 @@ the two changes nothing.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
 import tempfile
 import time
-from typing import Any, Callable, ClassVar, Iterator, Sequence
+from typing import Any, ClassVar, Sequence
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import pymysql
 from pymysql.cursors import Cursor
 
-from cynomys.applier.targets.columnstore import ddl as ddl_ops
-from cynomys.applier.targets.base import (
-    short_sql,
-    statement_batches,
-    AppliedState,
-    Capabilities,
-    Flush,
-    TableFlush,
-    Target,
-)
+from cynomys.applier.targets.base import AppliedState, Capabilities, Flush, TableFlush
+from cynomys.applier.targets.columnstore import ddl as columnstore_ddl
+from cynomys.applier.targets.sql import SqlTarget
 from cynomys.applier.targets.columnstore.types import (
     FIELD_ENCODERS,
     INNODB,
@@ -64,7 +56,7 @@ from cynomys.applier.targets.columnstore.types import (
 )
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, TargetRejectedError, TargetUnavailableError
-from cynomys.core.model import Change, ColumnDef, Position, Row, TableSchema, Value
+from cynomys.core.model import ColumnDef, Position, Row, TableSchema, Value
 from cynomys.reducer.sql import MARIADB
 
 log = logging.getLogger(__name__)
@@ -98,11 +90,16 @@ def target_error(exc: pymysql.err.Error, what: str,
     return TargetRejectedError(f"{what}: target refused it ({code} {text})", hint=hint)
 
 
-class ColumnStoreTarget(Target):
+class ColumnStoreTarget(SqlTarget):
     """MariaDB ColumnStore (or InnoDB/Aria for tests and small replicas)."""
 
+    #: MariaDB DDL commits on its own.  Keys: see ``declares_keys``.
     capabilities: ClassVar[Capabilities] = Capabilities(
-        transactional_ddl=False, max_statement_rows=1000, supports_keys=False)
+        transactional_ddl=False, max_statement_rows=1000, supports_keys=True)
+    ident_quote: ClassVar[str] = "`"
+    driver_errors: ClassVar[tuple[type[BaseException], ...]] = (pymysql.err.Error,)
+    ddl_handlers = columnstore_ddl.HANDLERS
+    statement_bytes: ClassVar[int] = 8 * 1024 * 1024  # below max_allowed_packet
     #: Where the applier state lives on the target.
     state_database: ClassVar[str] = "cynomys_state"
     state_table: ClassVar[str] = "applied"
@@ -127,12 +124,6 @@ class ColumnStoreTarget(Target):
                               hint="e.g. 'ColumnStore', 'InnoDB' or 'Aria'")
         self.profile = self.profiles.get(self.engine.lower(), INNODB)
         self._dsn, self.use_load_data = self._parse_url(cfg.target.url)
-        self._conn: pymysql.connections.Connection | None = None
-        # Tables known to match a schema (created, columns present); cleared by DDL.
-        self._ready: dict[tuple[str, str], TableSchema] = {}
-        # Source schemas seen (flushes, DDL), for fetch_rows to give values
-        # their source type; kept in step by columnstore_ddl.
-        self.schemas: dict[tuple[str, str], TableSchema] = {}
 
     # ------------------------------------------------------------------
     # Connection
@@ -162,12 +153,15 @@ class ColumnStoreTarget(Target):
         return dsn, options.get("local_infile", "1") not in ("0", "false", "off")
 
     @property
+    def declares_keys(self) -> bool:
+        # MariaDB engines have keys; the ColumnStore engine has none.
+        return self.profile.declare_keys
+
+    @property
     def where(self) -> str:
         return f"MariaDB target {self._dsn['host']}:{self._dsn['port']}"
 
-    def _open(self) -> pymysql.connections.Connection:
-        if self._conn is not None:
-            return self._conn
+    def _connect(self) -> pymysql.connections.Connection:
         try:
             conn = pymysql.connect(**self._dsn, charset="utf8mb4", autocommit=False, local_infile=True,
                                    connect_timeout=10)
@@ -181,45 +175,21 @@ class ColumnStoreTarget(Target):
         except pymysql.err.Error as exc:
             self._discard(conn)
             raise target_error(exc, f"cannot set up a session on {self.where}") from exc
-        self._conn = conn
         return conn
 
-    def _discard(self, conn: pymysql.connections.Connection | None = None) -> None:
-        """Drop a connection that failed; the next call opens a new one."""
-        conn = conn or self._conn
-        if conn is self._conn:
-            self._conn = None
-        if conn is not None and conn.open:
-            try:
-                conn.close()
-            except pymysql.err.Error as exc:  # already broken; nothing more to release
-                log.debug("closing a failed connection to %s: %s", self.where, exc)
+    def is_transient(self, exc: BaseException) -> bool:
+        return isinstance(exc, pymysql.err.Error) and _transient(exc)
 
-    @contextlib.contextmanager
-    def _transaction(self, what: str, hint: str | None = None) -> Iterator[Cursor]:
-        """One target transaction: commit on success; roll back, translate
-        the driver error and raise on failure."""
-        conn = self._open()
-        try:
-            with conn.cursor() as cur:
-                yield cur
-            conn.commit()
-        except BaseException as exc:
-            self._rollback(conn)
-            if isinstance(exc, pymysql.err.Error):
-                err = target_error(exc, f"{what} on {self.where}", hint)
-                if isinstance(err, TargetUnavailableError):
-                    self._discard(conn)
-                raise err from exc
-            raise
+    def describe(self, exc: BaseException) -> str:
+        code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
+        text = exc.args[1] if len(exc.args) > 1 else str(exc)
+        return f"{code} {text}"
 
-    def _rollback(self, conn: pymysql.connections.Connection) -> None:
-        try:
-            conn.rollback()
-        except pymysql.err.Error as exc:
-            # The connection is gone: the server rolls back on disconnect.
-            log.warning("rollback on %s failed (%s); the server rolls back when the connection drops", self.where, exc)
-            self._discard(conn)
+    def target_error(self, exc: BaseException, what: str,
+                     hint: str | None = None) -> TargetUnavailableError | TargetRejectedError:
+        if isinstance(exc, pymysql.err.Error):
+            return target_error(exc, what, hint)
+        return super().target_error(exc, what, hint)
 
     def connect(self) -> None:
         with self._transaction("creating the state table", hint="grant CREATE on *.* to the target user") as cur:
@@ -232,9 +202,6 @@ class ColumnStoreTarget(Target):
                 " pos BIGINT NOT NULL, gtid TEXT NOT NULL, commit_ts BIGINT NOT NULL, updated_at TIMESTAMP(6) NULL"
                 ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4")
         log.info("connected to %s (engine %s)", self.where, self.engine)
-
-    def close(self) -> None:
-        self._discard()
 
     # ------------------------------------------------------------------
     # State
@@ -291,15 +258,13 @@ class ColumnStoreTarget(Target):
     def column_sql(self, col: ColumnDef, key: Sequence[str] = ()) -> str:
         """A column definition for this engine: mapped type; NOT NULL only
         for key columns (rows come from the source, which enforced the rest)."""
-        in_key = self.profile.declare_keys and col.name.lower() in {k.lower() for k in key}
+        in_key = self.declares_keys and col.name.lower() in {k.lower() for k in key}
         return f"{MARIADB.ident(col.name)} {self.profile.target_type(col)} {'NOT NULL' if in_key else 'NULL'}"
 
     def create_table_sql(self, database: str, table: str, columns: Sequence[ColumnDef], key: Sequence[str]) -> str:
         defs = [self.column_sql(c, key) for c in columns]
-        if key and self.profile.declare_keys:
-            defs.append("PRIMARY KEY (" + ", ".join(MARIADB.ident(k) for k in key) + ")")
         return (f"CREATE TABLE IF NOT EXISTS {MARIADB.table(database, table)} (\n  " + ",\n  ".join(defs)
-                + f"\n) ENGINE={self.engine} {self.profile.table_options}")
+                + self.key_clause(key) + f"\n) ENGINE={self.engine} {self.profile.table_options}")
 
     def check_database(self, database: str) -> None:
         if database.lower() == self.state_database.lower():
@@ -385,17 +350,6 @@ class ColumnStoreTarget(Target):
         self._execute(cur, f"DELETE FROM {tbl} WHERE {where}", schema)
         return [row] * max(int(present) - n, 0)
 
-    def _execute(self, cur: Cursor, sql: str, schema: TableSchema) -> None:
-        try:
-            cur.execute(sql)
-        except pymysql.err.Error as exc:
-            if _transient(exc):
-                raise
-            raise TargetRejectedError(
-                str(target_error(exc, f"table {schema.name}").message),
-                hint=f"check that {schema.name} on the target has the source's columns and types; "
-                     "fix it with ALTER TABLE on the target") from exc
-
     # -- bulk insert -------------------------------------------------------
     def _insert(self, cur: Cursor, schema: TableSchema, rows: list[Row]) -> None:
         if self.use_load_data:
@@ -408,7 +362,7 @@ class ColumnStoreTarget(Target):
                 log.warning("%s refuses LOAD DATA LOCAL INFILE (%s); using multi-row INSERT from now on "
                             "(enable local_infile on the server for faster loads)", self.where, exc.args[1])
                 self.use_load_data = False
-        self._insert_values(cur, schema, rows)
+        self._insert_values_of(cur, schema, rows)
 
     def _load_data(self, cur: Cursor, schema: TableSchema, rows: list[Row]) -> None:
         targets, sets = [], []
@@ -435,30 +389,20 @@ class ColumnStoreTarget(Target):
             except pymysql.err.Error as exc:
                 if exc.args and exc.args[0] in LOCAL_INFILE_REFUSED:
                     raise
-                raise self._rejected(schema, rows, exc.args[1] if len(exc.args) > 1 else str(exc)) from exc
+                raise self.rejected(schema, rows, self.describe(exc)) from exc
             # LOAD DATA LOCAL turns bad values into warnings (the server
             # cannot stop the client's upload), clamping or truncating them.
-            self._check_warnings(cur, schema, rows)
+            self._check_loaded(cur, schema, rows)
         finally:
             os.unlink(path)
 
-    def _insert_values(self, cur: Cursor, schema: TableSchema, rows: list[Row]) -> None:
+    def _insert_values_of(self, cur: Cursor, schema: TableSchema, rows: list[Row]) -> None:
         head = (f"INSERT INTO {MARIADB.table(schema.database, schema.table)} ("
                 + ", ".join(MARIADB.ident(c) for c in schema.column_names) + ") VALUES ")
         texts = ["(" + ", ".join(literal(v) for v in row) + ")" for row in rows]
-        for start, end in statement_batches(texts, self.capabilities.max_statement_rows, _MAX_STATEMENT_BYTES):
-            self._run_insert(cur, schema, head + ", ".join(texts[start:end]), rows[start:end])
+        self._insert_values(cur, schema, head, texts, rows)
 
-    def _run_insert(self, cur: Cursor, schema: TableSchema, sql: str, rows: list[Row]) -> None:
-        try:
-            cur.execute(sql)
-        except pymysql.err.Error as exc:
-            if _transient(exc):
-                raise
-            raise self._rejected(schema, rows, exc.args[1] if len(exc.args) > 1 else str(exc)) from exc
-        self._check_warnings(cur, schema, rows)
-
-    def _check_warnings(self, cur: Cursor, schema: TableSchema, rows: list[Row]) -> None:
+    def _check_loaded(self, cur: Cursor, schema: TableSchema, rows: list[Row]) -> None:
         if not cur.warning_count:
             return
         cur.execute("SHOW WARNINGS")
@@ -466,41 +410,16 @@ class ColumnStoreTarget(Target):
         problems = [str(msg) for _level, _code, msg in cur.fetchall()]
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            raise self._rejected(schema, rows, problems[0] + more)
+            raise self.rejected(schema, rows, problems[0] + more)
 
-    def _rejected(self, schema: TableSchema, rows: list[Row], message: str) -> TargetRejectedError:
-        """Name the table, the column/row the server named, and the fix."""
-        detail = ""
-        m = re.search(r"at row (\d+)", message)
-        if m and 0 < int(m.group(1)) <= len(rows):
-            row = rows[int(m.group(1)) - 1]
-            shown = tuple(row[i] for i in schema.key_indexes()) if schema.key else row
-            detail = f"; the row {'with key ' if schema.key else ''}{short_sql(repr(shown))}"
-        col = re.search(r"column '([^']+)'", message)
-        target_type = ""
-        if col:
-            for i, c in enumerate(schema.columns):
-                if c.name == col.group(1):
-                    value = f", value {short_sql(repr(rows[int(m.group(1)) - 1][i]))}" if detail and m else ""
-                    target_type = f" (source type {c.type}, mapped to {self.profile.target_type(c)}{value})"
-        return TargetRejectedError(
-            f"target table {schema.name} rejected a value: {message}{target_type}{detail}",
-            hint="widen the column on the target (ALTER TABLE ... MODIFY) or fix the value on the source; "
-                 "the flush was rolled back and will be retried from the same position")
+    def describe_column(self, col: ColumnDef) -> str:
+        return self.profile.target_type(col)
 
     # ------------------------------------------------------------------
     # DDL
     # ------------------------------------------------------------------
-    def apply_ddl(self, change: Change, state: AppliedState) -> None:
-        sql = change.sql or ""
-        position = f"{change.txn.file}:{change.txn.pos}"
-        ops = self.ddl_ops(change)
-        if ops is not None:
-            for op in ops:
-                ddl_ops.run(self, op, sql, change.commit_ts)
-            self._ready.clear()
-        with self._transaction(f"recording the state after DDL at {position}") as cur:
-            self._write_state(cur, state)
+    def ddl_run(self, sql: str, commit_ts: int, cur: Cursor | None) -> columnstore_ddl.Run:
+        return columnstore_ddl.Run(self, sql, self.where, self.schemas, commit_ts)
 
     # ------------------------------------------------------------------
     # Reading back
@@ -523,15 +442,6 @@ class ColumnStoreTarget(Target):
             exprs, convs = fetch_plan(columns)
             cur.execute(f"SELECT {', '.join(exprs)} FROM {MARIADB.table(database, table)}")
             return [tuple(conv(v) for conv, v in zip(convs, row)) for row in cur.fetchall()]
-
-    # Used by columnstore_ddl: a DDL statement in its own (auto-committed) step.
-    def ddl_step(self, what: str, sql: str, hint: str | None = None) -> None:
-        with self._transaction(what, hint) as cur:
-            cur.execute(sql)
-
-    def query(self, fn: Callable[[Cursor], Any], what: str) -> Any:
-        with self._transaction(what) as cur:
-            return fn(cur)
 
 
 def _transient(exc: pymysql.err.Error) -> bool:
