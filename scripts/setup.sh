@@ -23,5 +23,8 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[columnstore,monetdb,spark,test,bench]'
+# One extra per target kind, read from the registry (cynomys/core/targets.py
+# imports nothing, so the system python reads it before the venv exists).
+KINDS=$(PYTHONPATH=. python3 -c 'from cynomys.core.targets import TARGET_KINDS; print(",".join(TARGET_KINDS))')
+.venv/bin/python -m pip install -q -e ".[${KINDS},test,bench]"
 echo "setup: ready (.venv)"
