@@ -115,3 +115,14 @@ def test_other_processes_read_the_file_between_flushes(factory: Factory, db: str
     # ... and the applier goes on writing after the reader is gone.
     target.apply(contract.flush([contract.change(Op.INSERT, schema, after=(9, "y"))]))
     contract.assert_rows(target, schema, [(0, "x"), (1, "x"), (2, "x"), (9, "y")])
+
+
+def test_show_keys_names_the_key_of_a_refused_row(tmp_path: Path, db: str) -> None:
+    cfg = Config(target=TargetConfig(kind="duckdb", url=str(tmp_path / "k.duckdb"), show_keys=True))
+    target = DuckDBTarget(cfg)
+    target.connect()
+    schema = TableSchema(db, "k", (ColumnDef("id", "int"), ColumnDef("small", "tinyint")), ("id",))
+    with pytest.raises(TargetRejectedError) as info:
+        target.apply(contract.flush([contract.change(Op.INSERT, schema, after=(41, 1)),
+                                     contract.change(Op.INSERT, schema, after=(42, 1000))]))
+    assert "column small" in str(info.value) and "key (42,)" in str(info.value)

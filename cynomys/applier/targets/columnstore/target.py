@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import ssl
 import tempfile
 import time
 from typing import Any, ClassVar, Sequence
@@ -41,6 +42,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 import pymysql
 from pymysql.cursors import Cursor
+from pymysql.protocol import LoadLocalPacketWrapper
 
 from cynomys.applier.targets.base import AppliedState, Capabilities, Flush, TableFlush
 from cynomys.applier.targets.columnstore import ddl as columnstore_ddl
@@ -77,6 +79,89 @@ TRANSIENT_CODES = frozenset({
 LOCAL_INFILE_REFUSED = frozenset({1148, 2068, 3948, 4166})
 
 _MAX_STATEMENT_BYTES = 8 * 1024 * 1024  # keep multi-row INSERTs below max_allowed_packet
+
+
+#: [target] url query options.
+URL_OPTIONS = {
+    "local_infile": "0|1 (default 1): bulk loads with LOAD DATA LOCAL INFILE",
+    "ssl": "0|1: TLS (on by default when a ssl_* file is named)",
+    "ssl_ca": "CA file that signs the server's certificate (default: the system's)",
+    "ssl_cert": "client certificate file",
+    "ssl_key": "client key file",
+    "ssl_verify": "1|0 (default 1): verify the server's certificate and host name",
+}
+
+
+def _flag(options: dict[str, str], key: str, default: bool) -> bool:
+    value = options.get(key)
+    if value is None:
+        return default
+    if value.lower() in ("1", "true", "on", "yes"):
+        return True
+    if value.lower() in ("0", "false", "off", "no"):
+        return False
+    raise ConfigError(f"[target] url option {key}={value!r} is not 0 or 1")
+
+
+def _tls_context(options: dict[str, str]) -> ssl.SSLContext:
+    """TLS for the target connection; the certificate and host name are
+    verified unless ssl_verify=0 says otherwise."""
+    try:
+        ctx = ssl.create_default_context(cafile=options.get("ssl_ca") or None)
+        if options.get("ssl_cert"):
+            ctx.load_cert_chain(options["ssl_cert"], options.get("ssl_key") or None)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"[target] url TLS files cannot be read: {exc}",
+                          hint="check ssl_ca, ssl_cert and ssl_key in [target] url") from None
+    if not _flag(options, "ssl_verify", True):
+        log.warning("[target] url has ssl_verify=0: the target server's certificate is not checked")
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+class ForeignFileRequest(pymysql.err.OperationalError):
+    """The server asked for a local file Cynomys did not offer."""
+
+
+class _GuardedResult(pymysql.connections.MySQLResult):
+    def _read_load_local_packet(self, first_packet: Any) -> None:
+        conn = self.connection
+        wanted = LoadLocalPacketWrapper(first_packet).filename
+        name = wanted.decode("utf-8", "replace") if isinstance(wanted, bytes) else str(wanted)
+        allowed = getattr(conn, "allowed_infile", None)
+        if allowed is None or name != allowed:
+            # Send nothing (an empty file ends the request), then fail the
+            # statement: a server that asks for other files is not to be trusted.
+            conn.write_packet(b"")
+            try:
+                conn._read_packet()
+            except pymysql.err.Error as exc:
+                log.debug("the server's answer to a refused LOCAL INFILE request: %s", exc)
+            raise ForeignFileRequest(0, f"the target server asked for the local file {name!r}, which Cynomys did "
+                                        "not offer; refused (LOAD DATA LOCAL sends only the file written for it)")
+        super()._read_load_local_packet(first_packet)
+
+
+class GuardedConnection(pymysql.connections.Connection):
+    """A pymysql connection that answers a server's LOCAL INFILE request only
+    for ``allowed_infile``: pymysql itself sends whatever file the server
+    names, in answer to any statement."""
+
+    allowed_infile: str | None = None
+
+    def _read_query_result(self, unbuffered: bool = False) -> int:
+        # pymysql's own, with the guarded result reader (pymysql 1.1 / 2.x).
+        self._result = None
+        result = _GuardedResult(self)
+        if unbuffered:
+            result.init_unbuffered_query()
+        else:
+            result.read()
+        self._result = result
+        if result.server_status is not None:
+            self.server_status = result.server_status
+        return int(result.affected_rows or 0)
 
 
 def target_error(exc: pymysql.err.Error, what: str,
@@ -141,16 +226,26 @@ class ColumnStoreTarget(SqlTarget):
             raise ConfigError("[target] url names a database; Cynomys writes each source database under its own name",
                               hint="end the url with the port: mysql://user:password@host:3306/")
         options = dict(parse_qsl(parts.query))
-        unknown = set(options) - {"local_infile"}
+        unknown = set(options) - set(URL_OPTIONS)
         if unknown:
-            raise ConfigError(f"[target] url has unknown options {sorted(unknown)}", hint="known: local_infile=0|1")
+            raise ConfigError(f"[target] url has unknown options {sorted(unknown)}",
+                              hint="known: " + ", ".join(URL_OPTIONS))
         try:
             port = parts.port or 3306
         except ValueError:
             raise ConfigError("[target] url has a bad port", hint="write it as mysql://user:password@host:3306/") from None
-        dsn = {"host": parts.hostname or "127.0.0.1", "port": port,
-               "user": unquote(parts.username or ""), "password": unquote(parts.password or "")}
-        return dsn, options.get("local_infile", "1") not in ("0", "false", "off")
+        dsn: dict[str, Any] = {"host": parts.hostname or "127.0.0.1", "port": port,
+                               "user": unquote(parts.username or ""), "password": unquote(parts.password or "")}
+        use_load_data = _flag(options, "local_infile", True)
+        # The client flag is what the URL says; even with it on, only the
+        # file Cynomys just wrote for a LOAD DATA is ever sent (GuardedConnection).
+        dsn["local_infile"] = use_load_data
+        tls = _flag(options, "ssl", any(k in options for k in ("ssl_ca", "ssl_cert", "ssl_key")))
+        if tls:
+            dsn["ssl"] = _tls_context(options)
+        else:
+            dsn["ssl_disabled"] = True
+        return dsn, use_load_data
 
     @property
     def declares_keys(self) -> bool:
@@ -163,8 +258,7 @@ class ColumnStoreTarget(SqlTarget):
 
     def _connect(self) -> pymysql.connections.Connection:
         try:
-            conn = pymysql.connect(**self._dsn, charset="utf8mb4", autocommit=False, local_infile=True,
-                                   connect_timeout=10)
+            conn = GuardedConnection(**self._dsn, charset="utf8mb4", autocommit=False, connect_timeout=10)
         except pymysql.err.Error as exc:
             raise target_error(exc, f"cannot connect to {self.where}",
                                hint="check [target] url (user, password, host, port)") from exc
@@ -384,12 +478,18 @@ class ColumnStoreTarget(SqlTarget):
             sql = (f"LOAD DATA LOCAL INFILE '{quoted}' INTO TABLE {MARIADB.table(schema.database, schema.table)}"
                    " CHARACTER SET binary FIELDS TERMINATED BY '\\t' ESCAPED BY '\\\\' LINES TERMINATED BY '\\n'"
                    f" ({', '.join(targets)})" + (" SET " + ", ".join(sets) if sets else ""))
+            conn = cur.connection
+            conn.allowed_infile = path  # the one file the server may ask for, for this statement only
             try:
                 cur.execute(sql)
             except pymysql.err.Error as exc:
+                if isinstance(exc, ForeignFileRequest):
+                    raise
                 if exc.args and exc.args[0] in LOCAL_INFILE_REFUSED:
                     raise
                 raise self.rejected(schema, rows, self.describe(exc)) from exc
+            finally:
+                conn.allowed_infile = None
             # LOAD DATA LOCAL turns bad values into warnings (the server
             # cannot stop the client's upload), clamping or truncating them.
             self._check_loaded(cur, schema, rows)
