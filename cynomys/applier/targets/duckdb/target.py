@@ -48,6 +48,8 @@ class DuckDBTarget(SqlTarget):
     capabilities: ClassVar[Capabilities] = Capabilities(
         transactional_ddl=True, max_statement_rows=100_000, supports_keys=False)
     hold_connection: ClassVar[bool] = False
+    #: How long a flush waits for another process to release the file.
+    lock_wait_s: ClassVar[float] = 10.0
     driver_errors: ClassVar[tuple[type[BaseException], ...]] = (duckdb.Error,)
     ddl_handlers = duckdb_ddl.HANDLERS
     unavailable_hint: ClassVar[str] = ("another process holds the DuckDB file open for writing, or it cannot be "
@@ -70,12 +72,20 @@ class DuckDBTarget(SqlTarget):
 
     # -- connection: opened per transaction, see the module docstring --------
     def _connect(self) -> Any:
-        try:
-            conn = duckdb.connect(self.path)
-            conn.execute("BEGIN TRANSACTION")  # the API autocommits; _transaction commits
-        except (duckdb.Error, OSError) as exc:
-            raise self.target_error(exc, f"cannot open {self.where}") from exc
-        return conn
+        # Readers are expected between flushes: wait a while for one to let
+        # go of the file before failing as transient (the loop then backs off).
+        deadline = time.monotonic() + self.lock_wait_s
+        while True:
+            try:
+                conn = duckdb.connect(self.path)
+                conn.execute("BEGIN TRANSACTION")  # the API autocommits; _transaction commits
+                return conn
+            except duckdb.IOException as exc:
+                if "lock" not in str(exc).lower() or time.monotonic() > deadline:
+                    raise self.target_error(exc, f"cannot open {self.where}") from exc
+                time.sleep(0.05)
+            except (duckdb.Error, OSError) as exc:
+                raise self.target_error(exc, f"cannot open {self.where}") from exc
 
     def _cursor(self, conn: Any) -> Cursor:
         return conn
