@@ -76,6 +76,67 @@ class DdlRun(Generic[TargetT]):
             else:
                 self.schemas[(database, table)] = new
 
+    def rename_table_wanted(self, src: tuple[str, str], dst: tuple[str, str], old_there: bool, new_there: bool,
+                            new_is_ours: Callable[[], bool] = lambda: False) -> bool:
+        """Whether a table rename must run.  Done already (only the new name
+        is there) or nothing to rename (neither is: the next flush creates
+        it) is logged and False; both there is refused unless
+        ``new_is_ours`` says the new one is this statement's own work."""
+        if not old_there:
+            if new_there:
+                log.info("%s: already renamed to %s.%s", self.what("rename table"), *dst)
+            else:
+                self.skip_missing(src[0], src[1], "rename table")
+            return False
+        if new_there and not new_is_ours():
+            raise self.reject("rename table", f"both {src[0]}.{src[1]} and {dst[0]}.{dst[1]} exist",
+                              "drop the stale one on the target, or " + ddl.SKIP_HINT)
+        return True
+
+    def column_there(self, database: str, table: str, cols: Mapping[str, Any], name: str, action: str) -> bool:
+        """Whether ``name`` is among the target's ``cols`` (lower-case keys);
+        a missing table is logged and skipped."""
+        if not cols:
+            self.skip_missing(database, table, action)
+            return False
+        return name.lower() in cols
+
+    def rename_column_wanted(self, database: str, table: str, cols: Mapping[str, Any], old: str, new: str) -> bool:
+        """Whether a column rename must run (False when the table is missing
+        or the rename is done already); both names there is refused."""
+        if not self.column_there(database, table, cols, old, "rename column"):
+            if cols:
+                log.info("%s: no column %s on the target (already renamed?)", self.what("rename column"), old)
+            return False
+        if new.lower() in cols and new.lower() != old.lower():
+            raise self.reject("rename column", f"both {old} and {new} exist in {database}.{table}",
+                              "drop the stale column on the target, or " + ddl.SKIP_HINT)
+        return True
+
+    def add_column_wanted(self, database: str, table: str, cols: Mapping[str, Any], name: str) -> bool:
+        """Whether ADD COLUMN must run: the table is there (else skipped and
+        logged) and the column is not (a replay finds it)."""
+        if not cols:
+            self.skip_missing(database, table, "add column")
+            return False
+        return name.lower() not in cols
+
+    def column_to_modify(self, database: str, table: str, cols: Mapping[str, Any], name: str) -> Any:
+        """The target's entry for the column MODIFY COLUMN changes, or None
+        when table or column is missing (skipped, logged)."""
+        if not self.column_there(database, table, cols, name, "modify column"):
+            if cols:
+                log.warning("%s: column %s is not on the target; skipped", self.what("modify column"), name)
+            return None
+        return cols[name.lower()]
+
+    # A target's Run supplies these two for the shared DROP TABLE handler.
+    def check_database(self, database: str) -> None:
+        raise NotImplementedError
+
+    def drop_table(self, database: str, table: str) -> None:
+        raise NotImplementedError
+
     def forget_database(self, database: str) -> None:
         for ident in [k for k in self.schemas if k[0] == database]:
             self.schemas.pop(ident)
@@ -83,6 +144,14 @@ class DdlRun(Generic[TargetT]):
 
 Handler = Callable[[Any, Any], None]
 Handlers = Mapping[type[ddl.DdlOp], Handler]
+
+
+def drop_tables(r: DdlRun[Any], op: ddl.DropTable) -> None:
+    """DROP TABLE, one table at a time: refuse Cynomys' or the target's own
+    schemas, then the target's own statement (``Run.drop_table``)."""
+    for db, t in op.tables:
+        r.check_database(db)
+        r.drop_table(db, t)
 
 
 def noop(r: DdlRun[Any], op: ddl.NoOp) -> None:
@@ -98,7 +167,7 @@ def handler_table(namespace: Mapping[str, Any]) -> dict[type[ddl.DdlOp], Handler
     """A ddl.py's handlers by name: ``_add_column`` runs ``AddColumn``
     (``NoOp`` defaults to ``noop``).  Ops without a function are left out,
     which tests/unit/test_ddl_handlers.py reports."""
-    table: dict[type[ddl.DdlOp], Handler] = {ddl.NoOp: noop}
+    table: dict[type[ddl.DdlOp], Handler] = {ddl.NoOp: noop, ddl.DropTable: drop_tables}
     for op in ddl.ALL_OPS:
         fn = namespace.get("_" + re.sub(r"(?<!^)(?=[A-Z])", "_", op.__name__).lower())
         if callable(fn):

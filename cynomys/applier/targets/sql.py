@@ -17,15 +17,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import time
 from abc import abstractmethod
 from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 from cynomys.applier.ddl import SKIP_HINT
-from cynomys.applier.targets.base import AppliedState, Target, short_sql, statement_batches
+from cynomys.applier.targets.base import AppliedState, Flush, TableFlush, Target, short_sql, statement_batches
 from cynomys.applier.targets.ddl_runner import DdlRun, Handlers, run_ops
 from cynomys.core.config import Config
 from cynomys.core.errors import TargetRejectedError, TargetUnavailableError
-from cynomys.core.model import Change, ColumnDef, Row, TableSchema
+from cynomys.core.model import Change, ColumnDef, Position, Row, TableSchema
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,9 @@ class SqlTarget(Target):
     driver_errors: ClassVar[tuple[type[BaseException], ...]] = ()
     #: Upper bound of one multi-row INSERT statement.
     statement_bytes: ClassVar[int] = 4 * 1024 * 1024
+    #: Where the applier state lives on the target (schema/database, table).
+    state_schema: ClassVar[str] = "cynomys_state"
+    state_table: ClassVar[str] = "applied"
     #: DDL operation type -> handler (the target's ddl.py HANDLERS).
     ddl_handlers: ClassVar[Handlers] = {}
     #: What to do when the target is unreachable (said in transient errors).
@@ -169,6 +173,41 @@ class SqlTarget(Target):
         self._discard()
 
     # ------------------------------------------------------------------
+    # A flush: tables prepared first, then one transaction with the state
+    # ------------------------------------------------------------------
+    @abstractmethod
+    def _prepare(self, schema: TableSchema) -> None:
+        """Make the table match ``schema`` (create it, add missing columns),
+        before and outside the flush's transaction: a table that matches the
+        source is right whether or not the flush commits."""
+
+    @abstractmethod
+    def _apply_table(self, cur: Cursor, tf: TableFlush) -> None:
+        """Deletes, then the bulk insert of one table's net changes."""
+
+    def _begin_flush(self, cur: Cursor, state: AppliedState) -> None:
+        """Hook: the flush transaction's first statement (ColumnStore locks the state row)."""
+
+    def apply(self, flush: Flush) -> None:
+        t0 = time.monotonic()
+        for tf in flush.tables:
+            self._prepare(tf.schema)
+        what = f"applying a flush of {len(flush.tables)} table(s) up to {flush.state.position}"
+        try:
+            with self._transaction(what) as cur:
+                self._begin_flush(cur, flush.state)
+                for tf in flush.tables:
+                    self._apply_table(cur, tf)
+                self._write_state(cur, flush.state)
+        except BaseException:
+            # Look at the catalog again on the retry: the failure may be a
+            # table dropped or changed behind our back, or a restored server.
+            for tf in flush.tables:
+                self._ready.pop((tf.schema.database, tf.schema.table), None)
+            raise
+        log.debug("%s: %d rows in %.3fs", what, sum(tf.rows for tf in flush.tables), time.monotonic() - t0)
+
+    # ------------------------------------------------------------------
     # Statements that touch rows
     # ------------------------------------------------------------------
     def _execute(self, cur: Cursor, sql: str, schema: TableSchema) -> None:
@@ -258,6 +297,21 @@ class SqlTarget(Target):
 
     @abstractmethod
     def _write_state(self, cur: Cursor, state: AppliedState) -> None: ...
+
+    def _state_name(self) -> str:
+        return self.table_name(self.state_schema, self.state_table)
+
+    @abstractmethod
+    def _read_state(self, cur: Cursor, producer_id: str) -> tuple[Any, ...] | None:
+        """(seq, file, pos, gtid, commit_ts) of a producer, or None."""
+
+    def applied(self, producer_id: str) -> AppliedState | None:
+        with self._transaction("reading the applier state") as cur:
+            row = self._read_state(cur, producer_id)
+        if row is None:
+            return None
+        seq, file, pos, gtid, commit_ts = row
+        return AppliedState(producer_id, int(seq), Position(str(file), int(pos), str(gtid or "")), int(commit_ts))
 
     def apply_ddl(self, change: Change, state: AppliedState) -> None:
         sql = change.sql or ""

@@ -18,7 +18,6 @@ from typing import Any, Callable, Protocol, Sequence
 from cynomys.applier import ddl
 from cynomys.applier.targets.columnstore.types import EngineProfile
 from cynomys.applier.targets.ddl_runner import TMP_SUFFIX, DdlRun, handler_table
-from cynomys.core.errors import TargetRejectedError
 from cynomys.core.model import ColumnDef
 from cynomys.reducer.sql import MARIADB
 
@@ -48,6 +47,12 @@ class Run(DdlRun[MariaDbTarget]):
         log.info("DDL step on %s: %s", self.where, statement)
         self.target.query(lambda cur: cur.execute(statement), self.what(action),
                           hint="fix the target by hand, or " + ddl.SKIP_HINT)
+
+    def check_database(self, database: str) -> None:
+        self.target.check_database(database)
+
+    def drop_table(self, database: str, table: str) -> None:
+        self.step("drop table", f"DROP TABLE IF EXISTS {_tbl(database, table)}")
 
     def columns(self, database: str, table: str) -> dict[str, tuple[str, str, bool]]:
         """lower-case name -> (name, COLUMN_TYPE, nullable); {} when the table is missing."""
@@ -111,25 +116,11 @@ def _create_table_like(r: Run, op: ddl.CreateTableLike) -> None:
                                 f"LIKE {_tbl(op.like_database, op.like_table)}")
 
 
-def _drop_table(r: Run, op: ddl.DropTable) -> None:
-    for db, t in op.tables:
-        r.target.check_database(db)
-        r.step("drop table", f"DROP TABLE IF EXISTS {_tbl(db, t)}")
-
-
 def _rename_table(r: Run, op: ddl.RenameTable) -> None:
     for (odb, old), (ndb, new) in op.pairs:
         r.target.check_database(ndb)
-        old_there, new_there = r.exists(odb, old), r.exists(ndb, new)
-        if not old_there:
-            if new_there:
-                log.info("%s: already renamed to %s.%s", r.what("rename table"), ndb, new)
-            else:
-                r.skip_missing(odb, old, "rename table")
+        if not r.rename_table_wanted((odb, old), (ndb, new), r.exists(odb, old), r.exists(ndb, new)):
             continue
-        if new_there:
-            raise TargetRejectedError(f"{r.what('rename table')}: both {odb}.{old} and {ndb}.{new} exist on "
-                                      f"{r.where}", hint="drop the stale one on the target, or " + ddl.SKIP_HINT)
         r.step("create database", f"CREATE DATABASE IF NOT EXISTS {MARIADB.ident(ndb)}")
         r.step("rename table", f"RENAME TABLE {_tbl(odb, old)} TO {_tbl(ndb, new)}")
 
@@ -140,10 +131,7 @@ def _truncate(r: Run, op: ddl.Truncate) -> None:
 
 
 def _add_column(r: Run, op: ddl.AddColumn) -> None:
-    cols = r.columns(op.database, op.table)
-    if not cols:
-        r.skip_missing(op.database, op.table, "add column")
-    elif op.column.name.lower() not in cols:
+    if r.add_column_wanted(op.database, op.table, r.columns(op.database, op.table), op.column.name):
         # Existing rows get what the source gave them (no row events carry it).
         fill = r.fill_value(op)
         default = "" if fill is None else f" DEFAULT {MARIADB.literal(fill)}"
@@ -151,22 +139,14 @@ def _add_column(r: Run, op: ddl.AddColumn) -> None:
 
 
 def _drop_column(r: Run, op: ddl.DropColumn) -> None:
-    cols = r.columns(op.database, op.table)
-    if not cols:
-        r.skip_missing(op.database, op.table, "drop column")
-    elif op.column.lower() in cols:
+    if r.column_there(op.database, op.table, r.columns(op.database, op.table), op.column, "drop column"):
         r.step("drop column", f"ALTER TABLE {_tbl(op.database, op.table)} DROP COLUMN {MARIADB.ident(op.column)}")
-    name = op.column.lower()
 
 
 def _modify_column(r: Run, op: ddl.ModifyColumn) -> None:
     db, t, col = op.database, op.table, op.column
     cols = r.columns(db, t)
-    if not cols:
-        r.skip_missing(db, t, "modify column")
-        return
-    if col.name.lower() not in cols:
-        log.warning("%s: column %s is not on the target; skipped", r.what("modify column"), col.name)
+    if r.column_to_modify(db, t, cols, col.name) is None:
         return
     key = r.primary_key(db, t)
     name, current, _ = cols[col.name.lower()]
@@ -189,17 +169,9 @@ def _modify_column(r: Run, op: ddl.ModifyColumn) -> None:
 def _rename_column(r: Run, op: ddl.RenameColumn) -> None:
     db, t = op.database, op.table
     cols = r.columns(db, t)
-    if not cols:
-        r.skip_missing(db, t, "rename column")
+    if not r.rename_column_wanted(db, t, cols, op.old, op.new):
         return
-    old, new = op.old.lower(), op.new.lower()
-    if old not in cols:
-        log.info("%s: no column %s on the target (already renamed?)", r.what("rename column"), op.old)
-        return
-    if new in cols and new != old:
-        raise TargetRejectedError(f"{r.what('rename column')}: both {op.old} and {op.new} exist in {db}.{t}",
-                                  hint="drop the stale column on the target, or " + ddl.SKIP_HINT)
-    name, type_text, nullable = cols[old]
+    name, type_text, nullable = cols[op.old.lower()]
     # CHANGE COLUMN restates the target's own type: ColumnStore has no RENAME COLUMN.
     r.step("rename column", f"ALTER TABLE {_tbl(db, t)} CHANGE COLUMN {MARIADB.ident(name)} "
                             f"{MARIADB.ident(op.new)} {type_text} {'NULL' if nullable else 'NOT NULL'}")

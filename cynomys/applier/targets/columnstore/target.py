@@ -36,7 +36,6 @@ import os
 import re
 import ssl
 import tempfile
-import time
 from typing import Any, ClassVar, Sequence
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -44,7 +43,7 @@ import pymysql
 from pymysql.cursors import Cursor
 from pymysql.protocol import LoadLocalPacketWrapper
 
-from cynomys.applier.targets.base import AppliedState, Capabilities, Flush, TableFlush
+from cynomys.applier.targets.base import AppliedState, Capabilities, TableFlush
 from cynomys.applier.targets.columnstore import ddl as columnstore_ddl
 from cynomys.applier.targets.sql import SqlTarget
 from cynomys.applier.targets.columnstore.types import (
@@ -57,8 +56,8 @@ from cynomys.applier.targets.columnstore.types import (
     literal,
 )
 from cynomys.core.config import Config
-from cynomys.core.errors import ConfigError, TargetRejectedError, TargetUnavailableError
-from cynomys.core.model import ColumnDef, Position, Row, TableSchema, Value
+from cynomys.core.errors import ConfigError, TargetRejectedError
+from cynomys.core.model import ColumnDef, Row, TableSchema, Value
 from cynomys.reducer.sql import MARIADB
 
 log = logging.getLogger(__name__)
@@ -164,15 +163,11 @@ class GuardedConnection(pymysql.connections.Connection):
         return int(result.affected_rows or 0)
 
 
-def target_error(exc: pymysql.err.Error, what: str,
-                 hint: str | None = None) -> TargetUnavailableError | TargetRejectedError:
-    """A pymysql error -> TargetUnavailableError (transient) or TargetRejectedError."""
+def is_transient(exc: BaseException) -> bool:
+    """Whether retrying later may help: the server or the connection is gone or busy."""
     code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
-    text = exc.args[1] if len(exc.args) > 1 else str(exc)
-    if isinstance(exc, pymysql.err.InterfaceError) or code in TRANSIENT_CODES:
-        return TargetUnavailableError(f"{what}: target unavailable ({code} {text})",
-                                      hint="check that the target server is running and reachable; Cynomys retries")
-    return TargetRejectedError(f"{what}: target refused it ({code} {text})", hint=hint)
+    return isinstance(exc, pymysql.err.InterfaceError) or (isinstance(exc, pymysql.err.Error)
+                                                           and code in TRANSIENT_CODES)
 
 
 class ColumnStoreTarget(SqlTarget):
@@ -185,9 +180,6 @@ class ColumnStoreTarget(SqlTarget):
     driver_errors: ClassVar[tuple[type[BaseException], ...]] = (pymysql.err.Error,)
     ddl_handlers = columnstore_ddl.HANDLERS
     statement_bytes: ClassVar[int] = 8 * 1024 * 1024  # below max_allowed_packet
-    #: Where the applier state lives on the target.
-    state_database: ClassVar[str] = "cynomys_state"
-    state_table: ClassVar[str] = "applied"
     #: [target] engine (lower case) -> profile; engines not listed use INNODB.
     profiles: ClassVar[dict[str, EngineProfile]] = PROFILES
     #: Session settings: UTC for TIMESTAMP, a sql_mode that keeps zero and
@@ -260,7 +252,7 @@ class ColumnStoreTarget(SqlTarget):
         try:
             conn = GuardedConnection(**self._dsn, charset="utf8mb4", autocommit=False, connect_timeout=10)
         except pymysql.err.Error as exc:
-            raise target_error(exc, f"cannot connect to {self.where}",
+            raise self.target_error(exc, f"cannot connect to {self.where}",
                                hint="check [target] url (user, password, host, port)") from exc
         try:
             with conn.cursor() as cur:
@@ -268,26 +260,20 @@ class ColumnStoreTarget(SqlTarget):
                     cur.execute(sql)
         except pymysql.err.Error as exc:
             self._discard(conn)
-            raise target_error(exc, f"cannot set up a session on {self.where}") from exc
+            raise self.target_error(exc, f"cannot set up a session on {self.where}") from exc
         return conn
 
     def is_transient(self, exc: BaseException) -> bool:
-        return isinstance(exc, pymysql.err.Error) and _transient(exc)
+        return is_transient(exc)
 
     def describe(self, exc: BaseException) -> str:
         code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
         text = exc.args[1] if len(exc.args) > 1 else str(exc)
         return f"{code} {text}"
 
-    def target_error(self, exc: BaseException, what: str,
-                     hint: str | None = None) -> TargetUnavailableError | TargetRejectedError:
-        if isinstance(exc, pymysql.err.Error):
-            return target_error(exc, what, hint)
-        return super().target_error(exc, what, hint)
-
     def connect(self) -> None:
         with self._transaction("creating the state table", hint="grant CREATE on *.* to the target user") as cur:
-            db, tbl = MARIADB.ident(self.state_database), MARIADB.ident(self.state_table)
+            db, tbl = MARIADB.ident(self.state_schema), MARIADB.ident(self.state_table)
             cur.execute(f"CREATE DATABASE IF NOT EXISTS {db}")
             # Always InnoDB: see the module docstring.
             cur.execute(
@@ -300,24 +286,17 @@ class ColumnStoreTarget(SqlTarget):
     # ------------------------------------------------------------------
     # State
     # ------------------------------------------------------------------
-    def _state_name(self) -> str:
-        return MARIADB.table(self.state_database, self.state_table)
+    def _read_state(self, cur: Cursor, producer_id: str) -> tuple[Any, ...] | None:
+        cur.execute(f"SELECT seq, file, pos, gtid, commit_ts FROM {self._state_name()} WHERE producer_id = %s",
+                    (producer_id,))
+        row = cur.fetchone()
+        return None if row is None else tuple(row)
 
-    def applied(self, producer_id: str) -> AppliedState | None:
-        with self._transaction("reading the applier state") as cur:
-            cur.execute(f"SELECT seq, file, pos, gtid, commit_ts FROM {self._state_name()} WHERE producer_id = %s",
-                        (producer_id,))
-            row = cur.fetchone()
-        if row is None:
-            return None
-        seq, file, pos, gtid, commit_ts = row
-        return AppliedState(producer_id, int(seq), Position(file, int(pos), gtid), int(commit_ts))
-
-    def _lock_state(self, cur: Cursor, producer_id: str) -> None:
+    def _begin_flush(self, cur: Cursor, state: AppliedState) -> None:
         # First statement of every flush: registers InnoDB first in the
         # transaction (so it commits last, after ColumnStore) and keeps a
         # second applier of the same producer out until we commit.
-        cur.execute(f"SELECT seq FROM {self._state_name()} WHERE producer_id = %s FOR UPDATE", (producer_id,))
+        cur.execute(f"SELECT seq FROM {self._state_name()} WHERE producer_id = %s FOR UPDATE", (state.producer_id,))
         cur.fetchall()
 
     def _write_state(self, cur: Cursor, state: AppliedState) -> None:
@@ -361,11 +340,11 @@ class ColumnStoreTarget(SqlTarget):
                 + self.key_clause(key) + f"\n) ENGINE={self.engine} {self.profile.table_options}")
 
     def check_database(self, database: str) -> None:
-        if database.lower() == self.state_database.lower():
+        if database.lower() == self.state_schema.lower():
             raise TargetRejectedError(f"the source database {database!r} has the name of Cynomys' state database",
                                       hint="exclude it in [source] exclude_tables")
 
-    def _ensure_table(self, schema: TableSchema) -> None:
+    def _prepare(self, schema: TableSchema) -> None:
         """Create the table, or add columns the schema has and the target
         lacks (a DDL that was skipped or arrived late).  DDL commits on its
         own in MariaDB, so this runs before the flush's transaction."""
@@ -389,18 +368,6 @@ class ColumnStoreTarget(SqlTarget):
     # ------------------------------------------------------------------
     # Flush
     # ------------------------------------------------------------------
-    def apply(self, flush: Flush) -> None:
-        t0 = time.monotonic()
-        for tf in flush.tables:
-            self._ensure_table(tf.schema)
-        what = f"applying a flush of {len(flush.tables)} table(s) up to {flush.state.position}"
-        with self._transaction(what) as cur:
-            self._lock_state(cur, flush.state.producer_id)
-            for tf in flush.tables:
-                self._apply_table(cur, tf)
-            self._write_state(cur, flush.state)
-        log.debug("%s: %d rows in %.3fs", what, sum(tf.rows for tf in flush.tables), time.monotonic() - t0)
-
     def _apply_table(self, cur: Cursor, tf: TableFlush) -> None:
         schema = tf.schema
         keys = list(tf.delete_keys)
@@ -542,9 +509,5 @@ class ColumnStoreTarget(SqlTarget):
             exprs, convs = fetch_plan(columns)
             cur.execute(f"SELECT {', '.join(exprs)} FROM {MARIADB.table(database, table)}")
             return [tuple(conv(v) for conv, v in zip(convs, row)) for row in cur.fetchall()]
-
-
-def _transient(exc: pymysql.err.Error) -> bool:
-    return isinstance(target_error(exc, ""), TargetUnavailableError)
 
 

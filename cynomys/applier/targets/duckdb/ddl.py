@@ -42,6 +42,12 @@ class Run(DdlRun[DuckCatalog]):
 
     cur: Any = None
 
+    def drop_table(self, database: str, table: str) -> None:
+        self.step(f"DROP TABLE IF EXISTS {self.target.table_name(database, table)}")
+
+    def check_database(self, database: str) -> None:
+        self.target.check_database(database)
+
     def step(self, statement: str) -> None:
         log.info("DDL step on %s: %s", self.where, statement)
         self.cur.execute(statement)
@@ -84,23 +90,12 @@ def _create_table_like(r: Run, op: ddl.CreateTableLike) -> None:
     _create(r, op.database, op.table, list(like.values()))
 
 
-def _drop_table(r: Run, op: ddl.DropTable) -> None:
-    for db, t in op.tables:
-        r.target.check_database(db)
-        r.step(f"DROP TABLE IF EXISTS {r.target.table_name(db, t)}")
-
-
 def _rename_table(r: Run, op: ddl.RenameTable) -> None:
     for (odb, old), (ndb, new) in op.pairs:
         r.target.check_database(ndb)
-        old_cols, new_there = r.columns(odb, old), bool(r.columns(ndb, new))
-        if not old_cols:
-            if not new_there:
-                r.skip_missing(odb, old, "rename table")
-            continue  # else already renamed
-        if new_there:
-            raise r.reject("rename table", f"both {odb}.{old} and {ndb}.{new} exist",
-                           "drop the stale one on the target, or " + ddl.SKIP_HINT)
+        old_cols = r.columns(odb, old)
+        if not r.rename_table_wanted((odb, old), (ndb, new), bool(old_cols), bool(r.columns(ndb, new))):
+            continue
         src = r.target.table_name(odb, old)
         if odb == ndb:
             r.step(f"ALTER TABLE {src} RENAME TO {r.target.ident(new)}")
@@ -118,10 +113,7 @@ def _truncate(r: Run, op: ddl.Truncate) -> None:
 
 
 def _add_column(r: Run, op: ddl.AddColumn) -> None:
-    cols = r.columns(op.database, op.table)
-    if not cols:
-        r.skip_missing(op.database, op.table, "add column")
-    elif op.column.name.lower() not in cols:
+    if r.add_column_wanted(op.database, op.table, r.columns(op.database, op.table), op.column.name):
         t = r.duck(op.column)
         fill = r.fill_value(op)
         try:
@@ -141,23 +133,17 @@ def _add_column(r: Run, op: ddl.AddColumn) -> None:
 
 def _drop_column(r: Run, op: ddl.DropColumn) -> None:
     cols = r.columns(op.database, op.table)
-    name = op.column.lower()
-    if not cols:
-        r.skip_missing(op.database, op.table, "drop column")
-    elif name in cols:
+    if r.column_there(op.database, op.table, cols, op.column, "drop column"):
         r.step(f"ALTER TABLE {r.target.table_name(op.database, op.table)} DROP COLUMN "
-               f"{r.target.ident(cols[name].name)}")
+               f"{r.target.ident(cols[op.column.lower()].name)}")
 
 
 def _modify_column(r: Run, op: ddl.ModifyColumn) -> None:
-    db, t, col = op.database, op.table, op.column
-    cols = r.columns(db, t)
-    current = cols.get(col.name.lower())
+    db, t = op.database, op.table
+    current: ColumnDef | None = r.column_to_modify(db, t, r.columns(db, t), op.column.name)
     if current is None:
-        if not cols:
-            r.skip_missing(db, t, "modify column")
         return
-    col = replace(col, name=current.name)
+    col = replace(op.column, name=current.name)
     old, new = r.duck(current), r.duck(col)
     if old.sql != new.sql:
         if old.family != new.family:
@@ -171,14 +157,8 @@ def _modify_column(r: Run, op: ddl.ModifyColumn) -> None:
 def _rename_column(r: Run, op: ddl.RenameColumn) -> None:
     db, t = op.database, op.table
     cols = r.columns(db, t)
-    old, new = op.old.lower(), op.new.lower()
-    if not cols:
-        r.skip_missing(db, t, "rename column")
-        return
-    if old in cols and cols[old].name != op.new:
-        if new in cols and new != old:
-            raise r.reject("rename column", f"both {op.old} and {op.new} exist in {db}.{t}",
-                           "drop the stale column on the target, or " + ddl.SKIP_HINT)
+    old = op.old.lower()
+    if r.rename_column_wanted(db, t, cols, op.old, op.new) and cols[old].name != op.new:
         r.step(f"ALTER TABLE {r.target.table_name(db, t)} RENAME COLUMN {r.target.ident(cols[old].name)} "
                f"TO {r.target.ident(op.new)}")
 

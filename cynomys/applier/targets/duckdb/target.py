@@ -28,14 +28,14 @@ from typing import Any, ClassVar
 import duckdb
 import pyarrow as pa
 
-from cynomys.applier.targets.base import AppliedState, Capabilities, Flush, TableFlush
+from cynomys.applier.targets.base import AppliedState, Capabilities, TableFlush
 from cynomys.applier.targets.duckdb import ddl as duckdb_ddl
 from cynomys.applier.targets.duckdb.types import DuckType, Unstorable, arrow_column, duck_type, native_source_type
 from cynomys.applier.targets.source_types import source_type_comment, source_type_from_comment
 from cynomys.applier.targets.sql import SqlTarget
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, TargetRejectedError
-from cynomys.core.model import ColumnDef, Position, Row, TableSchema
+from cynomys.core.model import ColumnDef, Row, TableSchema
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,6 @@ class DuckDBTarget(SqlTarget):
     ddl_handlers = duckdb_ddl.HANDLERS
     unavailable_hint: ClassVar[str] = ("another process holds the DuckDB file open for writing, or it cannot be "
                                        "opened; Cynomys retries")
-    state_schema: ClassVar[str] = "cynomys_state"
-    state_table: ClassVar[str] = "applied"
     #: Schemas a source database may not land on.
     reserved_schemas: ClassVar[frozenset[str]] = frozenset({"cynomys_state", "information_schema", "pg_catalog"})
 
@@ -104,17 +102,10 @@ class DuckDBTarget(SqlTarget):
         log.info("connected to %s (DuckDB %s)", self.where, duckdb.__version__)
 
     # -- state ------------------------------------------------------------------
-    def _state_name(self) -> str:
-        return self.table_name(self.state_schema, self.state_table)
-
-    def applied(self, producer_id: str) -> AppliedState | None:
-        with self._transaction("reading the applier state") as cur:
-            row = cur.execute(f"SELECT seq, file, pos, gtid, commit_ts FROM {self._state_name()} "
-                              "WHERE producer_id = ?", [producer_id]).fetchone()
-        if row is None:
-            return None
-        seq, file, pos, gtid, commit_ts = row
-        return AppliedState(producer_id, int(seq), Position(str(file), int(pos), str(gtid)), int(commit_ts))
+    def _read_state(self, cur: Cursor, producer_id: str) -> tuple[Any, ...] | None:
+        row = cur.execute(f"SELECT seq, file, pos, gtid, commit_ts FROM {self._state_name()} "
+                          "WHERE producer_id = ?", [producer_id]).fetchone()
+        return None if row is None else tuple(row)
 
     def _write_state(self, cur: Cursor, state: AppliedState) -> None:
         p = state.position
@@ -187,17 +178,6 @@ class DuckDBTarget(SqlTarget):
         self.schemas[ident] = schema
 
     # -- flush ------------------------------------------------------------------
-    def apply(self, flush: Flush) -> None:
-        t0 = time.monotonic()
-        for tf in flush.tables:
-            self._prepare(tf.schema)
-        what = f"applying a flush of {len(flush.tables)} table(s) up to {flush.state.position}"
-        with self._transaction(what) as cur:
-            for tf in flush.tables:
-                self._apply_table(cur, tf)
-            self._write_state(cur, flush.state)
-        log.debug("%s: %d rows in %.3fs", what, sum(tf.rows for tf in flush.tables), time.monotonic() - t0)
-
     def _arrow(self, schema: TableSchema, columns: list[ColumnDef], rows: list[Row],
                extra: dict[str, pa.Array] | None = None) -> pa.Table:
         """Rows as an Arrow table named c0, c1, ... (no quoting of source names);

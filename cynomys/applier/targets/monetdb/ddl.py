@@ -97,6 +97,13 @@ class Run(DdlRun[MonetDBCatalog]):
                                       f"({self.target.describe(exc)})",
                                       hint="fix the target by hand, or " + ddl.SKIP_HINT) from exc
 
+    def check_database(self, database: str) -> None:
+        self.target.check_database(self.cur, database)
+
+    def drop_table(self, database: str, table: str) -> None:
+        if self.exists(database, table):  # no IF EXISTS on 11.33
+            self.step("drop table", f"DROP TABLE {_tbl(database, table)}")
+
     def columns(self, database: str, table: str) -> dict[str, TargetColumn]:
         """lower-case name -> column; {} when the table is missing."""
         return {c.name.lower(): c for c in self.target.target_columns(self.cur, database, table)}
@@ -163,26 +170,11 @@ def _create_table_like(r: Run, op: ddl.CreateTableLike) -> None:
     r.schemas[(op.database, op.table)] = TableSchema(op.database, op.table, tuple(columns), tuple(key))
 
 
-def _drop_table(r: Run, op: ddl.DropTable) -> None:
-    for db, t in op.tables:
-        r.target.check_database(r.cur, db)
-        if r.exists(db, t):
-            r.step("drop table", f"DROP TABLE {_tbl(db, t)}")
-
-
 def _rename_table(r: Run, op: ddl.RenameTable) -> None:
     for (odb, old), (ndb, new) in op.pairs:
         r.target.check_database(r.cur, ndb)
-        old_there, new_there = r.exists(odb, old), r.exists(ndb, new)
-        if not old_there:
-            if new_there:
-                log.info("%s: already renamed to %s.%s", r.what("rename table"), ndb, new)
-            else:
-                r.skip_missing(odb, old, "rename table")
+        if not r.rename_table_wanted((odb, old), (ndb, new), r.exists(odb, old), r.exists(ndb, new)):
             continue
-        if new_there:
-            raise r.reject("rename table", f"both {odb}.{old} and {ndb}.{new} exist",
-                           "drop the stale one on the target, or " + ddl.SKIP_HINT)
         # MonetDB 11.53.15 (seen on the build tested here) breaks a table
         # renamed with its primary key in place: DROP TABLE then fails with
         # "HY013 Could not allocate space" and ALTER TABLE ... DROP
@@ -209,10 +201,7 @@ def _truncate(r: Run, op: ddl.Truncate) -> None:
 
 
 def _add_column(r: Run, op: ddl.AddColumn) -> None:
-    cols = r.columns(op.database, op.table)
-    if not cols:
-        r.skip_missing(op.database, op.table, "add column")
-    elif op.column.name.lower() not in cols:
+    if r.add_column_wanted(op.database, op.table, r.columns(op.database, op.table), op.column.name):
         try:
             c = r.target.codec(op.column)
         except TypeError as exc:
@@ -235,9 +224,7 @@ def _add_column(r: Run, op: ddl.AddColumn) -> None:
 def _drop_column(r: Run, op: ddl.DropColumn) -> None:
     cols = r.columns(op.database, op.table)
     name = op.column.lower()
-    if not cols:
-        r.skip_missing(op.database, op.table, "drop column")
-    elif name in cols:
+    if r.column_there(op.database, op.table, cols, op.column, "drop column"):
         target_name = cols[name].name
         pk = r.target.primary_key(r.cur, op.database, op.table)
         in_key = pk is not None and name in {k.lower() for k in pk[1]}
@@ -251,12 +238,8 @@ def _drop_column(r: Run, op: ddl.DropColumn) -> None:
 def _modify_column(r: Run, op: ddl.ModifyColumn) -> None:
     db, t, col = op.database, op.table, op.column
     cols = r.columns(db, t)
-    if not cols:
-        r.skip_missing(db, t, "modify column")
-        return
-    current = cols.get(col.name.lower())
+    current: TargetColumn | None = r.column_to_modify(db, t, cols, col.name)
     if current is None:
-        log.warning("%s: column %s is not on the target; skipped", r.what("modify column"), col.name)
         return
     features = r.target.features
     try:
@@ -293,16 +276,9 @@ def _modify_column(r: Run, op: ddl.ModifyColumn) -> None:
 def _rename_column(r: Run, op: ddl.RenameColumn) -> None:
     db, t = op.database, op.table
     cols = r.columns(db, t)
-    if not cols:
-        r.skip_missing(db, t, "rename column")
+    old = op.old.lower()
+    if not r.rename_column_wanted(db, t, cols, op.old, op.new):
         return
-    old, new = op.old.lower(), op.new.lower()
-    if old not in cols:
-        log.info("%s: no column %s on the target (already renamed?)", r.what("rename column"), op.old)
-        return
-    if new in cols and new != old:
-        raise r.reject("rename column", f"both {op.old} and {op.new} exist in {db}.{t}",
-                       "drop the stale column on the target, or " + ddl.SKIP_HINT)
     if cols[old].name != op.new:
         # MonetDB refuses to rename a column its primary key depends on:
         # drop the key, rename, add the key back with the new name.

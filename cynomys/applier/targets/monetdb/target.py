@@ -37,14 +37,13 @@ import logging
 import re
 import socket
 import ssl
-import time
 import uuid
 from typing import Any, ClassVar, Sequence
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import pymonetdb
 
-from cynomys.applier.targets.base import AppliedState, Capabilities, Flush, TableFlush
+from cynomys.applier.targets.base import AppliedState, Capabilities, TableFlush
 from cynomys.applier.targets.monetdb import ddl as monetdb_ddl
 from cynomys.applier.targets.monetdb.ddl import TargetColumn
 from cynomys.applier.targets.sql import SqlTarget
@@ -60,7 +59,7 @@ from cynomys.applier.targets.monetdb.types import (
 )
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, TargetRejectedError, TargetUnavailableError
-from cynomys.core.model import ColumnDef, Position, Row, TableSchema, Value
+from cynomys.core.model import ColumnDef, Row, TableSchema, Value
 
 log = logging.getLogger(__name__)
 
@@ -109,15 +108,6 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
-def target_error(exc: BaseException, what: str, hint: str | None = None) -> TargetUnavailableError | TargetRejectedError:
-    """A driver/socket error -> TargetUnavailableError (transient) or TargetRejectedError."""
-    text = _message(exc) or type(exc).__name__
-    if is_transient(exc):
-        return TargetUnavailableError(f"{what}: target unavailable ({text})",
-                                      hint="check that the MonetDB server is running and reachable; Cynomys retries")
-    return TargetRejectedError(f"{what}: target refused it ({text})", hint=hint)
-
-
 class MonetDBTarget(SqlTarget):
     """MonetDB over pymonetdb; see the module docstring."""
 
@@ -127,9 +117,6 @@ class MonetDBTarget(SqlTarget):
     ddl_handlers = monetdb_ddl.HANDLERS
     unavailable_hint: ClassVar[str] = "check that the MonetDB server is running and reachable; Cynomys retries"
     error_row_pattern: ClassVar[str] = r"line (\d+)"
-    #: Where the applier state lives on the target.
-    state_schema: ClassVar[str] = "cynomys_state"
-    state_table: ClassVar[str] = "applied"
     #: [target] url query options and their allowed values.
     #: bulk: COPY INTO ... FROM STDIN or multi-row INSERT; integers: signed
     #: integers one size wider (lossless) or at the source width (the type's
@@ -196,13 +183,13 @@ class MonetDBTarget(SqlTarget):
             conn = pymonetdb.connect(**self._dsn, autocommit=False, timezone=0, connect_timeout=10,
                                      replysize="10000", maxprefetch="100000")
         except (pymonetdb.Error, OSError) as exc:
-            raise target_error(exc, f"cannot connect to {self.where}",
+            raise self.target_error(exc, f"cannot connect to {self.where}",
                                hint="check [target] url (user, password, host, port, database)") from exc
         try:
             self.features = self._probe(conn)
         except (pymonetdb.Error, OSError) as exc:
             self._discard(conn)
-            raise target_error(exc, f"cannot read the server's abilities on {self.where}") from exc
+            raise self.target_error(exc, f"cannot read the server's abilities on {self.where}") from exc
         self._codecs.clear()
         return conn
 
@@ -270,7 +257,7 @@ class MonetDBTarget(SqlTarget):
                 cur.execute(f"CREATE SCHEMA {quote_ident(self.state_schema)}")
             if self.table_id(cur, self.state_schema, self.state_table) is None:
                 cur.execute(
-                    f"CREATE TABLE {qualified(self.state_schema, self.state_table)} ("
+                    f"CREATE TABLE {self._state_name()} ("
                     "producer_id VARCHAR(255) NOT NULL PRIMARY KEY, seq BIGINT NOT NULL, file VARCHAR(255) NOT NULL,"
                     " pos BIGINT NOT NULL, gtid CLOB NOT NULL, commit_ts BIGINT NOT NULL, updated_at TIMESTAMP)")
         log.info("connected to %s (MonetDB %s)", self.where, self.features.version)
@@ -397,20 +384,16 @@ class MonetDBTarget(SqlTarget):
     # ------------------------------------------------------------------
     # State
     # ------------------------------------------------------------------
-    def applied(self, producer_id: str) -> AppliedState | None:
-        with self._transaction("reading the applier state") as cur:
-            cur.execute(f"SELECT seq, file, pos, gtid, commit_ts FROM {qualified(self.state_schema, self.state_table)}"
-                        f" WHERE producer_id = {self.lit(producer_id)}")
-            row = cur.fetchone()
-        if row is None:
-            return None
-        seq, file, pos, gtid, commit_ts = row
-        return AppliedState(producer_id, int(seq), Position(str(file), int(pos), str(gtid or "")), int(commit_ts))
+    def _read_state(self, cur: Cursor, producer_id: str) -> tuple[Any, ...] | None:
+        cur.execute(f"SELECT seq, file, pos, gtid, commit_ts FROM {self._state_name()}"
+                    f" WHERE producer_id = {self.lit(producer_id)}")
+        row = cur.fetchone()
+        return None if row is None else tuple(row)
 
     def _write_state(self, cur: Cursor, state: AppliedState) -> None:
         # No MERGE before 11.37 (and no upsert at all): UPDATE, then INSERT
         # when no row was there.
-        tbl = qualified(self.state_schema, self.state_table)
+        tbl = self._state_name()
         p = state.position
         values = (f"seq = {int(state.seq)}, file = {self.lit(p.file)}, pos = {int(p.pos)}, gtid = {self.lit(p.gtid)}, "
                   f"commit_ts = {int(state.commit_ts)}, updated_at = CURRENT_TIMESTAMP")
@@ -423,24 +406,6 @@ class MonetDBTarget(SqlTarget):
     # ------------------------------------------------------------------
     # Flush
     # ------------------------------------------------------------------
-    def apply(self, flush: Flush) -> None:
-        t0 = time.monotonic()
-        for tf in flush.tables:
-            self._prepare(tf.schema)
-        what = f"applying a flush of {len(flush.tables)} table(s) up to {flush.state.position}"
-        try:
-            with self._transaction(what) as cur:
-                for tf in flush.tables:
-                    self._apply_table(cur, tf)
-                self._write_state(cur, flush.state)
-        except BaseException:
-            # Look at the catalog again on the retry: the failure may be a
-            # table dropped or changed behind our back, or a restored server.
-            for tf in flush.tables:
-                self._ready.pop((tf.schema.database, tf.schema.table), None)
-            raise
-        log.debug("%s: %d rows in %.3fs", what, sum(tf.rows for tf in flush.tables), time.monotonic() - t0)
-
     def _prepare(self, schema: TableSchema) -> None:
         """Create a missing table (or add missing columns) in a transaction
         before the flush's: a table that matches the source schema is right

@@ -95,6 +95,12 @@ class Run(DdlRun[IcebergTarget]):
         log.info("DDL step on %s: %s", self.where, statement)
         self.target.sql(statement)
 
+    def check_database(self, database: str) -> None:
+        self.target.check_database(database)
+
+    def drop_table(self, database: str, table: str) -> None:
+        self.step(f"DROP TABLE IF EXISTS {self.table(database, table)} PURGE")
+
     def layout(self, database: str, table: str) -> Layout | None:
         return self.target.layout(database, table)
 
@@ -144,33 +150,23 @@ def _create_table_like(r: Run, op: ddl.CreateTableLike) -> None:
     r.target.create_table(op.database, op.table, columns, r.key(op.like_database, op.like_table))
 
 
-def _drop_table(r: Run, op: ddl.DropTable) -> None:
-    for db, t in op.tables:
-        r.target.check_database(db)
-        r.step(f"DROP TABLE IF EXISTS {r.table(db, t)} PURGE")
-
-
 def _rename_table(r: Run, op: ddl.RenameTable) -> None:
     for (odb, old), (ndb, new) in op.pairs:
         r.target.check_database(ndb)
         there = r.target.iceberg.exists
-        old_there, new_there = there(odb, old), there(ndb, new)
-        if not old_there:
-            if new_there:
-                log.info("%s: already renamed to %s.%s", r.what("rename table"), ndb, new)
-            else:
-                r.skip_missing(odb, old, "rename table")
-            continue
+        new_there = there(ndb, new)
         source = f"{odb}.{old}"
-        if new_there:
+
+        def ours() -> bool:
             # Ours only if its snapshot is the copy made by this very statement.
             current = r.target.iceberg.current(ndb, new)
             copied = current is not None and current.summary.get(RENAMED_FROM) == source
             mark = marker_of(current.summary, r.state.producer_id) if current is not None else None
-            if not (copied and mark is not None and same_flush(mark, r.state)):
-                raise TargetRejectedError(
-                    f"{r.what('rename table')}: both {odb}.{old} and {ndb}.{new} exist on {r.target.where}",
-                    hint="drop the stale one on the target, or " + ddl.SKIP_HINT)
+            return copied and mark is not None and same_flush(mark, r.state)
+
+        if not r.rename_table_wanted((odb, old), (ndb, new), there(odb, old), new_there, ours):
+            continue
+        if new_there:
             # The copy committed before a crash; only the drop is left.
             log.info("%s: %s.%s already holds the copy of %s", r.what("rename table"), ndb, new, source)
         else:
