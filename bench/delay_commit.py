@@ -101,23 +101,47 @@ def rows_for(buffer_rows: int, total: int, quick: bool) -> int:
     return max(buffer_rows, n // (4 if quick else 1))
 
 
-def make_target(kind: str, work: Path) -> tuple[Target, Callable[[], None]]:
-    if kind == "columnstore":
-        from cynomys.sandbox.mariadb import MariaDBServer
+def _columnstore(work: Path) -> tuple[Target, Callable[[], None]]:
+    from cynomys.sandbox.mariadb import MariaDBServer
 
-        srv = MariaDBServer(server_id=9, base=str(work / "mariadb")).start()
-        (work / "c.toml").write_text(f'[target]\nkind = "columnstore"\nurl = "{srv.url}"\nengine = "InnoDB"\n')
-        t = open_target(load_config(work / "c.toml", env={}))
-        t.connect()
-        return t, lambda: (t.close(), srv.destroy())  # type: ignore[func-returns-value]
-    if kind == "spark":
-        (work / "c.toml").write_text(f'[target]\nkind = "spark"\n[target.spark]\nmaster = "local[2]"\n'
-                                     f'warehouse = "{work / "warehouse"}"\nconf = {{ "spark.ui.enabled" = "false", '
-                                     f'"spark.sql.shuffle.partitions" = "2" }}\n')
-        t = open_target(load_config(work / "c.toml", env={}))
-        t.connect()
-        return t, t.close
-    raise SystemExit(f"unknown target {kind!r}")
+    srv = MariaDBServer(server_id=9, base=str(work / "mariadb")).start()
+    (work / "c.toml").write_text(f'[target]\nkind = "columnstore"\nurl = "{srv.url}"\nengine = "InnoDB"\n')
+    t = open_target(load_config(work / "c.toml", env={}))
+    t.connect()
+
+    def cleanup() -> None:
+        t.close()
+        srv.destroy()
+    return t, cleanup
+
+
+def _spark(work: Path) -> tuple[Target, Callable[[], None]]:
+    (work / "c.toml").write_text(f'[target]\nkind = "spark"\n[target.spark]\nmaster = "local[2]"\n'
+                                 f'warehouse = "{work / "warehouse"}"\nconf = {{ "spark.ui.enabled" = "false", '
+                                 f'"spark.sql.shuffle.partitions" = "2" }}\n')
+    t = open_target(load_config(work / "c.toml", env={}))
+    t.connect()
+    return t, t.close
+
+
+def _duckdb(work: Path) -> tuple[Target, Callable[[], None]]:
+    (work / "c.toml").write_text(f'[target]\nkind = "duckdb"\nurl = "{work / "replica.duckdb"}"\n')
+    t = open_target(load_config(work / "c.toml", env={}))
+    t.connect()
+    return t, t.close
+
+
+#: Target kind -> a connected target and its cleanup (a table, not an if-chain).
+TARGETS: dict[str, Callable[[Path], tuple[Target, Callable[[], None]]]] = {
+    "columnstore": _columnstore, "spark": _spark, "duckdb": _duckdb,
+}
+
+
+def make_target(kind: str, work: Path) -> tuple[Target, Callable[[], None]]:
+    make = TARGETS.get(kind)
+    if make is None:
+        raise SystemExit(f"unknown target {kind!r}; one of {', '.join(TARGETS)}")
+    return make(work)
 
 
 def plot(results: dict[str, Any], out: Path) -> None:

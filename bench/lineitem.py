@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import RESULTS, daemon, write_result  # noqa: E402
@@ -41,20 +41,39 @@ from cynomys.sandbox.redis import RedisProcess  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _columnstore(work: Path, monetdb_url: str) -> tuple[str, Any]:
+    tgt = MariaDBServer(server_id=2, base=str(work / "target")).start()
+    return f'[target]\nkind = "columnstore"\nurl = "{tgt.url}"\nengine = "InnoDB"\n', tgt
+
+
+def _spark(work: Path, monetdb_url: str) -> tuple[str, Any]:
+    return (f'[target]\nkind = "spark"\n[target.spark]\nmaster = "local[2]"\nwarehouse = "{work / "warehouse"}"\n'
+            f'conf = {{ "spark.ui.enabled" = "false", "spark.sql.shuffle.partitions" = "2", '
+            f'"spark.driver.memory" = "3g" }}\n'), None
+
+
+def _monetdb(work: Path, monetdb_url: str) -> tuple[str, Any]:
+    if not monetdb_url:
+        raise SystemExit("monetdb needs --monetdb-url (or CYNOMYS_TEST_MONETDB)")
+    return f'[target]\nkind = "monetdb"\nurl = "{monetdb_url}"\n', None
+
+
+def _duckdb(work: Path, monetdb_url: str) -> tuple[str, Any]:
+    return f'[target]\nkind = "duckdb"\nurl = "{work / "replica.duckdb"}"\n', None
+
+
+#: Target kind -> its [target] section and server (a table, not an if-chain).
+TARGET_SECTIONS: dict[str, Callable[[Path, str], tuple[str, Any]]] = {
+    "columnstore": _columnstore, "spark": _spark, "monetdb": _monetdb, "duckdb": _duckdb,
+}
+
+
 def target_section(kind: str, work: Path, monetdb_url: str) -> tuple[str, Any]:
     """TOML [target] text and a cleanup handle (a server object or None)."""
-    if kind == "columnstore":
-        tgt = MariaDBServer(server_id=2, base=str(work / "target")).start()
-        return f'[target]\nkind = "columnstore"\nurl = "{tgt.url}"\nengine = "InnoDB"\n', tgt
-    if kind == "spark":
-        return (f'[target]\nkind = "spark"\n[target.spark]\nmaster = "local[2]"\nwarehouse = "{work / "warehouse"}"\n'
-                f'conf = {{ "spark.ui.enabled" = "false", "spark.sql.shuffle.partitions" = "2", '
-                f'"spark.driver.memory" = "3g" }}\n'), None
-    if kind == "monetdb":
-        if not monetdb_url:
-            raise SystemExit("monetdb needs --monetdb-url (or CYNOMYS_TEST_MONETDB)")
-        return f'[target]\nkind = "monetdb"\nurl = "{monetdb_url}"\n', None
-    raise SystemExit(f"unknown target {kind!r}")
+    make = TARGET_SECTIONS.get(kind)
+    if make is None:
+        raise SystemExit(f"unknown target {kind!r}; one of {', '.join(TARGET_SECTIONS)}")
+    return make(work, monetdb_url)
 
 
 def config(work: Path, src: MariaDBServer, redis_url: str, target: str, keys: dict[str, Path]) -> Path:

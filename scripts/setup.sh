@@ -28,7 +28,10 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[columnstore,monetdb,spark,test,bench]'
+# One extra per target kind, read from the registry (cynomys/core/targets.py
+# imports nothing, so the system python reads it before the venv exists).
+KINDS=$(PYTHONPATH=. python3 -c 'from cynomys.core.targets import TARGET_KINDS; print(",".join(TARGET_KINDS))')
+.venv/bin/python -m pip install -q -e ".[${KINDS},test,bench]"
 # The extension is optional (Cynomys falls back to pure Python): say so here
 # rather than let a slow producer be the first sign.
 .venv/bin/python -c 'import cynomys._speedups' 2>/dev/null \

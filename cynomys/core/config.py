@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from cynomys.core.errors import ConfigError
+from cynomys.core.targets import TARGET_KINDS
 
 # Field metadata keys: "check" -> (predicate, what-is-expected), "secret" -> bool.
 Check = tuple[Callable[[Any], bool], str]
@@ -150,9 +151,12 @@ class SparkConfig:
 
 @dataclass(frozen=True)
 class TargetConfig:
-    kind: str = field(default="spark", metadata=_one_of("columnstore", "monetdb", "spark"))
+    kind: str = field(default="spark", metadata=_one_of(*TARGET_KINDS))
     url: str = field(default="", repr=False, metadata=_SECRET)
     engine: str = "ColumnStore"
+    # Name the primary key of a rejected row in error messages (off: messages
+    # reach logs, and a key can be personal data; rows are never printed).
+    show_keys: bool = False
     spark: SparkConfig = field(default_factory=SparkConfig)
 
 

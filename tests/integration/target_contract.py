@@ -339,7 +339,46 @@ def check_schema_drift(factory: TargetFactory, db: str) -> None:
     assert_rows(target, v2, [(1, 1, None), (2, 2, "x")])
 
 
+#: Source names a target must carry through untouched: braces (str.format
+#: once loaded 't{n}' into another table and crashed on 't{0}'), quotes,
+#: backslashes and backticks.
+ODD_TABLES = ("t{n}", "t{0}'q\"d\\b`k")
+ODD_COLUMN = "c{0}\"'\\x`"
+
+
+def check_odd_names(factory: TargetFactory, db: str) -> None:
+    target = factory()
+    for name in ODD_TABLES:
+        schema = TableSchema(db, name, (ColumnDef("id", "int"), ColumnDef(ODD_COLUMN, "varchar(10)")), ("id",))
+        rows: list[Row] = [(1, "a{0}"), (2, None), (3, "'\\\"")]
+        target.apply(flush([change(Op.INSERT, schema, after=r) for r in rows]))
+        target.apply(flush([change(Op.DELETE, schema, before=rows[0])]))
+        assert_rows(target, schema, rows[1:])
+    assert target.table_exists(db, "t{n}") and not target.table_exists(db, "t")
+    bag = TableSchema(db, "bag{1}", (ColumnDef(ODD_COLUMN, "int"),), ())
+    target.apply(flush([change(Op.INSERT, bag, after=(5,)), change(Op.INSERT, bag, after=(5,))]))
+    target.apply(flush([change(Op.DELETE, bag, before=(5,))]))
+    assert_rows(target, bag, [(5,)])
+    # DDL on such names: the statement text quotes them with backticks.
+    target.apply_ddl(ddl(db, "ALTER TABLE `t{n}` ADD COLUMN `x{y}` INT, RENAME COLUMN `x{y}` TO `z{0}`"), state())
+    target.apply_ddl(ddl(db, "RENAME TABLE `t{n}` TO `u{n}`"), state())
+    assert target.table_exists(db, "u{n}") and not target.table_exists(db, "t{n}")
+
+
+def check_rejection_shows_no_row(factory: TargetFactory, db: str) -> None:
+    """A refused value names the table and column; the rest of a keyless
+    row (its data) stays out of the message, which ends up in logs."""
+    target = factory()
+    schema = TableSchema(db, "private", (ColumnDef("note", "varchar(40)"), ColumnDef("small", "tinyint unsigned")), ())
+    with pytest.raises(TargetRejectedError) as info:
+        target.apply(flush([change(Op.INSERT, schema, after=("s3cr3t note", 1000))]))
+    text = str(info.value)
+    assert f"{db}.private" in text and "small" in text
+    assert "s3cr3t" not in text
+
+
 CONTRACT: dict[str, Callable[[TargetFactory, str], None]] = {
+    "odd_names": check_odd_names,
     "all_types_round_trip": check_all_types_round_trip,
     "keyless_all_types": check_keyless_all_types,
     "delete_by_key": check_delete_by_key,
@@ -353,4 +392,13 @@ CONTRACT: dict[str, Callable[[TargetFactory, str], None]] = {
     "add_column_fills_existing_rows": check_add_column_fills_existing_rows,
     "unsupported_ddl": check_unsupported_ddl,
     "schema_drift": check_schema_drift,
+}
+
+
+#: Bodies every SQL target passes and the Spark target does not yet: its
+#: rejection message still prints a keyless table's whole row
+#: (spark/target.py ``_rejected``, owned by the Spark work in progress);
+#: move them into CONTRACT when it stops doing so (issue #13, item 7).
+CONTRACT_NOT_YET_SPARK: dict[str, Callable[[TargetFactory, str], None]] = {
+    "rejection_shows_no_row": check_rejection_shows_no_row,
 }

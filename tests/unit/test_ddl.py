@@ -1,4 +1,4 @@
-"""reducer/ddl.py: one source DDL statement -> neutral operations."""
+"""applier/ddl.py: one source DDL statement -> neutral operations."""
 from __future__ import annotations
 
 import decimal
@@ -7,7 +7,7 @@ import pytest
 
 from cynomys.core.errors import TerminalError
 from cynomys.core.model import ColumnDef, RawTemporal
-from cynomys.reducer.ddl import (
+from cynomys.applier.ddl import (
     AddColumn,
     AddPrimaryKey,
     CreateDatabase,

@@ -21,7 +21,8 @@ from typing import ClassVar
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, TargetRejectedError
 from cynomys.core.model import Change, Op, Position, Row, TableSchema, Value
-from cynomys.reducer.ddl import SKIP_HINT, DdlOp, UnsupportedDdl, parse_ddl
+from cynomys.applier.ddl import SKIP_HINT, DdlOp, UnsupportedDdl, parse_ddl
+from cynomys.core.targets import TARGETS
 
 log = logging.getLogger(__name__)
 
@@ -187,11 +188,7 @@ class Target(ABC):
         """Every row, values in the Python domain of core.model (for checks)."""
 
 
-_REGISTRY: dict[str, str] = {
-    "columnstore": "cynomys.applier.targets.columnstore.target:ColumnStoreTarget",
-    "monetdb": "cynomys.applier.targets.monetdb.target:MonetDBTarget",
-    "spark": "cynomys.applier.targets.spark.target:SparkTarget",
-}
+_REGISTRY = TARGETS
 
 
 def open_target(cfg: Config) -> Target:

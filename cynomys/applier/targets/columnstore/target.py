@@ -31,28 +31,21 @@ the two changes nothing.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
+import ssl
 import tempfile
-import time
-from typing import Any, Callable, ClassVar, Iterator, Sequence
+from typing import Any, ClassVar, Sequence
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import pymysql
 from pymysql.cursors import Cursor
+from pymysql.protocol import LoadLocalPacketWrapper
 
-from cynomys.applier.targets.columnstore import ddl as ddl_ops
-from cynomys.applier.targets.base import (
-    short_sql,
-    statement_batches,
-    AppliedState,
-    Capabilities,
-    Flush,
-    TableFlush,
-    Target,
-)
+from cynomys.applier.targets.base import AppliedState, Capabilities, TableFlush
+from cynomys.applier.targets.columnstore import ddl as columnstore_ddl
+from cynomys.applier.targets.sql import SqlTarget
 from cynomys.applier.targets.columnstore.types import (
     FIELD_ENCODERS,
     INNODB,
@@ -63,8 +56,8 @@ from cynomys.applier.targets.columnstore.types import (
     literal,
 )
 from cynomys.core.config import Config
-from cynomys.core.errors import ConfigError, TargetRejectedError, TargetUnavailableError
-from cynomys.core.model import Change, ColumnDef, Position, Row, TableSchema, Value
+from cynomys.core.errors import ConfigError, TargetRejectedError
+from cynomys.core.model import ColumnDef, Row, TableSchema, Value
 from cynomys.reducer.sql import MARIADB
 
 log = logging.getLogger(__name__)
@@ -87,25 +80,106 @@ LOCAL_INFILE_REFUSED = frozenset({1148, 2068, 3948, 4166})
 _MAX_STATEMENT_BYTES = 8 * 1024 * 1024  # keep multi-row INSERTs below max_allowed_packet
 
 
-def target_error(exc: pymysql.err.Error, what: str,
-                 hint: str | None = None) -> TargetUnavailableError | TargetRejectedError:
-    """A pymysql error -> TargetUnavailableError (transient) or TargetRejectedError."""
+#: [target] url query options.
+URL_OPTIONS = {
+    "local_infile": "0|1 (default 1): bulk loads with LOAD DATA LOCAL INFILE",
+    "ssl": "0|1: TLS (on by default when a ssl_* file is named)",
+    "ssl_ca": "CA file that signs the server's certificate (default: the system's)",
+    "ssl_cert": "client certificate file",
+    "ssl_key": "client key file",
+    "ssl_verify": "1|0 (default 1): verify the server's certificate and host name",
+}
+
+
+def _flag(options: dict[str, str], key: str, default: bool) -> bool:
+    value = options.get(key)
+    if value is None:
+        return default
+    if value.lower() in ("1", "true", "on", "yes"):
+        return True
+    if value.lower() in ("0", "false", "off", "no"):
+        return False
+    raise ConfigError(f"[target] url option {key}={value!r} is not 0 or 1")
+
+
+def _tls_context(options: dict[str, str]) -> ssl.SSLContext:
+    """TLS for the target connection; the certificate and host name are
+    verified unless ssl_verify=0 says otherwise."""
+    try:
+        ctx = ssl.create_default_context(cafile=options.get("ssl_ca") or None)
+        if options.get("ssl_cert"):
+            ctx.load_cert_chain(options["ssl_cert"], options.get("ssl_key") or None)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"[target] url TLS files cannot be read: {exc}",
+                          hint="check ssl_ca, ssl_cert and ssl_key in [target] url") from None
+    if not _flag(options, "ssl_verify", True):
+        log.warning("[target] url has ssl_verify=0: the target server's certificate is not checked")
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+class ForeignFileRequest(pymysql.err.OperationalError):
+    """The server asked for a local file Cynomys did not offer."""
+
+
+class _GuardedResult(pymysql.connections.MySQLResult):
+    def _read_load_local_packet(self, first_packet: Any) -> None:
+        conn = self.connection
+        wanted = LoadLocalPacketWrapper(first_packet).filename
+        name = wanted.decode("utf-8", "replace") if isinstance(wanted, bytes) else str(wanted)
+        allowed = getattr(conn, "allowed_infile", None)
+        if allowed is None or name != allowed:
+            # Send nothing (an empty file ends the request), then fail the
+            # statement: a server that asks for other files is not to be trusted.
+            conn.write_packet(b"")
+            try:
+                conn._read_packet()
+            except pymysql.err.Error as exc:
+                log.debug("the server's answer to a refused LOCAL INFILE request: %s", exc)
+            raise ForeignFileRequest(0, f"the target server asked for the local file {name!r}, which Cynomys did "
+                                        "not offer; refused (LOAD DATA LOCAL sends only the file written for it)")
+        super()._read_load_local_packet(first_packet)
+
+
+class GuardedConnection(pymysql.connections.Connection):
+    """A pymysql connection that answers a server's LOCAL INFILE request only
+    for ``allowed_infile``: pymysql itself sends whatever file the server
+    names, in answer to any statement."""
+
+    allowed_infile: str | None = None
+
+    def _read_query_result(self, unbuffered: bool = False) -> int:
+        # pymysql's own, with the guarded result reader (pymysql 1.1 / 2.x).
+        self._result = None
+        result = _GuardedResult(self)
+        if unbuffered:
+            result.init_unbuffered_query()
+        else:
+            result.read()
+        self._result = result
+        if result.server_status is not None:
+            self.server_status = result.server_status
+        return int(result.affected_rows or 0)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether retrying later may help: the server or the connection is gone or busy."""
     code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
-    text = exc.args[1] if len(exc.args) > 1 else str(exc)
-    if isinstance(exc, pymysql.err.InterfaceError) or code in TRANSIENT_CODES:
-        return TargetUnavailableError(f"{what}: target unavailable ({code} {text})",
-                                      hint="check that the target server is running and reachable; Cynomys retries")
-    return TargetRejectedError(f"{what}: target refused it ({code} {text})", hint=hint)
+    return isinstance(exc, pymysql.err.InterfaceError) or (isinstance(exc, pymysql.err.Error)
+                                                           and code in TRANSIENT_CODES)
 
 
-class ColumnStoreTarget(Target):
+class ColumnStoreTarget(SqlTarget):
     """MariaDB ColumnStore (or InnoDB/Aria for tests and small replicas)."""
 
+    #: MariaDB DDL commits on its own.  Keys: see ``declares_keys``.
     capabilities: ClassVar[Capabilities] = Capabilities(
-        transactional_ddl=False, max_statement_rows=1000, supports_keys=False)
-    #: Where the applier state lives on the target.
-    state_database: ClassVar[str] = "cynomys_state"
-    state_table: ClassVar[str] = "applied"
+        transactional_ddl=False, max_statement_rows=1000, supports_keys=True)
+    ident_quote: ClassVar[str] = "`"
+    driver_errors: ClassVar[tuple[type[BaseException], ...]] = (pymysql.err.Error,)
+    ddl_handlers = columnstore_ddl.HANDLERS
+    statement_bytes: ClassVar[int] = 8 * 1024 * 1024  # below max_allowed_packet
     #: [target] engine (lower case) -> profile; engines not listed use INNODB.
     profiles: ClassVar[dict[str, EngineProfile]] = PROFILES
     #: Session settings: UTC for TIMESTAMP, a sql_mode that keeps zero and
@@ -127,12 +201,6 @@ class ColumnStoreTarget(Target):
                               hint="e.g. 'ColumnStore', 'InnoDB' or 'Aria'")
         self.profile = self.profiles.get(self.engine.lower(), INNODB)
         self._dsn, self.use_load_data = self._parse_url(cfg.target.url)
-        self._conn: pymysql.connections.Connection | None = None
-        # Tables known to match a schema (created, columns present); cleared by DDL.
-        self._ready: dict[tuple[str, str], TableSchema] = {}
-        # Source schemas seen (flushes, DDL), for fetch_rows to give values
-        # their source type; kept in step by columnstore_ddl.
-        self.schemas: dict[tuple[str, str], TableSchema] = {}
 
     # ------------------------------------------------------------------
     # Connection
@@ -150,29 +218,41 @@ class ColumnStoreTarget(Target):
             raise ConfigError("[target] url names a database; Cynomys writes each source database under its own name",
                               hint="end the url with the port: mysql://user:password@host:3306/")
         options = dict(parse_qsl(parts.query))
-        unknown = set(options) - {"local_infile"}
+        unknown = set(options) - set(URL_OPTIONS)
         if unknown:
-            raise ConfigError(f"[target] url has unknown options {sorted(unknown)}", hint="known: local_infile=0|1")
+            raise ConfigError(f"[target] url has unknown options {sorted(unknown)}",
+                              hint="known: " + ", ".join(URL_OPTIONS))
         try:
             port = parts.port or 3306
         except ValueError:
             raise ConfigError("[target] url has a bad port", hint="write it as mysql://user:password@host:3306/") from None
-        dsn = {"host": parts.hostname or "127.0.0.1", "port": port,
-               "user": unquote(parts.username or ""), "password": unquote(parts.password or "")}
-        return dsn, options.get("local_infile", "1") not in ("0", "false", "off")
+        dsn: dict[str, Any] = {"host": parts.hostname or "127.0.0.1", "port": port,
+                               "user": unquote(parts.username or ""), "password": unquote(parts.password or "")}
+        use_load_data = _flag(options, "local_infile", True)
+        # The client flag is what the URL says; even with it on, only the
+        # file Cynomys just wrote for a LOAD DATA is ever sent (GuardedConnection).
+        dsn["local_infile"] = use_load_data
+        tls = _flag(options, "ssl", any(k in options for k in ("ssl_ca", "ssl_cert", "ssl_key")))
+        if tls:
+            dsn["ssl"] = _tls_context(options)
+        else:
+            dsn["ssl_disabled"] = True
+        return dsn, use_load_data
+
+    @property
+    def declares_keys(self) -> bool:
+        # MariaDB engines have keys; the ColumnStore engine has none.
+        return self.profile.declare_keys
 
     @property
     def where(self) -> str:
         return f"MariaDB target {self._dsn['host']}:{self._dsn['port']}"
 
-    def _open(self) -> pymysql.connections.Connection:
-        if self._conn is not None:
-            return self._conn
+    def _connect(self) -> pymysql.connections.Connection:
         try:
-            conn = pymysql.connect(**self._dsn, charset="utf8mb4", autocommit=False, local_infile=True,
-                                   connect_timeout=10)
+            conn = GuardedConnection(**self._dsn, charset="utf8mb4", autocommit=False, connect_timeout=10)
         except pymysql.err.Error as exc:
-            raise target_error(exc, f"cannot connect to {self.where}",
+            raise self.target_error(exc, f"cannot connect to {self.where}",
                                hint="check [target] url (user, password, host, port)") from exc
         try:
             with conn.cursor() as cur:
@@ -180,50 +260,20 @@ class ColumnStoreTarget(Target):
                     cur.execute(sql)
         except pymysql.err.Error as exc:
             self._discard(conn)
-            raise target_error(exc, f"cannot set up a session on {self.where}") from exc
-        self._conn = conn
+            raise self.target_error(exc, f"cannot set up a session on {self.where}") from exc
         return conn
 
-    def _discard(self, conn: pymysql.connections.Connection | None = None) -> None:
-        """Drop a connection that failed; the next call opens a new one."""
-        conn = conn or self._conn
-        if conn is self._conn:
-            self._conn = None
-        if conn is not None and conn.open:
-            try:
-                conn.close()
-            except pymysql.err.Error as exc:  # already broken; nothing more to release
-                log.debug("closing a failed connection to %s: %s", self.where, exc)
+    def is_transient(self, exc: BaseException) -> bool:
+        return is_transient(exc)
 
-    @contextlib.contextmanager
-    def _transaction(self, what: str, hint: str | None = None) -> Iterator[Cursor]:
-        """One target transaction: commit on success; roll back, translate
-        the driver error and raise on failure."""
-        conn = self._open()
-        try:
-            with conn.cursor() as cur:
-                yield cur
-            conn.commit()
-        except BaseException as exc:
-            self._rollback(conn)
-            if isinstance(exc, pymysql.err.Error):
-                err = target_error(exc, f"{what} on {self.where}", hint)
-                if isinstance(err, TargetUnavailableError):
-                    self._discard(conn)
-                raise err from exc
-            raise
-
-    def _rollback(self, conn: pymysql.connections.Connection) -> None:
-        try:
-            conn.rollback()
-        except pymysql.err.Error as exc:
-            # The connection is gone: the server rolls back on disconnect.
-            log.warning("rollback on %s failed (%s); the server rolls back when the connection drops", self.where, exc)
-            self._discard(conn)
+    def describe(self, exc: BaseException) -> str:
+        code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
+        text = exc.args[1] if len(exc.args) > 1 else str(exc)
+        return f"{code} {text}"
 
     def connect(self) -> None:
         with self._transaction("creating the state table", hint="grant CREATE on *.* to the target user") as cur:
-            db, tbl = MARIADB.ident(self.state_database), MARIADB.ident(self.state_table)
+            db, tbl = MARIADB.ident(self.state_schema), MARIADB.ident(self.state_table)
             cur.execute(f"CREATE DATABASE IF NOT EXISTS {db}")
             # Always InnoDB: see the module docstring.
             cur.execute(
@@ -233,30 +283,20 @@ class ColumnStoreTarget(Target):
                 ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4")
         log.info("connected to %s (engine %s)", self.where, self.engine)
 
-    def close(self) -> None:
-        self._discard()
-
     # ------------------------------------------------------------------
     # State
     # ------------------------------------------------------------------
-    def _state_name(self) -> str:
-        return MARIADB.table(self.state_database, self.state_table)
+    def _read_state(self, cur: Cursor, producer_id: str) -> tuple[Any, ...] | None:
+        cur.execute(f"SELECT seq, file, pos, gtid, commit_ts FROM {self._state_name()} WHERE producer_id = %s",
+                    (producer_id,))
+        row = cur.fetchone()
+        return None if row is None else tuple(row)
 
-    def applied(self, producer_id: str) -> AppliedState | None:
-        with self._transaction("reading the applier state") as cur:
-            cur.execute(f"SELECT seq, file, pos, gtid, commit_ts FROM {self._state_name()} WHERE producer_id = %s",
-                        (producer_id,))
-            row = cur.fetchone()
-        if row is None:
-            return None
-        seq, file, pos, gtid, commit_ts = row
-        return AppliedState(producer_id, int(seq), Position(file, int(pos), gtid), int(commit_ts))
-
-    def _lock_state(self, cur: Cursor, producer_id: str) -> None:
+    def _begin_flush(self, cur: Cursor, state: AppliedState) -> None:
         # First statement of every flush: registers InnoDB first in the
         # transaction (so it commits last, after ColumnStore) and keeps a
         # second applier of the same producer out until we commit.
-        cur.execute(f"SELECT seq FROM {self._state_name()} WHERE producer_id = %s FOR UPDATE", (producer_id,))
+        cur.execute(f"SELECT seq FROM {self._state_name()} WHERE producer_id = %s FOR UPDATE", (state.producer_id,))
         cur.fetchall()
 
     def _write_state(self, cur: Cursor, state: AppliedState) -> None:
@@ -291,22 +331,20 @@ class ColumnStoreTarget(Target):
     def column_sql(self, col: ColumnDef, key: Sequence[str] = ()) -> str:
         """A column definition for this engine: mapped type; NOT NULL only
         for key columns (rows come from the source, which enforced the rest)."""
-        in_key = self.profile.declare_keys and col.name.lower() in {k.lower() for k in key}
+        in_key = self.declares_keys and col.name.lower() in {k.lower() for k in key}
         return f"{MARIADB.ident(col.name)} {self.profile.target_type(col)} {'NOT NULL' if in_key else 'NULL'}"
 
     def create_table_sql(self, database: str, table: str, columns: Sequence[ColumnDef], key: Sequence[str]) -> str:
         defs = [self.column_sql(c, key) for c in columns]
-        if key and self.profile.declare_keys:
-            defs.append("PRIMARY KEY (" + ", ".join(MARIADB.ident(k) for k in key) + ")")
         return (f"CREATE TABLE IF NOT EXISTS {MARIADB.table(database, table)} (\n  " + ",\n  ".join(defs)
-                + f"\n) ENGINE={self.engine} {self.profile.table_options}")
+                + self.key_clause(key) + f"\n) ENGINE={self.engine} {self.profile.table_options}")
 
     def check_database(self, database: str) -> None:
-        if database.lower() == self.state_database.lower():
+        if database.lower() == self.state_schema.lower():
             raise TargetRejectedError(f"the source database {database!r} has the name of Cynomys' state database",
                                       hint="exclude it in [source] exclude_tables")
 
-    def _ensure_table(self, schema: TableSchema) -> None:
+    def _prepare(self, schema: TableSchema) -> None:
         """Create the table, or add columns the schema has and the target
         lacks (a DDL that was skipped or arrived late).  DDL commits on its
         own in MariaDB, so this runs before the flush's transaction."""
@@ -330,18 +368,6 @@ class ColumnStoreTarget(Target):
     # ------------------------------------------------------------------
     # Flush
     # ------------------------------------------------------------------
-    def apply(self, flush: Flush) -> None:
-        t0 = time.monotonic()
-        for tf in flush.tables:
-            self._ensure_table(tf.schema)
-        what = f"applying a flush of {len(flush.tables)} table(s) up to {flush.state.position}"
-        with self._transaction(what) as cur:
-            self._lock_state(cur, flush.state.producer_id)
-            for tf in flush.tables:
-                self._apply_table(cur, tf)
-            self._write_state(cur, flush.state)
-        log.debug("%s: %d rows in %.3fs", what, sum(tf.rows for tf in flush.tables), time.monotonic() - t0)
-
     def _apply_table(self, cur: Cursor, tf: TableFlush) -> None:
         schema = tf.schema
         keys = list(tf.delete_keys)
@@ -385,17 +411,6 @@ class ColumnStoreTarget(Target):
         self._execute(cur, f"DELETE FROM {tbl} WHERE {where}", schema)
         return [row] * max(int(present) - n, 0)
 
-    def _execute(self, cur: Cursor, sql: str, schema: TableSchema) -> None:
-        try:
-            cur.execute(sql)
-        except pymysql.err.Error as exc:
-            if _transient(exc):
-                raise
-            raise TargetRejectedError(
-                str(target_error(exc, f"table {schema.name}").message),
-                hint=f"check that {schema.name} on the target has the source's columns and types; "
-                     "fix it with ALTER TABLE on the target") from exc
-
     # -- bulk insert -------------------------------------------------------
     def _insert(self, cur: Cursor, schema: TableSchema, rows: list[Row]) -> None:
         if self.use_load_data:
@@ -408,7 +423,7 @@ class ColumnStoreTarget(Target):
                 log.warning("%s refuses LOAD DATA LOCAL INFILE (%s); using multi-row INSERT from now on "
                             "(enable local_infile on the server for faster loads)", self.where, exc.args[1])
                 self.use_load_data = False
-        self._insert_values(cur, schema, rows)
+        self._insert_values_of(cur, schema, rows)
 
     def _load_data(self, cur: Cursor, schema: TableSchema, rows: list[Row]) -> None:
         targets, sets = [], []
@@ -430,35 +445,31 @@ class ColumnStoreTarget(Target):
             sql = (f"LOAD DATA LOCAL INFILE '{quoted}' INTO TABLE {MARIADB.table(schema.database, schema.table)}"
                    " CHARACTER SET binary FIELDS TERMINATED BY '\\t' ESCAPED BY '\\\\' LINES TERMINATED BY '\\n'"
                    f" ({', '.join(targets)})" + (" SET " + ", ".join(sets) if sets else ""))
+            conn = cur.connection
+            conn.allowed_infile = path  # the one file the server may ask for, for this statement only
             try:
                 cur.execute(sql)
             except pymysql.err.Error as exc:
+                if isinstance(exc, ForeignFileRequest):
+                    raise
                 if exc.args and exc.args[0] in LOCAL_INFILE_REFUSED:
                     raise
-                raise self._rejected(schema, rows, exc.args[1] if len(exc.args) > 1 else str(exc)) from exc
+                raise self.rejected(schema, rows, self.describe(exc)) from exc
+            finally:
+                conn.allowed_infile = None
             # LOAD DATA LOCAL turns bad values into warnings (the server
             # cannot stop the client's upload), clamping or truncating them.
-            self._check_warnings(cur, schema, rows)
+            self._check_loaded(cur, schema, rows)
         finally:
             os.unlink(path)
 
-    def _insert_values(self, cur: Cursor, schema: TableSchema, rows: list[Row]) -> None:
+    def _insert_values_of(self, cur: Cursor, schema: TableSchema, rows: list[Row]) -> None:
         head = (f"INSERT INTO {MARIADB.table(schema.database, schema.table)} ("
                 + ", ".join(MARIADB.ident(c) for c in schema.column_names) + ") VALUES ")
         texts = ["(" + ", ".join(literal(v) for v in row) + ")" for row in rows]
-        for start, end in statement_batches(texts, self.capabilities.max_statement_rows, _MAX_STATEMENT_BYTES):
-            self._run_insert(cur, schema, head + ", ".join(texts[start:end]), rows[start:end])
+        self._insert_values(cur, schema, head, texts, rows)
 
-    def _run_insert(self, cur: Cursor, schema: TableSchema, sql: str, rows: list[Row]) -> None:
-        try:
-            cur.execute(sql)
-        except pymysql.err.Error as exc:
-            if _transient(exc):
-                raise
-            raise self._rejected(schema, rows, exc.args[1] if len(exc.args) > 1 else str(exc)) from exc
-        self._check_warnings(cur, schema, rows)
-
-    def _check_warnings(self, cur: Cursor, schema: TableSchema, rows: list[Row]) -> None:
+    def _check_loaded(self, cur: Cursor, schema: TableSchema, rows: list[Row]) -> None:
         if not cur.warning_count:
             return
         cur.execute("SHOW WARNINGS")
@@ -466,41 +477,16 @@ class ColumnStoreTarget(Target):
         problems = [str(msg) for _level, _code, msg in cur.fetchall()]
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            raise self._rejected(schema, rows, problems[0] + more)
+            raise self.rejected(schema, rows, problems[0] + more)
 
-    def _rejected(self, schema: TableSchema, rows: list[Row], message: str) -> TargetRejectedError:
-        """Name the table, the column/row the server named, and the fix."""
-        detail = ""
-        m = re.search(r"at row (\d+)", message)
-        if m and 0 < int(m.group(1)) <= len(rows):
-            row = rows[int(m.group(1)) - 1]
-            shown = tuple(row[i] for i in schema.key_indexes()) if schema.key else row
-            detail = f"; the row {'with key ' if schema.key else ''}{short_sql(repr(shown))}"
-        col = re.search(r"column '([^']+)'", message)
-        target_type = ""
-        if col:
-            for i, c in enumerate(schema.columns):
-                if c.name == col.group(1):
-                    value = f", value {short_sql(repr(rows[int(m.group(1)) - 1][i]))}" if detail and m else ""
-                    target_type = f" (source type {c.type}, mapped to {self.profile.target_type(c)}{value})"
-        return TargetRejectedError(
-            f"target table {schema.name} rejected a value: {message}{target_type}{detail}",
-            hint="widen the column on the target (ALTER TABLE ... MODIFY) or fix the value on the source; "
-                 "the flush was rolled back and will be retried from the same position")
+    def describe_column(self, col: ColumnDef) -> str:
+        return self.profile.target_type(col)
 
     # ------------------------------------------------------------------
     # DDL
     # ------------------------------------------------------------------
-    def apply_ddl(self, change: Change, state: AppliedState) -> None:
-        sql = change.sql or ""
-        position = f"{change.txn.file}:{change.txn.pos}"
-        ops = self.ddl_ops(change)
-        if ops is not None:
-            for op in ops:
-                ddl_ops.run(self, op, sql, change.commit_ts)
-            self._ready.clear()
-        with self._transaction(f"recording the state after DDL at {position}") as cur:
-            self._write_state(cur, state)
+    def ddl_run(self, sql: str, commit_ts: int, cur: Cursor | None) -> columnstore_ddl.Run:
+        return columnstore_ddl.Run(self, sql, self.where, self.schemas, commit_ts)
 
     # ------------------------------------------------------------------
     # Reading back
@@ -523,18 +509,5 @@ class ColumnStoreTarget(Target):
             exprs, convs = fetch_plan(columns)
             cur.execute(f"SELECT {', '.join(exprs)} FROM {MARIADB.table(database, table)}")
             return [tuple(conv(v) for conv, v in zip(convs, row)) for row in cur.fetchall()]
-
-    # Used by columnstore_ddl: a DDL statement in its own (auto-committed) step.
-    def ddl_step(self, what: str, sql: str, hint: str | None = None) -> None:
-        with self._transaction(what, hint) as cur:
-            cur.execute(sql)
-
-    def query(self, fn: Callable[[Cursor], Any], what: str) -> Any:
-        with self._transaction(what) as cur:
-            return fn(cur)
-
-
-def _transient(exc: pymysql.err.Error) -> bool:
-    return isinstance(target_error(exc, ""), TargetUnavailableError)
 
 

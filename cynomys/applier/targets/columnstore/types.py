@@ -10,31 +10,16 @@ from __future__ import annotations
 
 import datetime
 import decimal
-import re
+
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from cynomys.applier.targets.source_types import datetime_text, members, time_text, type_params
 from cynomys.core.model import ColumnDef, RawTemporal, Value
 from cynomys.reducer.sql import MARIADB
 
 TypeRule = Callable[[ColumnDef], str]
-
-_PARAMS = re.compile(r"\(([\d,\s]+)\)")
-_MEMBER = re.compile(r"'((?:[^'\\]|''|\\.)*)'")
-
-
-def type_params(type_text: str) -> list[int]:
-    """'decimal(65,30)' -> [65, 30]; 'int' -> []."""
-    m = _PARAMS.search(type_text)
-    return [int(p) for p in m.group(1).split(",")] if m else []
-
-
-def members(type_text: str) -> list[str]:
-    """"enum('a','it''s')" -> ['a', "it's"]."""
-    inner = type_text[type_text.index("(") + 1:type_text.rindex(")")]
-    return [re.sub(r"''|\\(.)", lambda m: m.group(1) or "'", v) for v in _MEMBER.findall(inner)]
-
 
 # --------------------------------------------------------------------------
 # ColumnStore type rules (source type -> a type ColumnStore has)
@@ -142,22 +127,6 @@ PROFILES: dict[str, EngineProfile] = {"columnstore": COLUMNSTORE, "innodb": INNO
 # --------------------------------------------------------------------------
 # Values -> LOAD DATA fields and SQL literals
 # --------------------------------------------------------------------------
-def _td_text(td: datetime.timedelta) -> str:
-    total = (td.days * 86400 + td.seconds) * 1_000_000 + td.microseconds
-    sign, total = ("-" if total < 0 else ""), abs(total)
-    secs, micro = divmod(total, 1_000_000)
-    h, rem = divmod(secs, 3600)
-    m, s = divmod(rem, 60)
-    return f"{sign}{h:02d}:{m:02d}:{s:02d}.{micro:06d}"
-
-
-def _dt_text(v: datetime.datetime) -> str:
-    # TIMESTAMP values are UTC-aware; the session runs with time_zone '+00:00'.
-    if v.tzinfo is not None:
-        v = v.astimezone(datetime.timezone.utc).replace(tzinfo=None)
-    return v.isoformat(sep=" ", timespec="microseconds")
-
-
 def value_text(v: Value) -> str:
     """A non-NULL, non-bytes value as MariaDB reads it from text."""
     if isinstance(v, bool):
@@ -169,11 +138,11 @@ def value_text(v: Value) -> str:
     if isinstance(v, decimal.Decimal):
         return format(v, "f")  # never '1E+5'
     if isinstance(v, datetime.datetime):
-        return _dt_text(v)
+        return datetime_text(v)
     if isinstance(v, datetime.date):
         return v.isoformat()
     if isinstance(v, datetime.timedelta):
-        return _td_text(v)
+        return time_text(v)
     raise TypeError(f"cannot send a {type(v).__name__} to MariaDB")
 
 

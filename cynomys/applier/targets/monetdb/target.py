@@ -33,45 +33,33 @@ for TLS), options ``bulk=copy|insert`` and ``integers=widen|native``.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 import socket
 import ssl
-import time
 import uuid
-from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Iterator, Sequence
+from typing import Any, ClassVar, Sequence
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import pymonetdb
 
-from cynomys.applier.targets.monetdb import ddl as ddl_ops
-from cynomys.applier.targets.base import (
-    short_sql,
-    statement_batches,
-    AppliedState,
-    Capabilities,
-    Flush,
-    TableFlush,
-    Target,
-)
+from cynomys.applier.targets.base import AppliedState, Capabilities, TableFlush
+from cynomys.applier.targets.monetdb import ddl as monetdb_ddl
+from cynomys.applier.targets.monetdb.ddl import TargetColumn
+from cynomys.applier.targets.sql import SqlTarget
 from cynomys.applier.targets.monetdb.types import (
     Codec,
     ServerFeatures,
     Unstorable,
     codec,
     comment_for,
-    native_source_type,
     qualified,
     quote_ident,
-    source_type_from_comment,
     string_literal,
 )
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, TargetRejectedError, TargetUnavailableError
-from cynomys.core.model import Change, ColumnDef, Position, Row, TableSchema, Value
-from cynomys.reducer.ddl import SKIP_HINT
+from cynomys.core.model import ColumnDef, Row, TableSchema, Value
 
 log = logging.getLogger(__name__)
 
@@ -120,40 +108,15 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
-def target_error(exc: BaseException, what: str, hint: str | None = None) -> TargetUnavailableError | TargetRejectedError:
-    """A driver/socket error -> TargetUnavailableError (transient) or TargetRejectedError."""
-    text = _message(exc) or type(exc).__name__
-    if is_transient(exc):
-        return TargetUnavailableError(f"{what}: target unavailable ({text})",
-                                      hint="check that the MonetDB server is running and reachable; Cynomys retries")
-    return TargetRejectedError(f"{what}: target refused it ({text})", hint=hint)
-
-
-@dataclass(frozen=True)
-class TargetColumn:
-    """A column as the MonetDB catalog has it."""
-
-    name: str
-    type: str            # sys.columns.type: 'int', 'varchar', 'decimal', 'timestamptz', ...
-    digits: int
-    scale: int
-    nullable: bool
-    remark: str | None   # its comment
-
-    @property
-    def source_type(self) -> str:
-        """The source type recorded in the comment, else one that decodes it."""
-        return source_type_from_comment(self.remark) or native_source_type(self.type, self.digits, self.scale)
-
-
-class MonetDBTarget(Target):
+class MonetDBTarget(SqlTarget):
     """MonetDB over pymonetdb; see the module docstring."""
 
     capabilities: ClassVar[Capabilities] = Capabilities(
         transactional_ddl=True, max_statement_rows=1000, supports_keys=True)
-    #: Where the applier state lives on the target.
-    state_schema: ClassVar[str] = "cynomys_state"
-    state_table: ClassVar[str] = "applied"
+    driver_errors: ClassVar[tuple[type[BaseException], ...]] = (pymonetdb.Error,)
+    ddl_handlers = monetdb_ddl.HANDLERS
+    unavailable_hint: ClassVar[str] = "check that the MonetDB server is running and reachable; Cynomys retries"
+    error_row_pattern: ClassVar[str] = r"line (\d+)"
     #: [target] url query options and their allowed values.
     #: bulk: COPY INTO ... FROM STDIN or multi-row INSERT; integers: signed
     #: integers one size wider (lossless) or at the source width (the type's
@@ -169,13 +132,9 @@ class MonetDBTarget(Target):
         self._dsn, options = self._parse_url(cfg.target.url)
         self.use_copy = options.get("bulk", "copy") == "copy"
         self.native_integers = options.get("integers", "widen") == "native"
-        self._conn: Any = None
         self.features = ServerFeatures()
-        # Tables known to match a schema (created, columns present).
-        self._ready: dict[tuple[str, str], TableSchema] = {}
-        # Source schemas seen (flushes, DDL): column order for fetch_rows;
-        # kept in step by monetdb_ddl.  Types come from column comments.
-        self.schemas: dict[tuple[str, str], TableSchema] = {}
+        # self.schemas gives fetch_rows the column order; types come from
+        # column comments.
         self._codecs: dict[TableSchema, list[Codec]] = {}
 
     # ------------------------------------------------------------------
@@ -217,25 +176,28 @@ class MonetDBTarget(Target):
     def where(self) -> str:
         return f"MonetDB target {self._dsn['hostname']}:{self._dsn['port']}/{self._dsn['database']}"
 
-    def _open(self) -> Any:
-        if self._conn is not None:
-            return self._conn
+    def _connect(self) -> Any:
         try:
             # timezone=0: the session runs in UTC, so TIMESTAMP WITH TIME
             # ZONE values are written and read as UTC instants.
             conn = pymonetdb.connect(**self._dsn, autocommit=False, timezone=0, connect_timeout=10,
                                      replysize="10000", maxprefetch="100000")
         except (pymonetdb.Error, OSError) as exc:
-            raise target_error(exc, f"cannot connect to {self.where}",
+            raise self.target_error(exc, f"cannot connect to {self.where}",
                                hint="check [target] url (user, password, host, port, database)") from exc
         try:
             self.features = self._probe(conn)
         except (pymonetdb.Error, OSError) as exc:
             self._discard(conn)
-            raise target_error(exc, f"cannot read the server's abilities on {self.where}") from exc
+            raise self.target_error(exc, f"cannot read the server's abilities on {self.where}") from exc
         self._codecs.clear()
-        self._conn = conn
         return conn
+
+    def is_transient(self, exc: BaseException) -> bool:
+        return is_transient(exc)
+
+    def describe(self, exc: BaseException) -> str:
+        return _message(exc) or type(exc).__name__
 
     def _probe(self, conn: Any) -> ServerFeatures:
         """What this server can do (see ServerFeatures); leaves nothing behind.
@@ -289,59 +251,16 @@ class MonetDBTarget(Target):
         finally:
             conn.rollback()
 
-    def _discard(self, conn: Any = None) -> None:
-        """Drop a connection that failed; the next call opens a new one."""
-        conn = conn or self._conn
-        if conn is self._conn:
-            self._conn = None
-        if conn is not None:
-            try:
-                conn.close()
-            except (pymonetdb.Error, OSError) as exc:  # already broken; nothing more to release
-                log.debug("closing a failed connection to %s: %s", self.where, exc)
-
-    @contextlib.contextmanager
-    def _transaction(self, what: str, hint: str | None = None) -> Iterator[Cursor]:
-        """One target transaction: commit on success; roll back, translate
-        the driver error and raise on failure."""
-        conn = self._open()
-        cur = conn.cursor()
-        try:
-            yield cur
-            conn.commit()
-        except BaseException as exc:
-            self._rollback(conn)
-            if isinstance(exc, (pymonetdb.Error, OSError)):
-                err = target_error(exc, f"{what} on {self.where}", hint)
-                if isinstance(err, TargetUnavailableError):
-                    self._discard(conn)
-                raise err from exc
-            raise
-        finally:
-            with contextlib.suppress(pymonetdb.Error, OSError):  # closing a cursor only frees client memory
-                cur.close()
-
-    def _rollback(self, conn: Any) -> None:
-        try:
-            conn.rollback()
-        except (pymonetdb.Error, OSError) as exc:
-            # The connection is gone: the server rolls back on disconnect.
-            log.warning("rollback on %s failed (%s); the server rolls back when the connection drops", self.where, exc)
-            self._discard(conn)
-
     def connect(self) -> None:
         with self._transaction("creating the state table", hint="grant the target user the right to create schemas") as cur:
             if self.schema_info(cur, self.state_schema) is None:
                 cur.execute(f"CREATE SCHEMA {quote_ident(self.state_schema)}")
             if self.table_id(cur, self.state_schema, self.state_table) is None:
                 cur.execute(
-                    f"CREATE TABLE {qualified(self.state_schema, self.state_table)} ("
+                    f"CREATE TABLE {self._state_name()} ("
                     "producer_id VARCHAR(255) NOT NULL PRIMARY KEY, seq BIGINT NOT NULL, file VARCHAR(255) NOT NULL,"
                     " pos BIGINT NOT NULL, gtid CLOB NOT NULL, commit_ts BIGINT NOT NULL, updated_at TIMESTAMP)")
         log.info("connected to %s (MonetDB %s)", self.where, self.features.version)
-
-    def close(self) -> None:
-        self._discard()
 
     # ------------------------------------------------------------------
     # Catalog
@@ -465,20 +384,16 @@ class MonetDBTarget(Target):
     # ------------------------------------------------------------------
     # State
     # ------------------------------------------------------------------
-    def applied(self, producer_id: str) -> AppliedState | None:
-        with self._transaction("reading the applier state") as cur:
-            cur.execute(f"SELECT seq, file, pos, gtid, commit_ts FROM {qualified(self.state_schema, self.state_table)}"
-                        f" WHERE producer_id = {self.lit(producer_id)}")
-            row = cur.fetchone()
-        if row is None:
-            return None
-        seq, file, pos, gtid, commit_ts = row
-        return AppliedState(producer_id, int(seq), Position(str(file), int(pos), str(gtid or "")), int(commit_ts))
+    def _read_state(self, cur: Cursor, producer_id: str) -> tuple[Any, ...] | None:
+        cur.execute(f"SELECT seq, file, pos, gtid, commit_ts FROM {self._state_name()}"
+                    f" WHERE producer_id = {self.lit(producer_id)}")
+        row = cur.fetchone()
+        return None if row is None else tuple(row)
 
     def _write_state(self, cur: Cursor, state: AppliedState) -> None:
         # No MERGE before 11.37 (and no upsert at all): UPDATE, then INSERT
         # when no row was there.
-        tbl = qualified(self.state_schema, self.state_table)
+        tbl = self._state_name()
         p = state.position
         values = (f"seq = {int(state.seq)}, file = {self.lit(p.file)}, pos = {int(p.pos)}, gtid = {self.lit(p.gtid)}, "
                   f"commit_ts = {int(state.commit_ts)}, updated_at = CURRENT_TIMESTAMP")
@@ -491,24 +406,6 @@ class MonetDBTarget(Target):
     # ------------------------------------------------------------------
     # Flush
     # ------------------------------------------------------------------
-    def apply(self, flush: Flush) -> None:
-        t0 = time.monotonic()
-        for tf in flush.tables:
-            self._prepare(tf.schema)
-        what = f"applying a flush of {len(flush.tables)} table(s) up to {flush.state.position}"
-        try:
-            with self._transaction(what) as cur:
-                for tf in flush.tables:
-                    self._apply_table(cur, tf)
-                self._write_state(cur, flush.state)
-        except BaseException:
-            # Look at the catalog again on the retry: the failure may be a
-            # table dropped or changed behind our back, or a restored server.
-            for tf in flush.tables:
-                self._ready.pop((tf.schema.database, tf.schema.table), None)
-            raise
-        log.debug("%s: %d rows in %.3fs", what, sum(tf.rows for tf in flush.tables), time.monotonic() - t0)
-
     def _prepare(self, schema: TableSchema) -> None:
         """Create a missing table (or add missing columns) in a transaction
         before the flush's: a table that matches the source schema is right
@@ -533,7 +430,7 @@ class MonetDBTarget(Target):
             if self.use_copy:
                 self._copy(cur, schema, codecs, inserts)
             else:
-                self._insert_values(cur, schema, codecs, inserts)
+                self._insert_rows(cur, schema, codecs, inserts)
 
     def _literal(self, schema: TableSchema, c: Codec, v: Value, row: Row | None = None) -> str:
         if v is None:
@@ -566,7 +463,7 @@ class MonetDBTarget(Target):
         if self.use_copy:
             self._copy(cur, tmp, kc, list(keys))
         else:
-            self._insert_values(cur, tmp, kc, list(keys))
+            self._insert_rows(cur, tmp, kc, list(keys))
         alias = quote_ident("cynomys_k")
         match = " AND ".join(f"{alias}.{col} = {quote_ident(schema.table)}.{col}" for col in cols)
         self._execute(cur, f"DELETE FROM {tbl} WHERE EXISTS (SELECT 1 FROM {qualified(tmp.database, tmp.table)} "
@@ -589,17 +486,6 @@ class MonetDBTarget(Target):
             self._execute(cur, f"DELETE FROM {tbl} WHERE {where}", schema)
         return [row] * max(int(present) - n, 0)
 
-    def _execute(self, cur: Cursor, sql: str, schema: TableSchema) -> None:
-        try:
-            cur.execute(sql)
-        except pymonetdb.Error as exc:
-            if is_transient(exc):
-                raise
-            raise TargetRejectedError(
-                f"table {schema.name} on {self.where}: target refused it ({_message(exc)})",
-                hint=f"check that {schema.name} on the target has the source's columns and types; "
-                     "fix it with ALTER TABLE on the target") from exc
-
     # -- bulk insert -------------------------------------------------------
     def _copy(self, cur: Cursor, schema: TableSchema, codecs: list[Codec], rows: list[Row]) -> None:
         """COPY n RECORDS INTO ... FROM STDIN: the records follow the
@@ -611,7 +497,9 @@ class MonetDBTarget(Target):
         # releases that kept literals raw; E'\n' where the server runs with
         # raw_strings.
         newline = "'\\n'" if self.features.literal_backslash else "E'\\n'"
-        head = (f"COPY {{n}} RECORDS INTO {qualified(schema.database, schema.table)} ("
+        # The statement is put together by concatenation: names may hold
+        # '{' and '}', so nothing after them may go through str.format.
+        into = (f" RECORDS INTO {qualified(schema.database, schema.table)} ("
                 + ", ".join(quote_ident(c) for c in schema.column_names)
                 + f") FROM STDIN USING DELIMITERS '|', {newline}, '\"';\n")
         fields = [c.field for c in codecs]
@@ -625,45 +513,29 @@ class MonetDBTarget(Target):
                 columns = [list(map(f, col)) for f, col in zip(fields, zip(*chunk))]
             except Unstorable as exc:
                 raise self._unstorable_in(schema, codecs, chunk, exc) from None
-            self._run_copy(cur, schema, head, list(map(join, zip(*columns))), rows, start)
+            self._run_copy(cur, schema, into, list(map(join, zip(*columns))), rows, start)
 
-    def _run_copy(self, cur: Cursor, schema: TableSchema, head: str, lines: list[str], rows: list[Row],
+    def _run_copy(self, cur: Cursor, schema: TableSchema, into: str, lines: list[str], rows: list[Row],
                   start: int) -> None:
         try:
-            cur.execute(head.format(n=len(lines)) + "\n".join(lines) + "\n")
+            cur.execute("COPY " + str(len(lines)) + into + "\n".join(lines) + "\n")
         except pymonetdb.Error as exc:
             if is_transient(exc):
                 raise
-            raise self._rejected(schema, rows[start:start + len(lines)], _message(exc)) from exc
+            raise self.rejected(schema, rows[start:start + len(lines)], _message(exc)) from exc
 
-    def _insert_values(self, cur: Cursor, schema: TableSchema, codecs: list[Codec], rows: list[Row]) -> None:
+    def _insert_rows(self, cur: Cursor, schema: TableSchema, codecs: list[Codec], rows: list[Row]) -> None:
         head = (f"INSERT INTO {qualified(schema.database, schema.table)} ("
                 + ", ".join(quote_ident(c) for c in schema.column_names) + ") VALUES ")
         texts = ["(" + ", ".join(self._literal(schema, c, v, row) for c, v in zip(codecs, row)) + ")" for row in rows]
-        for start, end in statement_batches(texts, self.capabilities.max_statement_rows, _STATEMENT_BYTES):
-            self._run_insert(cur, schema, head + ", ".join(texts[start:end]), rows[start:end])
-
-    def _run_insert(self, cur: Cursor, schema: TableSchema, sql: str, rows: list[Row]) -> None:
-        try:
-            cur.execute(sql)
-        except pymonetdb.Error as exc:
-            if is_transient(exc):
-                raise
-            raise self._rejected(schema, rows, _message(exc)) from exc
+        self._insert_values(cur, schema, head, texts, rows)
 
     # -- naming what was rejected -----------------------------------------
-    @staticmethod
-    def _row_name(schema: TableSchema, row: Row | None) -> str:
-        if row is None:
-            return ""
-        shown = tuple(row[i] for i in schema.key_indexes()) if schema.key else row
-        return f" in the row {'with key ' if schema.key else ''}{short_sql(repr(shown))}"
-
     def _unstorable(self, schema: TableSchema, c: Codec, v: Value, exc: Unstorable,
                     row: Row | None = None) -> TargetRejectedError:
         return TargetRejectedError(
             f"target table {schema.name} cannot store a value of column {c.source.name} (source type "
-            f"{c.source.type}, MonetDB {c.sql_type}){self._row_name(schema, row)}: {exc.reason}",
+            f"{c.source.type}, MonetDB {c.sql_type}){self.row_detail(schema, row)}: {exc.reason}",
             hint=exc.hint + "; the flush was rolled back and will be retried from the same position")
 
     def _unstorable_in(self, schema: TableSchema, codecs: list[Codec], rows: list[Row],
@@ -676,44 +548,20 @@ class MonetDBTarget(Target):
                     return self._unstorable(schema, c, v, inner, row)
         return TargetRejectedError(f"target table {schema.name} cannot store a value: {exc.reason}", hint=exc.hint)
 
-    def _rejected(self, schema: TableSchema, rows: list[Row], message: str) -> TargetRejectedError:
-        """Name the table, the column/row the server named, and the fix."""
-        detail = ""
-        m = re.search(r"line (\d+)", message)
-        if m and 0 < int(m.group(1)) <= len(rows):
-            detail = self._row_name(schema, rows[int(m.group(1)) - 1])
-        named = [c for c in schema.columns if re.search(r"\b" + re.escape(c.name) + r"\b", message)]
-        target_type = ""
-        if named:
-            c = named[0]
-            target_type = f" (column {c.name}: source type {c.type}, MonetDB {self.codec(c).sql_type})"
-        return TargetRejectedError(
-            f"target table {schema.name} rejected a value: {short_sql(message, 400)}{target_type}{detail}",
-            hint="widen the column on the target (ALTER TABLE ... ALTER COLUMN) or fix the value on the source; "
-                 "the flush was rolled back and will be retried from the same position")
+    def describe_column(self, col: ColumnDef) -> str:
+        try:
+            return f"MonetDB {self.codec(col).sql_type}"
+        except TypeError:
+            return "none (unknown source type)"
 
     # ------------------------------------------------------------------
     # DDL
     # ------------------------------------------------------------------
-    def apply_ddl(self, change: Change, state: AppliedState) -> None:
-        sql = change.sql or ""
-        position = f"{change.txn.file}:{change.txn.pos}"
-        ops = self.ddl_ops(change) or []  # None: skipped on purpose, only the state moves
-        schemas_before = dict(self.schemas)
-        try:
-            # MonetDB DDL is transactional: the operations and the state
-            # commit together, or neither does.
-            with self._transaction(f"DDL at {position}: {short_sql(sql)!r}",
-                                   hint="fix the target by hand, or " + SKIP_HINT) as cur:
-                for op in ops:
-                    ddl_ops.run(self, cur, op, sql, change.commit_ts)
-                self._write_state(cur, state)
-        except BaseException:
-            self.schemas = schemas_before
-            raise
-        finally:
-            self._ready.clear()
-            self._codecs.clear()
+    def ddl_run(self, sql: str, commit_ts: int, cur: Cursor | None) -> monetdb_ddl.Run:
+        return monetdb_ddl.Run(self, sql, self.where, self.schemas, commit_ts, cur)
+
+    def _forget_caches(self) -> None:
+        self._codecs.clear()
 
     # ------------------------------------------------------------------
     # Reading back
@@ -738,21 +586,3 @@ class MonetDBTarget(Target):
             cur.execute(f"SELECT {', '.join(exprs)} FROM {qualified(database, table)}")
             decoders = [c.decode for c in codecs]
             return [tuple(None if v is None else d(v) for d, v in zip(decoders, row)) for row in cur.fetchall()]
-
-    def ddl_step(self, cur: Cursor, what: str, sql: str, hint: str) -> None:
-        """One statement of a DDL (monetdb_ddl), inside the open transaction;
-        a refusal names the statement."""
-        try:
-            cur.execute(sql)
-        except pymonetdb.Error as exc:
-            if is_transient(exc):
-                raise
-            raise TargetRejectedError(f"{what} on {self.where}: target refused it ({_message(exc)})",
-                                      hint=hint) from exc
-
-    def query(self, fn: Callable[[Cursor], Any], what: str) -> Any:
-        """Run ``fn`` in a transaction of its own (tests, tools)."""
-        with self._transaction(what) as cur:
-            return fn(cur)
-
-

@@ -54,6 +54,12 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from cynomys.applier.targets.source_types import (
+    SOURCE_TYPE_TAG,
+    source_type_comment,
+    members,
+    type_params,
+)
 from cynomys.core.model import ColumnDef, RawTemporal, Value
 
 _UTC = datetime.timezone.utc
@@ -61,7 +67,7 @@ _FLT_MAX = struct.unpack("<f", b"\xff\xff\x7f\x7f")[0]
 _DBL_MAX = 1.7976931348623157e308
 
 #: Prefix of the column comment that records the source type.
-COMMENT_PREFIX = "cynomys:"
+COMMENT_PREFIX = SOURCE_TYPE_TAG
 
 
 class Unstorable(ValueError):
@@ -157,17 +163,6 @@ def _text_check(s: str, limit: int | None) -> str:
     return s
 
 
-def _params(type_text: str) -> list[int]:
-    m = re.search(r"\(([\d,\s]+)\)", type_text)
-    return [int(p) for p in m.group(1).split(",")] if m else []
-
-
-def _members(type_text: str) -> list[str]:
-    inner = type_text[type_text.index("(") + 1:type_text.rindex(")")]
-    return [re.sub(r"''|\\(.)", lambda m: m.group(1) or "'", v)
-            for v in re.findall(r"'((?:[^'\\]|''|\\.)*)'", inner)]
-
-
 # --------------------------------------------------------------------------
 # Integers (and YEAR, BIT)
 # --------------------------------------------------------------------------
@@ -251,7 +246,7 @@ def _integer(col: ColumnDef, features: ServerFeatures, native: bool = False) -> 
 
 
 def _bit(col: ColumnDef, features: ServerFeatures) -> Codec:
-    bits = (_params(col.type) or [1])[0]
+    bits = (type_params(col.type) or [1])[0]
     # BIGINT keeps its minimum as NULL but BIT(63) tops out at 2^63-1.
     sql_type = "BIGINT" if bits < 64 else "HUGEINT" if features.hugeint else "TEXT_INT"
     return _int_codec(col, 0, 2 ** bits - 1, sql_type, col.type, features)
@@ -278,7 +273,7 @@ def _as_decimal(v: Value) -> decimal.Decimal:
 
 
 def _decimal(col: ColumnDef, features: ServerFeatures) -> Codec:
-    params = _params(col.type)
+    params = type_params(col.type)
     p, s = (params + [10, 0][len(params):])[:2]  # DECIMAL = (10,0), DECIMAL(p) = (p,0)
     quantum = decimal.Decimal(1).scaleb(-s)
     ctx = decimal.Context(prec=p + 5)
@@ -439,7 +434,7 @@ def _timestamp_text(dt: datetime.datetime, features: ServerFeatures) -> str:
 
 
 def _datetime(col: ColumnDef, features: ServerFeatures) -> Codec:
-    fsp = (_params(col.type) or [0])[0]
+    fsp = (type_params(col.type) or [0])[0]
 
     def text(v: Value) -> str:
         dt = _as_datetime(v)
@@ -457,7 +452,7 @@ def _datetime(col: ColumnDef, features: ServerFeatures) -> Codec:
 
 
 def _timestamp(col: ColumnDef, features: ServerFeatures) -> Codec:
-    fsp = (_params(col.type) or [0])[0]
+    fsp = (type_params(col.type) or [0])[0]
 
     def text(v: Value) -> str:
         dt = _as_datetime(v)
@@ -541,7 +536,7 @@ def _text_codec(col: ColumnDef, sql_type: str, limit: int | None, features: Serv
 
 
 def _varchar(col: ColumnDef, features: ServerFeatures) -> Codec:
-    n = (_params(col.type) or [255])[0]
+    n = (type_params(col.type) or [255])[0]
     return _text_codec(col, f"VARCHAR({max(n, 1)})", n, features)
 
 
@@ -550,12 +545,12 @@ def _clob(col: ColumnDef, features: ServerFeatures) -> Codec:
 
 
 def _enum(col: ColumnDef, features: ServerFeatures) -> Codec:
-    n = max([len(m) for m in _members(col.type)] + [1])
+    n = max([len(m) for m in members(col.type)] + [1])
     return _text_codec(col, f"VARCHAR({n})", n, features)
 
 
 def _set(col: ColumnDef, features: ServerFeatures) -> Codec:
-    ms = _members(col.type)
+    ms = members(col.type)
     n = max(sum(len(m) for m in ms) + len(ms) - 1, 1)
     return _text_codec(col, f"VARCHAR({n})", n, features)
 
@@ -576,7 +571,7 @@ def _as_bytes(v: Value) -> bytes:
 
 
 def _blob(col: ColumnDef, features: ServerFeatures) -> Codec:
-    n = (_params(col.type) or [0])[0] if col.base_type in ("binary", "varbinary") else 0
+    n = (type_params(col.type) or [0])[0] if col.base_type in ("binary", "varbinary") else 0
 
     def hexed(v: Value) -> str:
         b = _as_bytes(v)
@@ -672,10 +667,4 @@ def native_source_type(monet_type: str, digits: int, scale: int) -> str:
 
 
 def comment_for(col: ColumnDef) -> str:
-    return COMMENT_PREFIX + col.type
-
-
-def source_type_from_comment(remark: str | None) -> str | None:
-    if remark and remark.startswith(COMMENT_PREFIX):
-        return remark[len(COMMENT_PREFIX):]
-    return None
+    return source_type_comment(col.type)

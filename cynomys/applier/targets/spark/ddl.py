@@ -1,4 +1,4 @@
-"""Run neutral DDL operations (reducer.ddl) on Iceberg tables.
+"""DDL handlers for Iceberg tables (run by targets/ddl_runner.py).
 
 Iceberg DDL commits on its own, so the applier state is written after the
 operations, not with them.  Every operation first checks what the table
@@ -35,21 +35,22 @@ import datetime
 import decimal
 import json
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, ClassVar, Iterator, Protocol, Sequence
 
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from cynomys.applier import ddl
+from cynomys.applier.targets.base import AppliedState
+from cynomys.applier.targets.ddl_runner import DdlRun, handler_table, run_ops
 from cynomys.applier.targets.spark import types as st
+from cynomys.applier.targets.spark.iceberg import IcebergApi
 from cynomys.applier.targets.spark.merge import Layout, lit, marker, marker_of, q, same_flush
+from cynomys.applier.targets.spark.session import CatalogProfile
+from cynomys.core.config import Config
 from cynomys.core.errors import TargetRejectedError
 from cynomys.core.model import ColumnDef, RawTemporal
-from cynomys.reducer import ddl
-
-if TYPE_CHECKING:
-    from cynomys.applier.targets.base import AppliedState
-    from cynomys.applier.targets.spark.target import SparkTarget
 
 log = logging.getLogger(__name__)
 
@@ -57,22 +58,51 @@ log = logging.getLogger(__name__)
 RENAMED_FROM = "cynomys.renamed-from"
 
 
-@dataclass
-class Run:
-    """One DDL statement being applied: the target, the source text and the
-    state it leads to (marks the commits it makes)."""
+class IcebergTarget(Protocol):
+    """What the handlers use of the Spark target (kept apart from target.py,
+    which imports this module: no cycle)."""
 
-    target: SparkTarget
-    sql: str
+    cfg: Config
+    profile: CatalogProfile
+    key_property: ClassVar[str]
+    table_properties: ClassVar[dict[str, str]]
+
+    @property
+    def where(self) -> str: ...
+    @property
+    def spark(self) -> SparkSession: ...
+    @property
+    def iceberg(self) -> IcebergApi: ...
+    def sql(self, statement: str) -> None: ...
+    def qualified(self, database: str, table: str | None = None) -> str: ...
+    def layout(self, database: str, table: str) -> Layout | None: ...
+    def check_database(self, database: str) -> None: ...
+    def mapping(self, schema_name: str, col: ColumnDef) -> st.Mapping: ...
+    def column_sql(self, schema_name: str, col: ColumnDef) -> str: ...
+    def create_table(self, database: str, table: str, columns: Sequence[ColumnDef], key: Sequence[str]) -> None: ...
+    def source_columns(self, layout: Layout) -> list[tuple[T.StructField, ColumnDef]]: ...
+
+
+
+class Run(DdlRun[IcebergTarget]):
+    """One DDL statement on Iceberg tables; ``state`` is the state it leads
+    to (it marks the commits the statement makes)."""
+
     state: AppliedState
 
-    def what(self, action: str) -> str:
-        text = " ".join(self.sql.split())
-        return f"DDL {text[:200]!r}: {action}"
+    def __init__(self, target: IcebergTarget, sql: str, state: AppliedState) -> None:
+        super().__init__(target, sql, target.where, {}, state.commit_ts)
+        self.state = state
 
     def step(self, statement: str) -> None:
-        log.info("DDL step on %s: %s", self.target.where, statement)
+        log.info("DDL step on %s: %s", self.where, statement)
         self.target.sql(statement)
+
+    def check_database(self, database: str) -> None:
+        self.target.check_database(database)
+
+    def drop_table(self, database: str, table: str) -> None:
+        self.step(f"DROP TABLE IF EXISTS {self.table(database, table)} PURGE")
 
     def layout(self, database: str, table: str) -> Layout | None:
         return self.target.layout(database, table)
@@ -92,11 +122,6 @@ class Run:
 
     def set_key(self, database: str, table: str, key: list[str]) -> None:
         self.target.iceberg.update_properties(database, table, {self.target.key_property: json.dumps(key)})
-
-
-def _skip_missing(r: Run, database: str, table: str, action: str) -> None:
-    log.warning("%s: table %s.%s is not on the target; skipped (its next flush creates it from the source schema)",
-                r.what(action), database, table)
 
 
 # --------------------------------------------------------------------------
@@ -122,39 +147,29 @@ def _create_table(r: Run, op: ddl.CreateTable) -> None:
 def _create_table_like(r: Run, op: ddl.CreateTableLike) -> None:
     like = r.layout(op.like_database, op.like_table)
     if like is None:
-        _skip_missing(r, op.like_database, op.like_table, "create table like")
+        r.skip_missing(op.like_database, op.like_table, "create table like")
         return
     columns = [col for _, col in r.target.source_columns(like)]
     r.target.create_table(op.database, op.table, columns, r.key(op.like_database, op.like_table))
-
-
-def _drop_table(r: Run, op: ddl.DropTable) -> None:
-    for db, t in op.tables:
-        r.target.check_database(db)
-        r.step(f"DROP TABLE IF EXISTS {r.table(db, t)} PURGE")
 
 
 def _rename_table(r: Run, op: ddl.RenameTable) -> None:
     for (odb, old), (ndb, new) in op.pairs:
         r.target.check_database(ndb)
         there = r.target.iceberg.exists
-        old_there, new_there = there(odb, old), there(ndb, new)
-        if not old_there:
-            if new_there:
-                log.info("%s: already renamed to %s.%s", r.what("rename table"), ndb, new)
-            else:
-                _skip_missing(r, odb, old, "rename table")
-            continue
+        new_there = there(ndb, new)
         source = f"{odb}.{old}"
-        if new_there:
+
+        def ours() -> bool:
             # Ours only if its snapshot is the copy made by this very statement.
             current = r.target.iceberg.current(ndb, new)
             copied = current is not None and current.summary.get(RENAMED_FROM) == source
             mark = marker_of(current.summary, r.state.producer_id) if current is not None else None
-            if not (copied and mark is not None and same_flush(mark, r.state)):
-                raise TargetRejectedError(
-                    f"{r.what('rename table')}: both {odb}.{old} and {ndb}.{new} exist on {r.target.where}",
-                    hint="drop the stale one on the target, or " + ddl.SKIP_HINT)
+            return copied and mark is not None and same_flush(mark, r.state)
+
+        if not r.rename_table_wanted((odb, old), (ndb, new), there(odb, old), new_there, ours):
+            continue
+        if new_there:
             # The copy committed before a crash; only the drop is left.
             log.info("%s: %s.%s already holds the copy of %s", r.what("rename table"), ndb, new, source)
         else:
@@ -193,7 +208,7 @@ def _truncate(r: Run, op: ddl.Truncate) -> None:
 def _add_column(r: Run, op: ddl.AddColumn) -> None:
     layout = r.layout(op.database, op.table)
     if layout is None:
-        _skip_missing(r, op.database, op.table, "add column")
+        r.skip_missing(op.database, op.table, "add column")
     elif not layout.has(op.column.name):
         name = f"{op.database}.{op.table}"
         r.step(f"ALTER TABLE {r.table(op.database, op.table)} ADD COLUMN {r.target.column_sql(name, op.column)}")
@@ -203,13 +218,7 @@ def _add_column(r: Run, op: ddl.AddColumn) -> None:
 def _fill(r: Run, op: ddl.AddColumn) -> None:
     """Give existing rows what the source gave them: no row event carries
     it.  Setting the same value again on a replay changes nothing."""
-    value: Any = op.fill
-    if op.fill_now:
-        value = datetime.datetime.fromtimestamp(r.state.commit_ts, datetime.timezone.utc)
-        if op.column.base_type != "timestamp":
-            value = value.replace(tzinfo=None)
-            log.warning("%s: DEFAULT CURRENT_TIMESTAMP on a %s column filled with the statement time in UTC; "
-                        "the source used its session time zone", r.what("add column"), op.column.type)
+    value: Any = r.fill_value(op)
     if value is None:
         return
     if isinstance(value, RawTemporal):
@@ -246,7 +255,7 @@ def _literal(v: Any) -> str:
 def _drop_column(r: Run, op: ddl.DropColumn) -> None:
     layout = r.layout(op.database, op.table)
     if layout is None:
-        _skip_missing(r, op.database, op.table, "drop column")
+        r.skip_missing(op.database, op.table, "drop column")
         return
     tbl = r.table(op.database, op.table)
     for name in (op.column, op.column + st.COMPANION_SUFFIX):
@@ -263,7 +272,7 @@ def _modify_column(r: Run, op: ddl.ModifyColumn) -> None:
     name = f"{db}.{t}"
     layout = r.layout(db, t)
     if layout is None:
-        _skip_missing(r, db, t, "modify column")
+        r.skip_missing(db, t, "modify column")
         return
     have = layout.get(col.name)
     if have is None:
@@ -324,7 +333,7 @@ def _rename_column(r: Run, op: ddl.RenameColumn) -> None:
     db, t = op.database, op.table
     layout = r.layout(db, t)
     if layout is None:
-        _skip_missing(r, db, t, "rename column")
+        r.skip_missing(db, t, "rename column")
         return
     old, new = layout.get(op.old), layout.get(op.new)
     if old is None:
@@ -345,7 +354,7 @@ def _rename_column(r: Run, op: ddl.RenameColumn) -> None:
 
 def _add_primary_key(r: Run, op: ddl.AddPrimaryKey) -> None:
     if not r.target.iceberg.exists(op.database, op.table):
-        _skip_missing(r, op.database, op.table, "add primary key")
+        r.skip_missing(op.database, op.table, "add primary key")
         return
     r.set_key(op.database, op.table, list(op.columns))
 
@@ -355,29 +364,10 @@ def _drop_primary_key(r: Run, op: ddl.DropPrimaryKey) -> None:
         r.set_key(op.database, op.table, [])
 
 
-def _noop(r: Run, op: ddl.NoOp) -> None:
-    log.debug("%s: nothing to do on the target (%s)", r.what("no-op"), op.reason)
+#: Operation type -> what runs it (the functions above, by name).
+HANDLERS = handler_table(globals())
 
 
-#: Operation type -> what runs it.
-HANDLERS: dict[type[ddl.DdlOp], Callable[[Run, Any], None]] = {
-    ddl.CreateDatabase: _create_database,
-    ddl.DropDatabase: _drop_database,
-    ddl.CreateTable: _create_table,
-    ddl.CreateTableLike: _create_table_like,
-    ddl.DropTable: _drop_table,
-    ddl.RenameTable: _rename_table,
-    ddl.Truncate: _truncate,
-    ddl.AddColumn: _add_column,
-    ddl.DropColumn: _drop_column,
-    ddl.ModifyColumn: _modify_column,
-    ddl.RenameColumn: _rename_column,
-    ddl.AddPrimaryKey: _add_primary_key,
-    ddl.DropPrimaryKey: _drop_primary_key,
-    ddl.NoOp: _noop,
-}
-
-
-def run(target: SparkTarget, op: ddl.DdlOp, sql: str, state: AppliedState) -> None:
+def run(target: IcebergTarget, op: ddl.DdlOp, sql: str, state: AppliedState) -> None:
     """Apply one operation of the DDL statement ``sql`` to ``target``."""
-    HANDLERS[type(op)](Run(target, sql, state), op)
+    run_ops(HANDLERS, Run(target, sql, state), [op])

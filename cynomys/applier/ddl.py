@@ -1,0 +1,814 @@
+"""Parse one source DDL statement (MariaDB/MySQL) into neutral operations.
+
+A target never runs the source's DDL text: it runs what this module says the
+statement *does* to data a column store holds (tables, their columns and
+their primary key), rendered by the target in its own dialect and types.
+Everything else a statement may carry (indexes, foreign keys, defaults,
+comments, engines, charsets, partitioning) changes nothing a replica of the
+rows needs, so it becomes a ``NoOp`` that says why.
+
+Column types are normalised to the text ``information_schema.COLUMN_TYPE``
+uses (lower case, 'bigint unsigned', 'decimal(65,30)', "enum('a','b')"),
+which is also what the binlog parser puts in ``ColumnDef.type``; display
+widths and ZEROFILL are dropped (they change how a client shows a value,
+not the value).
+
+sqlglot does the parsing.  Where its MySQL dialect is wrong for the source
+(type synonyms) a small subclass corrects it; where it cannot parse a
+statement at all (it falls back to an opaque ``Command``) only a few
+statements are recognised by hand (RENAME TABLE, ALTER DATABASE, CONVERT TO
+CHARACTER SET); anything else raises ``UnsupportedDdl``, whose hint says how
+to skip the statement on purpose.
+"""
+from __future__ import annotations
+
+import datetime
+import decimal
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.dialects.mysql import MySQL
+from sqlglot.errors import SqlglotError
+from sqlglot.tokens import Token, TokenType
+
+from cynomys.core.errors import TerminalError
+from cynomys.core.model import ColumnDef, RawTemporal, Value
+
+log = logging.getLogger(__name__)
+
+TableRef = tuple[str, str]  # (database, table)
+
+SKIP_HINT = ("add the statement text (or its binlog position 'file:pos') to [applier] skip_ddl "
+             "to skip it on purpose")
+
+
+class UnsupportedDdl(TerminalError):
+    """A DDL statement that cannot be parsed or translated for a target."""
+
+    def __init__(self, sql: str, reason: str) -> None:
+        self.sql = sql
+        self.reason = reason
+        super().__init__(f"cannot translate DDL statement {_shorten(sql)!r}: {reason}", hint=SKIP_HINT)
+
+
+def _shorten(sql: str, limit: int = 300) -> str:
+    one_line = " ".join(sql.split())
+    return one_line if len(one_line) <= limit else one_line[:limit] + "..."
+
+
+# --------------------------------------------------------------------------
+# Operations
+# --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DdlOp:
+    """Base of every operation."""
+
+
+@dataclass(frozen=True)
+class NoOp(DdlOp):
+    """Changes nothing a column store holds (index, FK, comment, engine...)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class CreateDatabase(DdlOp):
+    database: str
+    if_not_exists: bool = False
+
+
+@dataclass(frozen=True)
+class DropDatabase(DdlOp):
+    database: str
+    if_exists: bool = False
+
+
+@dataclass(frozen=True)
+class CreateTable(DdlOp):
+    database: str
+    table: str
+    columns: tuple[ColumnDef, ...]
+    key: tuple[str, ...] = ()  # the primary key; () = none
+    if_not_exists: bool = False
+
+
+@dataclass(frozen=True)
+class CreateTableLike(DdlOp):
+    """CREATE TABLE t LIKE s: the target copies its own table s."""
+
+    database: str
+    table: str
+    like_database: str
+    like_table: str
+    if_not_exists: bool = False
+
+
+@dataclass(frozen=True)
+class DropTable(DdlOp):
+    tables: tuple[TableRef, ...]
+    if_exists: bool = False
+
+
+@dataclass(frozen=True)
+class RenameTable(DdlOp):
+    pairs: tuple[tuple[TableRef, TableRef], ...]  # ((db, old), (db, new)), applied in order
+
+
+@dataclass(frozen=True)
+class Truncate(DdlOp):
+    database: str
+    table: str
+
+
+@dataclass(frozen=True)
+class AddColumn(DdlOp):
+    """``fill`` is the value the source gave every existing row (its DEFAULT,
+    or the type's zero for NOT NULL without one) -- the binlog carries no
+    row events for that, so the target must fill them the same way.
+    ``fill_now``: the default is CURRENT_TIMESTAMP, i.e. the statement's time."""
+
+    database: str
+    table: str
+    column: ColumnDef
+    if_not_exists: bool = False
+    fill: Value = None
+    fill_now: bool = False
+
+
+@dataclass(frozen=True)
+class DropColumn(DdlOp):
+    database: str
+    table: str
+    column: str
+    if_exists: bool = False
+
+
+@dataclass(frozen=True)
+class ModifyColumn(DdlOp):
+    """A column keeps its name and gets a new type (MODIFY, or CHANGE a a ...)."""
+
+    database: str
+    table: str
+    column: ColumnDef
+
+
+@dataclass(frozen=True)
+class RenameColumn(DdlOp):
+    database: str
+    table: str
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class AddPrimaryKey(DdlOp):
+    database: str
+    table: str
+    columns: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DropPrimaryKey(DdlOp):
+    database: str
+    table: str
+
+
+#: Every operation a statement can become; each target's DDL handler table
+#: covers all of them (tests/unit/test_ddl_handlers.py checks it).
+ALL_OPS: tuple[type[DdlOp], ...] = (
+    NoOp, CreateDatabase, DropDatabase, CreateTable, CreateTableLike, DropTable, RenameTable, Truncate,
+    AddColumn, DropColumn, ModifyColumn, RenameColumn, AddPrimaryKey, DropPrimaryKey,
+)
+
+
+# --------------------------------------------------------------------------
+# The source dialect: sqlglot's MySQL with the type synonyms MariaDB means
+# --------------------------------------------------------------------------
+class CynomysSourceMySQL(MySQL):
+    """sqlglot's MySQL reads REAL as FLOAT, INT8 as TINYINT and LONG as
+    BIGINT; MariaDB/MySQL mean DOUBLE, BIGINT and MEDIUMTEXT."""
+
+    class Tokenizer(MySQL.Tokenizer):
+        KEYWORDS = {
+            **MySQL.Tokenizer.KEYWORDS,
+            "REAL": TokenType.DOUBLE,
+            "INT1": TokenType.TINYINT,
+            "INT2": TokenType.SMALLINT,
+            "INT3": TokenType.MEDIUMINT,
+            "INT4": TokenType.INT,
+            "INT8": TokenType.BIGINT,
+            "MIDDLEINT": TokenType.MEDIUMINT,
+            "FLOAT4": TokenType.FLOAT,
+            "FLOAT8": TokenType.DOUBLE,
+            "LONG": TokenType.MEDIUMTEXT,
+            "LONG VARCHAR": TokenType.MEDIUMTEXT,
+            "LONG VARBINARY": TokenType.MEDIUMBLOB,
+        }
+
+
+_DIALECT = CynomysSourceMySQL()
+
+
+# --------------------------------------------------------------------------
+# Column types: sqlglot DataType -> information_schema COLUMN_TYPE text
+# --------------------------------------------------------------------------
+T = exp.DType
+
+
+def _params(dt: exp.DataType) -> list[int]:
+    out: list[int] = []
+    for p in dt.expressions:
+        lit = p.this if isinstance(p, exp.DataTypeParam) else p
+        if not isinstance(lit, exp.Literal) or lit.is_string:
+            raise ValueError(f"type parameter {p.sql()} is not a number")
+        out.append(int(lit.this))
+    return out
+
+
+def _quote_value(v: str) -> str:
+    # As SHOW CREATE TABLE writes ENUM/SET members: ' doubled, \ escaped.
+    return "'" + v.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def _members(dt: exp.DataType) -> str:
+    values = []
+    for e in dt.expressions:
+        if not isinstance(e, exp.Literal) or not e.is_string:
+            raise ValueError(f"ENUM/SET member {e.sql()} is not a string")
+        values.append(_quote_value(e.this))
+    return ",".join(values)
+
+
+def _sized(name: str, default: int | None = None) -> Callable[[exp.DataType], str]:
+    def render(dt: exp.DataType) -> str:
+        p = _params(dt)
+        n = p[0] if p else default
+        if n is None:
+            raise ValueError(f"{name.upper()} needs a length")
+        return f"{name}({n})"
+    return render
+
+
+def _fsp(name: str) -> Callable[[exp.DataType], str]:
+    def render(dt: exp.DataType) -> str:
+        p = _params(dt)
+        return f"{name}({p[0]})" if p and p[0] else name
+    return render
+
+
+def _decimal(dt: exp.DataType) -> str:
+    p = _params(dt)
+    p += [10, 0][len(p):]  # DECIMAL = DECIMAL(10,0); DECIMAL(p) = DECIMAL(p,0)
+    return f"decimal({p[0]},{p[1]})"
+
+
+def _float(dt: exp.DataType) -> str:
+    p = _params(dt)
+    if len(p) == 1:  # FLOAT(p): a precision in bits picks single or double
+        return "float" if p[0] <= 24 else "double"
+    return f"float({p[0]},{p[1]})" if p else "float"
+
+
+def _double(dt: exp.DataType) -> str:
+    p = _params(dt)
+    return f"double({p[0]},{p[1]})" if len(p) == 2 else "double"
+
+
+def _lob(family: str) -> Callable[[exp.DataType], str]:
+    # BLOB(n)/TEXT(n): the server picks the smallest type that holds n bytes
+    # (n characters for TEXT; counted as 4 bytes each, as for utf8mb4).
+    def render(dt: exp.DataType) -> str:
+        p = _params(dt)
+        if not p:
+            return family
+        n = p[0] * (4 if family == "text" else 1)
+        prefix = "tiny" if n < 2 ** 8 else "" if n < 2 ** 16 else "medium" if n < 2 ** 24 else "long"
+        return prefix + family
+    return render
+
+
+def _const(text: str) -> Callable[[exp.DataType], str]:
+    return lambda dt: text
+
+
+_INTS = {T.TINYINT: "tinyint", T.SMALLINT: "smallint", T.MEDIUMINT: "mediumint", T.INT: "int",
+         T.BIGINT: "bigint"}
+_UINTS = {T.UTINYINT: "tinyint", T.USMALLINT: "smallint", T.UMEDIUMINT: "mediumint", T.UINT: "int",
+          T.UBIGINT: "bigint"}
+
+#: sqlglot type -> renderer of the COLUMN_TYPE text (without ' unsigned').
+TYPE_TEXT: dict[exp.DType, Callable[[exp.DataType], str]] = {
+    **{t: _const(n) for t, n in _INTS.items()},
+    **{t: _const(n) for t, n in _UINTS.items()},
+    T.BOOLEAN: _const("tinyint"),
+    T.DECIMAL: _decimal, T.UDECIMAL: _decimal,
+    T.FLOAT: _float, T.DOUBLE: _double, T.UDOUBLE: _double,
+    T.BIT: _sized("bit", 1),
+    T.YEAR: _const("year"),
+    T.DATE: _const("date"),
+    T.DATETIME: _fsp("datetime"),
+    T.TIMESTAMP: _fsp("timestamp"), T.TIMESTAMPTZ: _fsp("timestamp"),
+    T.TIME: _fsp("time"),
+    T.CHAR: _sized("char", 1), T.NCHAR: _sized("char", 1),
+    T.VARCHAR: _sized("varchar"), T.NVARCHAR: _sized("varchar"),
+    T.BINARY: _sized("binary", 1), T.VARBINARY: _sized("varbinary"),
+    T.TINYTEXT: _const("tinytext"), T.TEXT: _lob("text"), T.MEDIUMTEXT: _const("mediumtext"),
+    T.LONGTEXT: _const("longtext"),
+    T.TINYBLOB: _const("tinyblob"), T.BLOB: _lob("blob"), T.MEDIUMBLOB: _const("mediumblob"),
+    T.LONGBLOB: _const("longblob"),
+    T.JSON: _const("json"),
+    T.ENUM: lambda dt: f"enum({_members(dt)})",
+    T.SET: lambda dt: f"set({_members(dt)})",
+    T.GEOMETRY: _const("geometry"),
+    T.SERIAL: _const("bigint"),
+}
+_UNSIGNED = frozenset(_UINTS) | {T.UDECIMAL, T.UDOUBLE, T.SERIAL}
+
+#: A character type declared CHARACTER SET binary is the binary type.
+_BINARY_CHARSET = {"char": "binary", "varchar": "varbinary", "tinytext": "tinyblob", "text": "blob",
+                   "mediumtext": "mediumblob", "longtext": "longblob"}
+
+
+def _column(node: exp.ColumnDef) -> tuple[ColumnDef, bool]:
+    """A sqlglot column definition -> (ColumnDef, declared PRIMARY KEY)."""
+    dt = node.args.get("kind")
+    if not isinstance(dt, exp.DataType):
+        raise ValueError(f"column {node.name!r} has no type")
+    render = TYPE_TEXT.get(dt.this)
+    if render is None:
+        raise ValueError(f"column {node.name!r} has type {dt.sql(dialect=_DIALECT)}, which Cynomys cannot replicate")
+    text = render(dt)
+    unsigned = dt.this in _UNSIGNED
+    nullable, primary = dt.this is not T.SERIAL, False
+    for c in node.args.get("constraints") or []:
+        kind = c.args.get("kind") if isinstance(c, exp.ColumnConstraint) else c
+        if isinstance(kind, exp.NotNullColumnConstraint):
+            nullable = bool(kind.args.get("allow_null"))
+        elif isinstance(kind, exp.PrimaryKeyColumnConstraint):
+            primary, nullable = True, False
+        elif isinstance(kind, exp.ZeroFillColumnConstraint):
+            unsigned = True  # ZEROFILL implies UNSIGNED
+        elif isinstance(kind, exp.CharacterSetColumnConstraint) and kind.name.lower() == "binary":
+            base, paren, rest = text.partition("(")
+            text = _BINARY_CHARSET.get(base, base) + paren + rest
+        # Everything else (DEFAULT, COMMENT, AUTO_INCREMENT, COLLATE, CHECK,
+        # ON UPDATE, REFERENCES, generated-column expressions) does not change
+        # what values the column holds on a replica: its rows come from the
+        # source's row images, generated values included.
+    if unsigned:
+        text += " unsigned"
+    return ColumnDef(node.name, text, nullable), primary
+
+
+#: What MariaDB puts into existing rows for a NOT NULL column added without a
+#: DEFAULT: the type's implicit default.
+_IMPLICIT_ZERO: dict[str, Value] = {
+    "date": RawTemporal("0000-00-00"), "datetime": RawTemporal("0000-00-00 00:00:00"),
+    "timestamp": RawTemporal("0000-00-00 00:00:00"), "time": datetime.timedelta(0), "year": 0,
+    "char": "", "varchar": "", "tinytext": "", "text": "", "mediumtext": "", "longtext": "", "json": "",
+    "set": "", "binary": b"", "varbinary": b"", "tinyblob": b"", "blob": b"", "mediumblob": b"",
+    "longblob": b"", "decimal": decimal.Decimal(0), "float": 0.0, "double": 0.0,
+}
+
+
+def _fill(node: exp.ColumnDef, col: ColumnDef) -> tuple[Value, bool]:
+    """(value for existing rows, is CURRENT_TIMESTAMP) of an added column."""
+    default: exp.Expression | None = None
+    for c in node.args.get("constraints") or []:
+        kind = c.args.get("kind") if isinstance(c, exp.ColumnConstraint) else c
+        if isinstance(kind, exp.ComputedColumnConstraint):
+            raise ValueError(f"generated column {col.name!r}: the source computes values for existing rows "
+                             "that Cynomys cannot reproduce; re-snapshot the table after this DDL")
+        if isinstance(kind, exp.DefaultColumnConstraint):
+            default = kind.this
+    if default is None:
+        if col.nullable:
+            return None, False
+        base = col.base_type
+        if base == "enum":
+            first = re.match(r"enum\('((?:[^']|'')*)'", col.type)
+            return (first.group(1).replace("''", "'") if first else ""), False
+        if base == "bit":
+            return 0, False
+        return _IMPLICIT_ZERO.get(base, 0), False
+    if isinstance(default, exp.Paren):
+        default = default.this
+    if isinstance(default, (exp.CurrentTimestamp, exp.CurrentDatetime)) or (
+            isinstance(default, (exp.Anonymous, exp.Func, exp.Column))
+            and default.name.upper() in ("NOW", "CURRENT_TIMESTAMP", "LOCALTIME", "LOCALTIMESTAMP")):
+        return None, True
+    if isinstance(default, exp.Null):
+        return None, False
+    negative = isinstance(default, exp.Neg)
+    lit = default.this if negative else default
+    if isinstance(lit, exp.Boolean):
+        return int(bool(lit.this)), False
+    if isinstance(lit, exp.Literal):
+        if lit.is_string:
+            if col.base_type in ("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"):
+                return lit.this.encode(), False
+            return lit.this, False
+        text = ("-" if negative else "") + lit.this
+        return (int(text) if re.fullmatch(r"-?\d+", text) else decimal.Decimal(text)), False
+    raise ValueError(f"column {col.name!r} has DEFAULT {default.sql(dialect=_DIALECT)}: an expression whose "
+                     "per-row values Cynomys cannot reproduce; re-snapshot the table after this DDL")
+
+
+def column_def(type_sql: str, name: str = "c") -> ColumnDef:
+    """Normalise a column definition's SQL text ('INT(11) ZEROFILL NOT NULL')
+    the way DDL statements are normalised (for callers and tests)."""
+    created = sqlglot.parse_one(f"CREATE TABLE t ({_ident(name)} {type_sql})", dialect=_DIALECT)
+    node = created.find(exp.ColumnDef)
+    assert node is not None
+    return _column(node)[0]
+
+
+def _ident(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+# --------------------------------------------------------------------------
+# Statement -> operations
+# --------------------------------------------------------------------------
+def _ref(t: exp.Expression, default_database: str) -> TableRef:
+    if not isinstance(t, exp.Table):
+        raise ValueError(f"expected a table name, got {t.sql(dialect=_DIALECT)}")
+    if not (t.db or default_database):
+        raise ValueError(f"table {t.name!r} has no database and the statement ran with none selected")
+    return (t.db or default_database, t.name)
+
+
+def _names(items: Iterable[exp.Expression]) -> tuple[str, ...]:
+    out = []
+    for e in items:
+        while isinstance(e, (exp.Ordered, exp.ColumnPrefix)):
+            e = e.this
+        out.append(e.name)
+    return tuple(out)
+
+
+def _primary_key(node: exp.Expression) -> exp.PrimaryKey | None:
+    if isinstance(node, exp.PrimaryKey):
+        return node
+    if isinstance(node, (exp.Constraint, exp.AddConstraint)):
+        for e in node.expressions:
+            pk = _primary_key(e)
+            if pk is not None:
+                return pk
+    return None
+
+
+def _create(node: exp.Create, db: str) -> list[DdlOp]:
+    kind = (node.args.get("kind") or "").upper()
+    props = node.args.get("properties")
+    prop_list = list(props.expressions) if isinstance(props, exp.Properties) else []
+    if any(isinstance(p, exp.TemporaryProperty) for p in prop_list):
+        return [NoOp("a temporary table lives in one source session; its rows are not replicated")]
+    if kind in ("DATABASE", "SCHEMA"):
+        target = node.this
+        # sqlglot puts the name of CREATE SCHEMA x in the table's db slot.
+        name = (target.name or target.db) if isinstance(target, exp.Table) else ""
+        if not name:
+            raise ValueError("CREATE DATABASE without a name")
+        return [CreateDatabase(name, bool(node.args.get("exists")))]
+    if kind == "INDEX":
+        return [NoOp("an index changes no rows")]
+    if kind == "VIEW":
+        return [NoOp("a view holds no rows")]
+    if kind != "TABLE":
+        raise ValueError(f"CREATE {kind} is not replicated")
+    if node.args.get("expression") is not None:
+        raise ValueError("CREATE TABLE ... SELECT copies rows the target does not have; with binlog_format=ROW "
+                         "the source logs a plain CREATE TABLE and the rows instead")
+    schema = node.this
+    table = schema.this if isinstance(schema, exp.Schema) else schema
+    ref = _ref(table, db)
+    exists = bool(node.args.get("exists"))
+    pre: list[DdlOp] = [DropTable((ref,), if_exists=True)] if node.args.get("replace") else []
+    likes = [p for p in prop_list if isinstance(p, exp.LikeProperty)]
+    if isinstance(schema, exp.Schema):
+        likes += [e for e in schema.expressions if isinstance(e, exp.LikeProperty)]
+    if likes:
+        like = _ref(likes[0].this, db)
+        return pre + [CreateTableLike(ref[0], ref[1], like[0], like[1], exists)]
+    if not isinstance(schema, exp.Schema):
+        raise ValueError("CREATE TABLE without a column list")
+    columns: list[ColumnDef] = []
+    key: tuple[str, ...] = ()
+    for e in schema.expressions:
+        if isinstance(e, exp.ColumnDef):
+            col, primary = _column(e)
+            columns.append(col)
+            if primary:
+                key = (col.name,)
+        else:
+            pk = _primary_key(e)
+            if pk is not None:
+                key = _names(pk.expressions)
+            # other table elements: indexes, UNIQUE, FOREIGN KEY, CHECK
+    if not columns:
+        raise ValueError("CREATE TABLE without columns")
+    lowered = {k.lower() for k in key}  # PRIMARY KEY columns are NOT NULL
+    columns = [ColumnDef(c.name, c.type, False) if c.name.lower() in lowered else c for c in columns]
+    return pre + [CreateTable(ref[0], ref[1], tuple(columns), key, exists)]
+
+
+def _drop(node: exp.Drop, db: str) -> list[DdlOp]:
+    kind = (node.args.get("kind") or "").upper()
+    exists = bool(node.args.get("exists"))
+    tables = node.args.get("tables") or []
+    if kind == "TABLE":
+        if node.args.get("temporary"):
+            return [NoOp("a temporary table lives in one source session")]
+        return [DropTable(tuple(_ref(t, db) for t in tables), exists)]
+    if kind in ("DATABASE", "SCHEMA"):  # sqlglot reads DROP SCHEMA x's name as a db
+        return [DropDatabase(tables[0].name or tables[0].db, exists)]
+    if kind == "INDEX":
+        on = node.args.get("cluster")
+        if tables and tables[0].name.upper() == "PRIMARY" and isinstance(on, exp.OnProperty):
+            ref = _ref(on.this, db)
+            return [DropPrimaryKey(*ref)]
+        return [NoOp("an index changes no rows")]
+    if kind == "VIEW":
+        return [NoOp("a view holds no rows")]
+    raise ValueError(f"DROP {kind} is not replicated")
+
+
+def _alter_action(action: exp.Expression, ref: TableRef) -> list[DdlOp]:
+    db, table = ref
+    if isinstance(action, exp.ColumnDef):
+        col, primary = _column(action)
+        fill, now = _fill(action, col)
+        ops: list[DdlOp] = [AddColumn(db, table, col, bool(action.args.get("exists")), fill, now)]
+        return ops + ([AddPrimaryKey(db, table, (col.name,))] if primary else [])
+    if isinstance(action, exp.Drop):
+        kind = (action.args.get("kind") or "").upper()
+        dropped = action.args.get("tables") or []
+        if kind == "COLUMN":
+            return [DropColumn(db, table, c.name, bool(action.args.get("exists"))) for c in dropped]
+        if kind == "INDEX" and dropped and dropped[0].name.upper() == "PRIMARY":
+            return [DropPrimaryKey(db, table)]
+        if kind in ("INDEX", "KEY", "FOREIGN KEY", "CONSTRAINT", "CHECK"):
+            return [NoOp(f"DROP {kind} changes no rows")]
+        raise ValueError(f"ALTER TABLE ... DROP {kind} is not understood")
+    if isinstance(action, exp.DropPrimaryKey):
+        return [DropPrimaryKey(db, table)]
+    if isinstance(action, exp.ModifyColumn):
+        node = action.this
+        assert isinstance(node, exp.ColumnDef)
+        col, primary = _column(node)
+        old = action.args.get("rename_from")
+        ops = []
+        if old is not None and old.name != col.name:  # CHANGE a b ... (a change of case is a rename too)
+            ops.append(RenameColumn(db, table, old.name, col.name))
+        ops.append(ModifyColumn(db, table, col))
+        return ops + ([AddPrimaryKey(db, table, (col.name,))] if primary else [])
+    if isinstance(action, exp.RenameColumn):
+        return [RenameColumn(db, table, action.this.name, action.args["to"].name)]
+    if isinstance(action, exp.AddConstraint):
+        pk = _primary_key(action)
+        if pk is not None:
+            return [AddPrimaryKey(db, table, _names(pk.expressions))]
+        return [NoOp("an index or constraint changes no rows")]
+    if isinstance(action, exp.AlterColumn):
+        if action.args.get("dtype") is not None:
+            raise ValueError("ALTER COLUMN ... TYPE is not MariaDB syntax")
+        return [NoOp("a column default or visibility changes no rows")]
+    if isinstance(action, exp.AlterRename):
+        return [RenameTable(((ref, _ref(action.this, db)),))]
+    if isinstance(action, (exp.RenameIndex, exp.AlterIndex, exp.ForceProperty)):
+        return [NoOp(f"{action.key} changes no rows")]
+    raise ValueError(f"ALTER TABLE action {action.sql(dialect=_DIALECT)!r} is not understood")
+
+
+def _alter(node: exp.Alter, db: str) -> list[DdlOp]:
+    kind = (node.args.get("kind") or "").upper()
+    if kind != "TABLE":
+        if kind in ("DATABASE", "SCHEMA", "VIEW"):
+            return [NoOp(f"ALTER {kind} changes no rows")]
+        raise ValueError(f"ALTER {kind} is not replicated")
+    ref = _ref(node.this, db)
+    ops: list[DdlOp] = []
+    for action in node.args.get("actions") or []:
+        ops.extend(_alter_action(action, ref))
+    # Table options (ENGINE, COMMENT, AUTO_INCREMENT, CHARSET, ALGORITHM,
+    # LOCK, ROW_FORMAT, ORDER BY ...) change no column values.
+    if node.args.get("options"):
+        ops.append(NoOp("table options change no rows"))
+    return ops or [NoOp("ALTER TABLE without a change to columns")]
+
+
+def _truncate(node: exp.TruncateTable, db: str) -> list[DdlOp]:
+    if node.args.get("is_database"):
+        raise ValueError("TRUNCATE DATABASE is not MariaDB syntax")
+    return [Truncate(*_ref(t, db)) for t in node.expressions]
+
+
+#: Statement node type -> translator.
+_HANDLERS: dict[type, Callable[[Any, str], list[DdlOp]]] = {
+    exp.Create: _create,
+    exp.Drop: _drop,
+    exp.Alter: _alter,
+    exp.TruncateTable: _truncate,
+}
+
+
+# --------------------------------------------------------------------------
+# What sqlglot cannot parse: a few statements recognised from their tokens
+# --------------------------------------------------------------------------
+def _tokens(sql: str) -> list[Token]:
+    return list(_DIALECT.tokenize(sql))
+
+
+def _read_name(tokens: list[Token], i: int, db: str) -> tuple[TableRef, int]:
+    """[db.]table starting at tokens[i] -> (ref, index after it)."""
+    if i >= len(tokens):
+        raise ValueError("a table name is missing")
+    first = tokens[i].text
+    if i + 2 < len(tokens) and tokens[i + 1].token_type is TokenType.DOT:
+        return (first, tokens[i + 2].text), i + 3
+    return (db, first), i + 1
+
+
+def _rename_table(rest: str, db: str) -> list[DdlOp]:
+    """'TABLE [IF EXISTS] a TO b [, c TO d ...]' (MariaDB allows WAIT n/NOWAIT)."""
+    toks = _tokens(rest)
+    words = [t.text.upper() for t in toks]
+    if not words or words[0] != "TABLE":
+        raise ValueError("only RENAME TABLE is replicated")
+    i = 1
+    if words[i:i + 2] == ["IF", "EXISTS"]:
+        i += 2
+    if i < len(words) and words[i] == "NOWAIT":
+        i += 1
+    elif i < len(words) and words[i] == "WAIT":
+        i += 2
+    pairs = []
+    while True:
+        old, i = _read_name(toks, i, db)
+        if i >= len(words) or words[i] != "TO":
+            raise ValueError("expected TO in RENAME TABLE")
+        new, i = _read_name(toks, i + 1, db)
+        pairs.append((old, new))
+        if i >= len(toks):
+            break
+        if toks[i].token_type is not TokenType.COMMA:
+            raise ValueError(f"unexpected {toks[i].text!r} in RENAME TABLE")
+        i += 1
+    return [RenameTable(tuple(pairs))]
+
+
+_CONVERT = re.compile(r"^TABLE\s+\S+\s+CONVERT\s+TO\s+(?:CHARACTER\s+SET|CHARSET)\s+`?(\w+)`?"
+                      r"(?:\s+COLLATE\s+`?\w+`?)?\s*$", re.IGNORECASE)
+
+
+def _command(node: exp.Command, db: str) -> list[DdlOp]:
+    word = str(node.this).upper()
+    rest = node.expression.this if isinstance(node.expression, exp.Literal) else str(node.expression or "")
+    if word == "ALTER" and re.match(r"^\s*(DATABASE|SCHEMA)\b", rest, re.IGNORECASE):
+        return [NoOp("ALTER DATABASE changes defaults only")]
+    m = _CONVERT.match(rest.strip()) if word == "ALTER" else None
+    if m and m.group(1).lower() != "binary":
+        # The target keeps its own character set (utf8mb4 holds any text).
+        return [NoOp("a character set conversion keeps every value")]
+    raise ValueError("sqlglot cannot parse this statement (unsupported syntax)")
+
+
+# --------------------------------------------------------------------------
+# Rewrites before parsing
+# --------------------------------------------------------------------------
+_RENAME = re.compile(r"^\s*(?:/\*.*?\*/\s*)*RENAME\s+(?=TABLE\b)", re.IGNORECASE | re.DOTALL)
+_ALTER_MODIFIERS = re.compile(r"^(\s*(?:/\*.*?\*/\s*)*ALTER)\s+(?:(?:ONLINE|IGNORE)\s+)+(?=TABLE\b)",
+                              re.IGNORECASE | re.DOTALL)
+#: ALTER TABLE partition clauses: those that drop or move rows without row
+#: events make the replica wrong; the rest only reorganise storage.
+_PARTITION_DATA_LOSS = frozenset({"DROP", "TRUNCATE", "EXCHANGE", "CONVERT", "DISCARD", "IMPORT"})
+_PARTITION_STORAGE = frozenset({"ADD", "REORGANIZE", "COALESCE", "REBUILD", "OPTIMIZE", "ANALYZE", "CHECK",
+                                "REPAIR", "REMOVE"})
+
+
+def _rewrite_alter(sql: str) -> str:
+    """Spell two ALTER TABLE forms sqlglot cannot parse the way it can:
+    'ADD [COLUMN] (a INT, b INT)' -> 'ADD COLUMN a INT, ADD COLUMN b INT' and
+    'RENAME AS t2' -> 'RENAME TO t2'."""
+    toks = _tokens(sql)
+    edits: list[tuple[int, int, str]] = []  # (start, end exclusive, replacement)
+    depth, i = 0, 0
+    while i < len(toks):
+        t, up = toks[i], toks[i].text.upper()
+        if t.token_type is TokenType.L_PAREN:
+            depth += 1
+        elif t.token_type is TokenType.R_PAREN:
+            depth -= 1
+        elif depth == 0 and up == "RENAME" and i + 1 < len(toks) and toks[i + 1].text.upper() == "AS":
+            edits.append((toks[i + 1].start, toks[i + 1].end + 1, "TO"))
+        elif depth == 0 and up == "ADD":
+            j = i + 2 if i + 1 < len(toks) and toks[i + 1].text.upper() == "COLUMN" else i + 1
+            if j < len(toks) and toks[j].token_type is TokenType.L_PAREN:
+                level, pieces, start = 0, [], toks[j].end + 1
+                for k in range(j, len(toks)):
+                    kind = toks[k].token_type
+                    level += kind is TokenType.L_PAREN
+                    level -= kind is TokenType.R_PAREN
+                    if level == 1 and kind is TokenType.COMMA or level == 0:
+                        pieces.append(sql[start:toks[k].start].strip())
+                        start = toks[k].end + 1
+                    if level == 0:
+                        break
+                edits.append((t.start, toks[k].end + 1, ", ".join("ADD COLUMN " + p for p in pieces)))
+                i = k + 1
+                continue
+        i += 1
+    for start, end, text in reversed(edits):
+        sql = sql[:start] + text + sql[end:]
+    return sql
+
+
+def _is_partition_clause(toks: list[Token], i: int) -> bool:
+    # PARTITION is reserved, so unquoted it is always the keyword;
+    # PARTITIONING is not, and only means it in REMOVE PARTITIONING.
+    t = toks[i]
+    if t.token_type is TokenType.IDENTIFIER:  # `quoted`
+        return False
+    word = " ".join(t.text.upper().split())
+    if word == "PARTITIONING":
+        return i > 0 and toks[i - 1].text.upper() == "REMOVE"
+    return word in ("PARTITION", "PARTITION BY")
+
+
+def _strip_partitioning(sql: str) -> tuple[str, bool]:
+    """Cut a top-level partitioning clause off a CREATE/ALTER TABLE.
+
+    Returns (statement without it, whether one was cut).  Partitioning is
+    storage layout: a replica's rows do not depend on it.  Raises for the
+    partition operations that delete or move rows without logging them."""
+    toks = _tokens(sql)
+    depth = 0
+    for i, t in enumerate(toks):
+        if t.token_type is TokenType.L_PAREN:
+            depth += 1
+        elif t.token_type is TokenType.R_PAREN:
+            depth -= 1
+        elif depth == 0 and _is_partition_clause(toks, i):
+            prev = toks[i - 1].text.upper() if i else ""
+            if prev in _PARTITION_DATA_LOSS:
+                raise ValueError(f"{prev} PARTITION removes or moves rows without logging them, so the target "
+                                 "would keep them (skip it, then re-snapshot the table)")
+            cut = toks[i - 1] if prev in _PARTITION_STORAGE else t
+            head = sql[:cut.start].rstrip().rstrip(",")
+            return head, True
+    return sql, False
+
+
+def parse_ddl(sql: str, default_database: str) -> list[DdlOp]:
+    """One source DDL statement -> the operations it performs.
+
+    Unqualified table names take ``default_database`` (the binlog event's
+    current database).  Raises UnsupportedDdl when the statement cannot be
+    parsed or translated."""
+    try:
+        return _parse(sql, default_database)
+    except UnsupportedDdl:
+        raise
+    except (SqlglotError, ValueError, KeyError, IndexError, AttributeError, TypeError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UnsupportedDdl(sql, reason) from exc
+
+
+def _parse(sql: str, db: str) -> list[DdlOp]:
+    rename = _RENAME.match(sql)
+    if rename:  # sqlglot has no RENAME TABLE: read it from the tokens
+        return _rename_table(sql[rename.end():], db)
+    text = _ALTER_MODIFIERS.sub(r"\1 ", sql)
+    partitioned = False
+    if re.match(r"^\s*(?:/\*.*?\*/\s*)*(CREATE|ALTER)\b", text, re.IGNORECASE | re.DOTALL):
+        text, partitioned = _strip_partitioning(text)
+    if re.match(r"^\s*(?:/\*.*?\*/\s*)*ALTER\b", text, re.IGNORECASE | re.DOTALL):
+        text = _rewrite_alter(text)
+    if re.match(r"^\s*(?:/\*.*?\*/\s*)*ALTER\s+TABLE\s+(?:IF\s+EXISTS\s+)?[`\w.]+\s*$", text,
+                re.IGNORECASE | re.DOTALL):
+        return [NoOp("partitioning changes no rows")] if partitioned else [NoOp("ALTER TABLE without a change")]
+    statements = [s for s in sqlglot.parse(text, dialect=_DIALECT) if s is not None]
+    if not statements:
+        raise ValueError("empty statement")
+    ops: list[DdlOp] = []
+    for node in statements:
+        ops.extend(_translate(node, db))
+    if partitioned:
+        ops.append(NoOp("partitioning changes no rows"))
+    log.debug("DDL %r -> %s", _shorten(sql, 120), ops)
+    return ops
+
+
+def _translate(node: exp.Expr, db: str) -> Iterator[DdlOp]:
+    if isinstance(node, exp.Command):
+        yield from _command(node, db)
+        return
+    handler = _HANDLERS.get(type(node))
+    if handler is None:
+        raise ValueError(f"not a DDL statement Cynomys replicates ({node.key})")
+    yield from handler(node, db)

@@ -1,0 +1,1 @@
+"""The duckdb target (see cynomys/applier/targets/base.py for the interface)."""
