@@ -77,6 +77,20 @@ def test_decimals_are_exact() -> None:
         str(wide), "0." + "0" * 30, "1000." + "0" * 30]
 
 
+def test_widest_decimals_do_not_round_in_the_default_context() -> None:
+    """abs() and friends round to the thread's context (28 digits); the
+    widest MySQL decimals have 65 (issue #11: the applier halted on these)."""
+    nines = Decimal("9" * 35 + "." + "9" * 30)
+    negative = nines.copy_negate()  # not -nines: unary minus rounds too
+    assert encode("decimal(65,30)", nines, negative) == [str(nines), str(negative)]
+    assert encode("decimal(38,10)", Decimal("9" * 28 + "." + "9" * 10)) == [Decimal("9" * 28 + "." + "9" * 10)]
+    assert encode("decimal(65,0)", Decimal("9" * 65)) == ["9" * 65]
+    with pytest.raises(st.ValueRejected, match="integer digits"):
+        encode("decimal(65,30)", Decimal("1" + "0" * 35))
+    with pytest.raises(st.ValueRejected, match="fraction digits"):
+        encode("decimal(65,30)", Decimal("1E-31"))
+
+
 def test_float_must_be_single_precision() -> None:
     assert encode("float", 0.5) == [0.5]
     with pytest.raises(st.ValueRejected, match="not a single-precision value"):
