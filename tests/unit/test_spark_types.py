@@ -7,6 +7,7 @@ from collections import Counter
 from decimal import Decimal
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 pytest.importorskip("pyspark")
@@ -16,7 +17,7 @@ from cynomys.applier.targets.spark import session as spark_session  # noqa: E402
 from cynomys.applier.targets.spark import types as st  # noqa: E402
 from cynomys.applier.targets.base import AppliedState, TableFlush  # noqa: E402
 from cynomys.applier.targets.spark.merge import (  # noqa: E402
-    keyed_rows, keyless_merge, keyless_rows, lit, marker, marker_of, order,
+    key_range, keyed_merge, keyed_rows, keyless_merge, keyless_rows, lit, marker, marker_of, order,
 )
 from cynomys.core.config import Config, SparkConfig, TargetConfig  # noqa: E402
 from cynomys.core.errors import ConfigError  # noqa: E402
@@ -212,3 +213,20 @@ def test_keyless_rows_and_statement() -> None:
     assert keyless_rows(tf) == ([(1,), (2,)], ["D", "I"], [2, None])
     sql = keyless_merge("`c`.`d`.`t`", ["a"])
     assert "WHEN NOT MATCHED AND s.`__cynomys_op` = 'I'" in sql and "t.`a` <=> s.`a`" in sql
+
+
+def test_keyed_merge_matches_keys_with_equality() -> None:
+    """Keys are never NULL: '=' (a hash-join key Iceberg can filter files
+    on); '<=>' only where a zero-date key is NULL and its companion is not."""
+    sql = keyed_merge("`c`.`d`.`t`", ["id", "d", "d__raw", "v"], ["id", "d", "d__raw"],
+                      null_safe=frozenset({"d", "d__raw"}), prune="t.`id` BETWEEN 1 AND 9")
+    assert "ON t.`id` = s.`id` AND t.`d` <=> s.`d` AND t.`d__raw` <=> s.`d__raw` AND t.`id` BETWEEN 1 AND 9\n" in sql
+    assert "UPDATE SET t.`v` = s.`v`\n" in sql
+
+
+def test_key_range_of_the_source_keys() -> None:
+    assert key_range("id", pa.array([5, -3, 12], pa.int64())) == "t.`id` BETWEEN -3 AND 12"
+    assert key_range("k", pa.array(["b", "it's", "a"])) == "t.`k` BETWEEN 'a' AND 'it\\'s'"
+    # No exact literal here, or a NULL key: no range (the MERGE is still right).
+    assert key_range("id", pa.array([1, None], pa.int64())) == ""
+    assert key_range("p", pa.array([Decimal("1.5")], pa.decimal128(5, 2))) == ""
