@@ -230,3 +230,19 @@ def test_key_range_of_the_source_keys() -> None:
     # No exact literal here, or a NULL key: no range (the MERGE is still right).
     assert key_range("id", pa.array([1, None], pa.int64())) == ""
     assert key_range("p", pa.array([Decimal("1.5")], pa.decimal128(5, 2))) == ""
+
+
+def test_maintenance_settings(tmp_path: Path) -> None:
+    from cynomys.core.config import load_config
+
+    p = tmp_path / "c.toml"
+    p.write_text("[target.spark]\nmaintenance = false\nmaintenance_commits = 7\nsnapshots_kept = 2\n")
+    sc = load_config(p).target.spark
+    assert (sc.maintenance, sc.maintenance_commits, sc.snapshots_kept, sc.snapshot_retention_s) == (False, 7, 2, 3600)
+    assert load_config(None).target.spark.maintenance  # on by default
+    p.write_text("[target.spark]\nmaintenance_commits = 0\n")
+    with pytest.raises(ConfigError, match="maintenance_commits"):
+        load_config(p)
+    p.write_text("[target.spark]\nmaintenance_every = 3\n")
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_config(p)
