@@ -89,6 +89,12 @@ class EqualityOnlyTarget(SparkTarget):
     prune_key_range: ClassVar[bool] = False
 
 
+class ArrowHandoffTarget(SparkTarget):
+    """Sources always go to Spark as an Arrow stream through Py4J (no Parquet file)."""
+
+    parquet_handoff_rows: ClassVar[int] = 0
+
+
 class Workload:
     """Keys and rows of one table; every flush moves it forward."""
 
@@ -226,6 +232,7 @@ GROWTH_VARIANTS: dict[str, tuple[type[SparkTarget], dict[str, Any]]] = {
     "before": (BeforeTarget, {}),
     "after": (SparkTarget, {}),
     "after_without_key_range": (EqualityOnlyTarget, {}),
+    "after_arrow_handoff": (ArrowHandoffTarget, {}),
     "after+maintenance": (SparkTarget, {"maintenance": True}),
 }
 GROWTH_WORKLOADS = {

@@ -46,12 +46,13 @@ def make_config(warehouse: Path, skip_ddl: list[str] | None = None, catalog: str
 class Factory:
     """Connected SparkTargets sharing the module's session; closed at teardown."""
 
-    def __init__(self, warehouse: Path) -> None:
+    def __init__(self, warehouse: Path, cls: type[SparkTarget] = SparkTarget) -> None:
         self.warehouse = warehouse
+        self.cls = cls
         self.made: list[Target] = []
 
     def __call__(self, **overrides: Any) -> SparkTarget:
-        cls = overrides.pop("cls", SparkTarget)
+        cls = overrides.pop("cls", self.cls)
         target = cls(make_config(self.warehouse, overrides.pop("skip_ddl", None), **overrides.pop("spark", {})))
         assert not overrides, overrides
         target.connect()
@@ -76,6 +77,20 @@ def target(factory: Factory) -> SparkTarget:
     return factory()
 
 
+class ParquetHandoffTarget(SparkTarget):
+    """Every flush source goes to Spark as a Parquet file (the path large
+    flushes take on a local master), whatever its size."""
+
+    parquet_handoff_rows = 1
+
+
+@pytest.fixture(scope="module")
+def parquet_factory(factory: Factory) -> Iterator[Factory]:
+    f = Factory(factory.warehouse, ParquetHandoffTarget)
+    yield f
+    f.close()
+
+
 _names = itertools.count(1)
 
 
@@ -87,6 +102,11 @@ def db() -> str:
 @pytest.mark.parametrize("body", sorted(contract.CONTRACT))
 def test_contract(body: str, factory: Factory, db: str) -> None:
     contract.CONTRACT[body](factory, db)
+
+
+@pytest.mark.parametrize("body", sorted(contract.CONTRACT))
+def test_contract_parquet_handoff(body: str, parquet_factory: Factory, db: str) -> None:
+    contract.CONTRACT[body](parquet_factory, db)
 
 
 # --------------------------------------------------------------------------
@@ -128,6 +148,14 @@ def test_all_types_layout_and_read_back_after_restart(factory: Factory, target: 
                            "WHERE id = 1").collect()[0]
     assert raw.zd is None and raw.zd__cynomys_raw == "0000-00-00"
     assert raw.tm == (838 * 3600 + 59 * 60 + 59) * 10**6 and raw.bi_u == Decimal(2**64 - 1)
+
+
+def test_all_types_through_the_parquet_handoff(parquet_factory: Factory, db: str) -> None:
+    schema = contract.all_types_schema(db)
+    t = parquet_factory()
+    t.apply(contract.flush([contract.change(Op.INSERT, schema, after=r) for r in contract.ALL_TYPES_ROWS]))
+    contract.assert_rows(t, schema, contract.ALL_TYPES_ROWS)
+    assert t._spool_dir is not None and not list(t._spool_dir.iterdir())  # each file removed after its commit
 
 
 def test_zero_date_in_a_key(target: SparkTarget, db: str) -> None:
