@@ -18,6 +18,20 @@ DATETIME(6)) is loaded with ``--base-rows`` rows, then flushes of
 
 Local mode (``local[*]``), warehouse on local disk.  Writes
 bench/results/spark_merge.json with the machine description.
+
+``--growth N`` (issue #11) measures flush time against flush number instead:
+N flushes of ``--growth-rows`` net changes on a ``--growth-base``-row table,
+for the flush path before the issue (every keyed flush a MERGE on ``<=>``),
+after it (inserts-only appended; ``=`` plus the source key range), after it
+without the key range, and after it with table maintenance on; workloads:
+insert-only, mixed over random keys, mixed over the newest 10% of keys.
+Every variant gets its own table; the variants take turns flush by flush (the
+order rotated), so the machine's noise hits them alike.  Writes JSON and PNG
+(``--growth-out``)::
+
+    python bench/bench_spark_merge.py --skip-main --growth 50 --growth-base 500000 \
+        --growth-workloads mixed_random --maintenance-commits 15 \
+        --growth-out bench/results/spark_flush_growth_mixed.json
 """
 from __future__ import annotations
 
@@ -60,6 +74,27 @@ class CopyOnWriteTarget(SparkTarget):
     }
 
 
+class BeforeTarget(SparkTarget):
+    """The flush path before issue #11: every keyed flush is a MERGE matching
+    keys with ``<=>``, without a key-range condition."""
+
+    append_new_keys: ClassVar[bool] = False
+    prune_key_range: ClassVar[bool] = False
+    null_safe_keys: ClassVar[bool] = True
+
+
+class EqualityOnlyTarget(SparkTarget):
+    """Keys matched with '=' but no key-range condition (to tell the two apart)."""
+
+    prune_key_range: ClassVar[bool] = False
+
+
+class ArrowHandoffTarget(SparkTarget):
+    """Sources always go to Spark as an Arrow stream through Py4J (no Parquet file)."""
+
+    parquet_handoff_rows: ClassVar[int] = 0
+
+
 class Workload:
     """Keys and rows of one table; every flush moves it forward."""
 
@@ -83,11 +118,13 @@ class Workload:
         self.live.extend(keys)
         return TableFlush(self.schema, inserts=[self.row(k) for k in keys])
 
-    def changes(self, n: int) -> TableFlush:
-        """n net changes: 50% inserts, 30% updates, 20% deletes."""
+    def changes(self, n: int, hot: float = 1.0) -> TableFlush:
+        """n net changes: 50% inserts, 30% updates, 20% deletes; updates and
+        deletes touch the newest ``hot`` fraction of the live keys."""
         n_ins, n_upd = n // 2, n * 3 // 10
         n_del = n - n_ins - n_upd
-        touched = self.rnd.sample(range(len(self.live)), n_upd + n_del)
+        first = int(len(self.live) * (1 - hot))
+        touched = self.rnd.sample(range(first, len(self.live)), n_upd + n_del)
         upd = [self.live[i] for i in touched[:n_upd]]
         dele = [self.live[i] for i in touched[n_upd:]]
         gone = set(dele)
@@ -105,8 +142,11 @@ class Bench:
         self.warehouse = warehouse
         self.seq = 0
 
-    def target(self, cls: type[SparkTarget] = SparkTarget) -> SparkTarget:
-        spark = SparkConfig(master="local[*]", warehouse=str(self.warehouse), catalog="bench", conf=dict(CONF))
+    def target(self, cls: type[SparkTarget] = SparkTarget, **spark_kw: Any) -> SparkTarget:
+        # Maintenance off unless asked for: the older measurements had none.
+        spark_kw.setdefault("maintenance", False)
+        spark = SparkConfig(master="local[*]", warehouse=str(self.warehouse), catalog="bench", conf=dict(CONF),
+                            **spark_kw)
         t = cls(Config(target=TargetConfig(kind="spark", spark=spark)))
         t.connect()
         return t
@@ -187,6 +227,93 @@ def drift(bench: Bench, target: SparkTarget, flushes: int, base_rows: int) -> di
     return out
 
 
+#: name -> (target class, [target.spark] settings)
+GROWTH_VARIANTS: dict[str, tuple[type[SparkTarget], dict[str, Any]]] = {
+    "before": (BeforeTarget, {}),
+    "after": (SparkTarget, {}),
+    "after_without_key_range": (EqualityOnlyTarget, {}),
+    "after_arrow_handoff": (ArrowHandoffTarget, {}),
+    "after+maintenance": (SparkTarget, {"maintenance": True}),
+}
+GROWTH_WORKLOADS = {
+    "insert_only": "flushes of new keys only (an auto-increment insert load, like lineitem)",
+    "mixed_random": "50% inserts, 30% updates, 20% deletes of keys anywhere in the table",
+    "mixed_recent": "50% inserts, 30% updates, 20% deletes of keys among the newest 10%",
+}
+
+
+def growth(bench: Bench, flushes: int, rows: int, base_rows: int,
+           variants: dict[str, tuple[type[SparkTarget], dict[str, Any]]], workloads: list[str],
+           maintenance_commits: int) -> dict[str, Any]:
+    """Flush time against flush number, every variant on its own copy of each
+    workload, interleaved flush by flush (the machine is shared: noise hits
+    all variants alike)."""
+    out: dict[str, Any] = {"flushes": flushes, "rows_per_flush": rows, "base_rows": base_rows,
+                           "workloads": {w: GROWTH_WORKLOADS[w] for w in workloads},
+                           "variants": {v: {"class": cls.__name__, **kw} for v, (cls, kw) in variants.items()},
+                           "maintenance_commits": maintenance_commits, "results": {}}
+    targets = {v: bench.target(cls, **kw, maintenance_commits=maintenance_commits)
+               for v, (cls, kw) in variants.items()}
+    try:
+        for wl in workloads:
+            loads = {v: Workload("bench", f"g_{wl}_{v}") for v in variants}
+            for v, w in loads.items():
+                for start in range(0, base_rows, LOAD_CHUNK):
+                    bench.timed(targets[v], [w.load(min(LOAD_CHUNK, base_rows - start))])
+                for _ in range(3):  # warm-up: code generation of this table's statements
+                    bench.timed(targets[v], [w.load(100) if wl == "insert_only" else w.changes(100)])
+            times: dict[str, list[float]] = {v: [] for v in variants}
+            for i in range(flushes):
+                order = list(loads.items())
+                for v, w in order[i % len(order):] + order[:i % len(order)]:  # rotated: no variant always first
+                    tf = w.load(rows) if wl == "insert_only" else w.changes(rows, 0.1 if wl == "mixed_recent" else 1.0)
+                    times[v].append(round(bench.timed(targets[v], [tf])["total_s"], 3))
+            res = {}
+            k = max(1, flushes // 5)
+            for v in variants:
+                first, last = statistics.median(times[v][:k]), statistics.median(times[v][-k:])
+                res[v] = {"first_median_s": round(first, 3), "last_median_s": round(last, 3),
+                          "median_s": round(statistics.median(times[v]), 3), "mean_s": round(statistics.mean(times[v]), 3),
+                          "all_s": times[v], "files": file_counts(targets[v], f"g_{wl}_{v}"),
+                          "maintenance_runs": [r.as_dict() for r in targets[v].maintenance.runs
+                                               if r.table.endswith(f"g_{wl}_{v}")]}
+                print(f"  {wl:13} {v:22} first {first:6.3f}s last {last:6.3f}s median "
+                      f"{res[v]['median_s']:6.3f}s files {res[v]['files']}", flush=True)
+            out["results"][wl] = res
+    finally:
+        for t in targets.values():
+            t.close()
+    return out
+
+
+def file_counts(target: SparkTarget, table: str) -> dict[str, int]:
+    files = target.spark.sql(f"SELECT content, count(*) AS n FROM {target.qualified('bench', table)}.files "
+                             "GROUP BY content").collect()
+    return {("data" if r.content == 0 else "position_deletes" if r.content == 1 else "equality_deletes"): r.n
+            for r in files}
+
+
+def plot_growth(g: dict[str, Any], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    wls = list(g["results"])
+    fig, axes = plt.subplots(1, len(wls), figsize=(5 * len(wls), 4), squeeze=False)
+    for ax, wl in zip(axes[0], wls):
+        for v, r in g["results"][wl].items():
+            ax.plot(range(1, len(r["all_s"]) + 1), r["all_s"], marker=".", label=v)
+        ax.set_title(f"{wl} ({g['rows_per_flush']} rows/flush)")
+        ax.set_xlabel("flush number")
+        ax.set_ylabel("flush time (s)")
+        ax.set_ylim(bottom=0)
+        ax.legend()
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
 def machine() -> dict[str, Any]:
     import pyarrow
     import pyspark
@@ -209,7 +336,15 @@ def main() -> None:
     ap.add_argument("--no-cow", action="store_true", help="skip the copy-on-write comparison")
     ap.add_argument("--compare-rows", type=int, default=0,
                     help="also compare merge-on-read and copy-on-write on a table this large")
-    ap.add_argument("--skip-main", action="store_true", help="only the --compare-rows comparison")
+    ap.add_argument("--skip-main", action="store_true", help="only the --compare-rows / --growth runs")
+    ap.add_argument("--growth", type=int, default=0, metavar="FLUSHES",
+                    help="flush time vs flush number, before/after issue #11 (writes spark_flush_growth.json/.png)")
+    ap.add_argument("--growth-rows", type=int, default=10_000, help="net changes per --growth flush")
+    ap.add_argument("--growth-base", type=int, default=200_000, help="rows loaded before the --growth flushes")
+    ap.add_argument("--growth-workloads", default=",".join(GROWTH_WORKLOADS), help="comma-separated")
+    ap.add_argument("--growth-variants", default=",".join(GROWTH_VARIANTS), help="comma-separated")
+    ap.add_argument("--maintenance-commits", type=int, default=40, help="[target.spark] maintenance_commits")
+    ap.add_argument("--growth-out", default=str(common.RESULTS / "spark_flush_growth.json"))
     args = ap.parse_args()
     CONF.update(dict(kv.split("=", 1) for kv in args.conf))
     base = 20_000 if args.quick else args.base_rows
@@ -244,8 +379,22 @@ def main() -> None:
                 t = bench.target(cls)
                 large[label] = run_sizes(bench, t, f"large_{label}", (1000, 10000), few, args.compare_rows)
                 t.close()
+        if args.growth:
+            print(f"flush time vs flush number ({args.growth} flushes of {args.growth_rows}):", flush=True)
+            variants = {v: GROWTH_VARIANTS[v] for v in args.growth_variants.split(",")}
+            g = growth(bench, args.growth, args.growth_rows, args.growth_base, variants,
+                       args.growth_workloads.split(","), args.maintenance_commits)
+            g.update({"benchmark": "bench/bench_spark_merge.py --growth",
+                      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                      "machine": info, "spark_conf": CONF})
+            path = Path(args.growth_out)
+            path.write_text(json.dumps(g, indent=2) + "\n")
+            plot_growth(g, path.with_suffix(".png"), f"{info.get('cpu', '?')}; base {args.growth_base} rows")
+            print(f"wrote {path} and .png")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if args.skip_main and not args.compare_rows:
+        return
     result = {
         "benchmark": "bench/bench_spark_merge.py",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

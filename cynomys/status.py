@@ -58,6 +58,13 @@ def collect(cfg: Config) -> dict[str, Any]:
         try:
             target.connect()
             st = target.applied(cfg.producer.id)
+            # Targets that maintain their tables (Spark/Iceberg) say how it went.
+            maintenance_report = getattr(target, "maintenance_report", None)
+            if maintenance_report is not None:
+                try:
+                    report["target_maintenance"] = maintenance_report()
+                except CynomysError as exc:
+                    report["target_maintenance"] = {"error": str(exc)}
         finally:
             target.close()
         report["applier"] = {"reachable": True} if st is None else {
@@ -90,6 +97,11 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(f"{part}:")
         for k, v in report.get(part, {}).items():
             lines.append(f"  {k}: {v}")
+    if "target_maintenance" in report:
+        m = report["target_maintenance"]
+        lines.append("target maintenance:")
+        lines += [f"  {k}: {v}" for k, v in m.items() if k != "tables"]
+        lines += [f"  {t}: {r}" for t, r in m.get("tables", {}).items()]
     snap = report.get("snapshot", {})
     lines.append("snapshot:")
     for k, v in snap.items():

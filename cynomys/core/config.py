@@ -147,6 +147,15 @@ class SparkConfig:
     conf: dict[str, str] = field(default_factory=dict)
     jars: list[str] = field(default_factory=list)
     packages: list[str] = field(default_factory=list)
+    # Table maintenance between flushes (cynomys/applier/targets/spark/maintenance.py):
+    # every flush adds data and delete files that later flushes and readers
+    # read, so a table is compacted after `maintenance_commits` Cynomys
+    # commits and snapshots older than `snapshot_retention_s` expire
+    # (keeping at least `snapshots_kept`).
+    maintenance: bool = True
+    maintenance_commits: int = field(default=40, metadata=_POSITIVE)
+    snapshot_retention_s: int = field(default=3600, metadata=_NON_NEGATIVE)
+    snapshots_kept: int = field(default=5, metadata=_POSITIVE)
 
 
 @dataclass(frozen=True)

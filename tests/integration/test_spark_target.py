@@ -37,21 +37,23 @@ TEST_CONF = {
 }
 
 
-def make_config(warehouse: Path, skip_ddl: list[str] | None = None, catalog: str = "cy") -> Config:
-    spark = SparkConfig(master="local[2]", warehouse=str(warehouse), catalog=catalog, conf=dict(TEST_CONF))
+def make_config(warehouse: Path, skip_ddl: list[str] | None = None, catalog: str = "cy", **spark_kw: Any) -> Config:
+    spark = SparkConfig(master="local[2]", warehouse=str(warehouse), catalog=catalog, conf=dict(TEST_CONF),
+                        **spark_kw)
     return Config(target=TargetConfig(kind="spark", spark=spark), applier=ApplierConfig(skip_ddl=list(skip_ddl or [])))
 
 
 class Factory:
     """Connected SparkTargets sharing the module's session; closed at teardown."""
 
-    def __init__(self, warehouse: Path) -> None:
+    def __init__(self, warehouse: Path, cls: type[SparkTarget] = SparkTarget) -> None:
         self.warehouse = warehouse
+        self.cls = cls
         self.made: list[Target] = []
 
     def __call__(self, **overrides: Any) -> SparkTarget:
-        cls = overrides.pop("cls", SparkTarget)
-        target = cls(make_config(self.warehouse, overrides.pop("skip_ddl", None)))
+        cls = overrides.pop("cls", self.cls)
+        target = cls(make_config(self.warehouse, overrides.pop("skip_ddl", None), **overrides.pop("spark", {})))
         assert not overrides, overrides
         target.connect()
         self.made.append(target)
@@ -75,6 +77,20 @@ def target(factory: Factory) -> SparkTarget:
     return factory()
 
 
+class ParquetHandoffTarget(SparkTarget):
+    """Every flush source goes to Spark as a Parquet file (the path large
+    flushes take on a local master), whatever its size."""
+
+    parquet_handoff_rows = 1
+
+
+@pytest.fixture(scope="module")
+def parquet_factory(factory: Factory) -> Iterator[Factory]:
+    f = Factory(factory.warehouse, ParquetHandoffTarget)
+    yield f
+    f.close()
+
+
 _names = itertools.count(1)
 
 
@@ -86,6 +102,11 @@ def db() -> str:
 @pytest.mark.parametrize("body", sorted(contract.CONTRACT))
 def test_contract(body: str, factory: Factory, db: str) -> None:
     contract.CONTRACT[body](factory, db)
+
+
+@pytest.mark.parametrize("body", sorted(contract.CONTRACT))
+def test_contract_parquet_handoff(body: str, parquet_factory: Factory, db: str) -> None:
+    contract.CONTRACT[body](parquet_factory, db)
 
 
 # --------------------------------------------------------------------------
@@ -127,6 +148,14 @@ def test_all_types_layout_and_read_back_after_restart(factory: Factory, target: 
                            "WHERE id = 1").collect()[0]
     assert raw.zd is None and raw.zd__cynomys_raw == "0000-00-00"
     assert raw.tm == (838 * 3600 + 59 * 60 + 59) * 10**6 and raw.bi_u == Decimal(2**64 - 1)
+
+
+def test_all_types_through_the_parquet_handoff(parquet_factory: Factory, db: str) -> None:
+    schema = contract.all_types_schema(db)
+    t = parquet_factory()
+    t.apply(contract.flush([contract.change(Op.INSERT, schema, after=r) for r in contract.ALL_TYPES_ROWS]))
+    contract.assert_rows(t, schema, contract.ALL_TYPES_ROWS)
+    assert t._spool_dir is not None and not list(t._spool_dir.iterdir())  # each file removed after its commit
 
 
 def test_zero_date_in_a_key(target: SparkTarget, db: str) -> None:
@@ -253,6 +282,86 @@ def test_crash_then_replay_cut_differently(factory: Factory, db: str) -> None:
     contract.assert_rows(restarted, b, [(1, "x"), (2, "y"), (3, "z")])
     contract.assert_rows(restarted, a, [(1, "A")])
     assert restarted.applied(producer) == s3
+
+
+def _operations(target: SparkTarget, db: str, table: str) -> list[str]:
+    return [r.operation for r in target.spark.sql(
+        f"SELECT operation FROM {target.qualified(db, table)}.snapshots ORDER BY committed_at").collect()]
+
+
+def test_insert_only_keyed_flush_is_appended_then_merged(target: SparkTarget, db: str) -> None:
+    """New keys only: an append (no MERGE reads the table); a flush with
+    an update or delete, or snapshot reads (upserts), MERGEs."""
+    a, _ = _tables(db)
+    target.apply(contract.flush([contract.change(Op.INSERT, a, after=(i, f"v{i}")) for i in (1, 2, 3)]))
+    assert _operations(target, db, "a") == ["append"]
+    target.apply(contract.flush([contract.change(Op.INSERT, a, after=(4, "v4")),
+                                 contract.change(Op.UPDATE, a, before=(1, "v1"), after=(1, "w1")),
+                                 contract.change(Op.UPDATE, a, before=(2, "v2"), after=(5, "v2")),
+                                 contract.change(Op.DELETE, a, before=(3, "v3"))]))
+    target.apply(contract.flush([contract.change(Op.READ, a, after=(4, "r4")),
+                                 contract.change(Op.READ, a, after=(6, "r6"))]))
+    assert _operations(target, db, "a") == ["append", "overwrite", "overwrite"]
+    contract.assert_rows(target, a, [(1, "w1"), (4, "r4"), (5, "v2"), (6, "r6")])
+
+
+def test_maintenance_compacts_and_keeps_exactly_once(factory: Factory, db: str) -> None:
+    """After maintenance (compaction, delete files gone, old snapshots
+    expired) the rows are unchanged, a replayed flush is still recognised
+    and a crash between table commits still replays exactly once."""
+    producer = f"maint-{db}"
+    a, b = _tables(db)
+    settings = {"maintenance_commits": 4, "snapshots_kept": 1, "snapshot_retention_s": 0}
+    t = factory(spark=settings)
+    want_a: dict[int, str] = {}
+    want_b: list[tuple[int, str]] = []
+    states = []
+    for seq in range(1, 5):
+        changes = [contract.change(Op.INSERT, a, after=(10 * seq + i, "n")) for i in range(3)]
+        changes += [contract.change(Op.INSERT, b, after=(seq, "x")), contract.change(Op.INSERT, b, after=(seq, "x"))]
+        want_a.update({10 * seq + i: "n" for i in range(3)})
+        want_b += [(seq, "x"), (seq, "x")]
+        if seq > 1:  # updates and deletes: position-delete files
+            changes += [contract.change(Op.UPDATE, a, before=(10 * (seq - 1), "n"), after=(10 * (seq - 1), f"u{seq}")),
+                        contract.change(Op.DELETE, a, before=(10 * (seq - 1) + 1, "n")),
+                        contract.change(Op.DELETE, b, before=(seq - 1, "x"))]
+            want_a[10 * (seq - 1)] = f"u{seq}"
+            del want_a[10 * (seq - 1) + 1]
+            want_b.remove((seq - 1, "x"))
+        states.append(contract.state(seq=seq, producer=producer))
+        t.apply(contract.flush(changes, states[-1]))
+    report = t.maintenance_report()
+    assert report["enabled"] and report["every_commits"] == 4
+    run = report["tables"][f"{db}.a"]  # the first table due; b is due at the next flush
+    assert "error" not in run and run["rewritten_data_files"] >= 4 and run["added_data_files"] == 1, run
+    assert run["files_after"].get("position_deletes", 0) == 0 and run["files_after"]["data"] == 1, run
+    assert _operations(t, db, "a") == ["replace"]  # every flush snapshot expired
+    contract.assert_rows(t, a, [(k, v) for k, v in want_a.items()])
+    contract.assert_rows(t, b, want_b)
+    # The markers of a are gone with its expired snapshots; the state (a
+    # table property, untouched by maintenance) still says flush 4.
+    assert t.applied(producer) == states[-1]
+    # Flush 5 maintains b, then flush 6 dies after committing a: the
+    # restarted applier replays it exactly once on compacted tables.
+    s5 = contract.state(seq=5, producer=producer)
+    t.apply(contract.flush([contract.change(Op.INSERT, b, after=(5, "x"))], s5))
+    want_b.append((5, "x"))
+    assert "error" not in t.maintenance_report()["tables"][f"{db}.b"]
+    s6 = contract.state(seq=6, producer=producer)
+    fl = contract.flush([contract.change(Op.UPDATE, a, before=(40, "n"), after=(40, "six")),
+                         contract.change(Op.DELETE, b, before=(4, "x"))], s6)
+    crashing = factory(cls=CrashingTarget, spark=settings)
+    with pytest.raises(Crash):
+        crashing.apply(fl)
+    crashing.close()
+    restarted = factory(spark=settings)
+    assert restarted.applied(producer) == s5
+    restarted.apply(fl)
+    want_a[40] = "six"
+    want_b.remove((4, "x"))
+    contract.assert_rows(restarted, a, [(k, v) for k, v in want_a.items()])
+    contract.assert_rows(restarted, b, want_b)
+    assert restarted.applied(producer) == s6
 
 
 class FailingTarget(SparkTarget):

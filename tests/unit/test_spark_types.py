@@ -7,6 +7,7 @@ from collections import Counter
 from decimal import Decimal
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 pytest.importorskip("pyspark")
@@ -16,7 +17,7 @@ from cynomys.applier.targets.spark import session as spark_session  # noqa: E402
 from cynomys.applier.targets.spark import types as st  # noqa: E402
 from cynomys.applier.targets.base import AppliedState, TableFlush  # noqa: E402
 from cynomys.applier.targets.spark.merge import (  # noqa: E402
-    keyed_rows, keyless_merge, keyless_rows, lit, marker, marker_of, order,
+    key_range, keyed_merge, keyed_rows, keyless_merge, keyless_rows, lit, marker, marker_of, order,
 )
 from cynomys.core.config import Config, SparkConfig, TargetConfig  # noqa: E402
 from cynomys.core.errors import ConfigError  # noqa: E402
@@ -75,6 +76,20 @@ def test_decimals_are_exact() -> None:
     wide = Decimal("12345678901234567890123456789012345.123456789012345678901234567890")
     assert encode("decimal(65,30)", wide, Decimal("0E-30"), Decimal("1E+3")) == [
         str(wide), "0." + "0" * 30, "1000." + "0" * 30]
+
+
+def test_widest_decimals_do_not_round_in_the_default_context() -> None:
+    """abs() and friends round to the thread's context (28 digits); the
+    widest MySQL decimals have 65 (issue #11: the applier halted on these)."""
+    nines = Decimal("9" * 35 + "." + "9" * 30)
+    negative = nines.copy_negate()  # not -nines: unary minus rounds too
+    assert encode("decimal(65,30)", nines, negative) == [str(nines), str(negative)]
+    assert encode("decimal(38,10)", Decimal("9" * 28 + "." + "9" * 10)) == [Decimal("9" * 28 + "." + "9" * 10)]
+    assert encode("decimal(65,0)", Decimal("9" * 65)) == ["9" * 65]
+    with pytest.raises(st.ValueRejected, match="integer digits"):
+        encode("decimal(65,30)", Decimal("1" + "0" * 35))
+    with pytest.raises(st.ValueRejected, match="fraction digits"):
+        encode("decimal(65,30)", Decimal("1E-31"))
 
 
 def test_float_must_be_single_precision() -> None:
@@ -198,3 +213,36 @@ def test_keyless_rows_and_statement() -> None:
     assert keyless_rows(tf) == ([(1,), (2,)], ["D", "I"], [2, None])
     sql = keyless_merge("`c`.`d`.`t`", ["a"])
     assert "WHEN NOT MATCHED AND s.`__cynomys_op` = 'I'" in sql and "t.`a` <=> s.`a`" in sql
+
+
+def test_keyed_merge_matches_keys_with_equality() -> None:
+    """Keys are never NULL: '=' (a hash-join key Iceberg can filter files
+    on); '<=>' only where a zero-date key is NULL and its companion is not."""
+    sql = keyed_merge("`c`.`d`.`t`", ["id", "d", "d__raw", "v"], ["id", "d", "d__raw"],
+                      null_safe=frozenset({"d", "d__raw"}), prune="t.`id` BETWEEN 1 AND 9")
+    assert "ON t.`id` = s.`id` AND t.`d` <=> s.`d` AND t.`d__raw` <=> s.`d__raw` AND t.`id` BETWEEN 1 AND 9\n" in sql
+    assert "UPDATE SET t.`v` = s.`v`\n" in sql
+
+
+def test_key_range_of_the_source_keys() -> None:
+    assert key_range("id", pa.array([5, -3, 12], pa.int64())) == "t.`id` BETWEEN -3 AND 12"
+    assert key_range("k", pa.array(["b", "it's", "a"])) == "t.`k` BETWEEN 'a' AND 'it\\'s'"
+    # No exact literal here, or a NULL key: no range (the MERGE is still right).
+    assert key_range("id", pa.array([1, None], pa.int64())) == ""
+    assert key_range("p", pa.array([Decimal("1.5")], pa.decimal128(5, 2))) == ""
+
+
+def test_maintenance_settings(tmp_path: Path) -> None:
+    from cynomys.core.config import load_config
+
+    p = tmp_path / "c.toml"
+    p.write_text("[target.spark]\nmaintenance = false\nmaintenance_commits = 7\nsnapshots_kept = 2\n")
+    sc = load_config(p).target.spark
+    assert (sc.maintenance, sc.maintenance_commits, sc.snapshots_kept, sc.snapshot_retention_s) == (False, 7, 2, 3600)
+    assert load_config(None).target.spark.maintenance  # on by default
+    p.write_text("[target.spark]\nmaintenance_commits = 0\n")
+    with pytest.raises(ConfigError, match="maintenance_commits"):
+        load_config(p)
+    p.write_text("[target.spark]\nmaintenance_every = 3\n")
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_config(p)

@@ -9,6 +9,7 @@ import logging
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import types as T
 
 from cynomys.applier.targets.base import AppliedState, TableFlush
@@ -138,8 +139,25 @@ def keyless_rows(tf: TableFlush) -> tuple[list[Row], list[str], list[int | None]
 # --------------------------------------------------------------------------
 # Statements
 # --------------------------------------------------------------------------
-def keyed_merge(name: str, columns: list[str], match: list[str]) -> str:
-    on = " AND ".join(f"t.{q(c)} <=> s.{q(c)}" for c in match)
+def keyed_merge(name: str, columns: list[str], match: list[str], null_safe: frozenset[str] = frozenset(),
+                prune: str = "") -> str:
+    """MERGE of final images ('U') and deleted keys ('D') on the key.
+
+    Key columns compare with ``=`` (primary keys are never NULL); ``null_safe``
+    names the match columns that can be NULL after all (a key of zero dates
+    is NULL in its typed column, its text in the companion).  ``prune`` is
+    an extra condition on the target alone (the key range of the source):
+    Spark pushes it into the target scan, where Iceberg skips the files
+    whose column bounds miss it -- only with ``=``: with ``<=>`` the join
+    keys become coalesce/isnull pairs and EXPLAIN shows no pushed filter.
+    Measured (bench_spark_merge.py --growth, 300k rows, 10k-row flushes,
+    variants interleaved): updates among the newest 10% of keys 0.83 s vs
+    1.24 s a flush; keys spread over the whole table 1.80 s vs 1.57 s (the
+    range prunes nothing there, and ``=`` costs ~12% for a reason not yet
+    found)."""
+    on = " AND ".join(f"t.{q(c)} {'<=>' if c in null_safe else '='} s.{q(c)}" for c in match)
+    if prune:
+        on += f" AND {prune}"
     lowered = {m.lower() for m in match}
     update = ", ".join(f"t.{q(c)} = s.{q(c)}" for c in columns if c.lower() not in lowered)
     insert = ", ".join(q(c) for c in columns)
@@ -148,6 +166,22 @@ def keyed_merge(name: str, columns: list[str], match: list[str]) -> str:
             f"WHEN MATCHED AND s.{q(OP_COLUMN)} = 'D' THEN DELETE\n"
             + (f"WHEN MATCHED THEN UPDATE SET {update}\n" if update else "")
             + f"WHEN NOT MATCHED AND s.{q(OP_COLUMN)} = 'U' THEN INSERT ({insert}) VALUES ({values})")
+
+
+def key_range(column: str, array: pa.Array) -> str:
+    """``t.column BETWEEN min AND max`` of a source key column, or '' when
+    the column's type has no exact literal here (or holds a NULL)."""
+    if array.null_count or len(array) == 0:
+        return ""
+    t = array.type
+    if not (pa.types.is_integer(t) or pa.types.is_string(t)):
+        return ""
+    lo, hi = (v.as_py() for v in pc.min_max(array).values())
+    if isinstance(lo, str) and isinstance(hi, str):
+        bounds = f"{lit(lo)} AND {lit(hi)}"
+    else:
+        bounds = f"{int(lo)} AND {int(hi)}"
+    return f"t.{q(column)} BETWEEN {bounds}"
 
 
 def keyless_merge(name: str, columns: list[str]) -> str:
@@ -174,6 +208,11 @@ def keyless_merge(name: str, columns: list[str]) -> str:
             f"WHEN NOT MATCHED AND s.{op} = 'I' THEN INSERT ({cols}) VALUES ({values})")
 
 
-def append(name: str, columns: list[str]) -> str:
-    cols = ", ".join(q(c) for c in columns)
-    return f"INSERT INTO {name} ({cols}) SELECT {cols} FROM {{src}}"
+def append(name: str, columns: list[str], absent: dict[str, str] | None = None) -> str:
+    """INSERT of the source's columns; ``absent`` (name -> SQL type) are the
+    table's columns the flush does not have (a skipped or late DDL): they
+    get NULL.  Spark's INSERT refuses a column list that leaves one out."""
+    extra = list((absent or {}).items())
+    cols = ", ".join(q(c) for c in columns + [c for c, _ in extra])
+    values = ", ".join([q(c) for c in columns] + [f"CAST(NULL AS {t})" for _, t in extra])
+    return f"INSERT INTO {name} ({cols}) SELECT {values} FROM {{src}}"

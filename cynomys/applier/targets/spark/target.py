@@ -6,7 +6,11 @@ with ONE DataFrame built from Arrow and ONE Iceberg commit:
 
 - tables with a primary key: ``MERGE INTO`` on the key.  The source rows are
   the final images (op 'U': update when matched, insert when not) and the
-  keys deleted without a new image (op 'D': delete when matched);
+  keys deleted without a new image (op 'D': delete when matched).  Keys
+  match with ``=`` plus the source's key range (Iceberg skips the files
+  outside it).  A flush of inserts only is a plain append: it needs no read
+  of the table, because the table is an exact replica as of the previous
+  flush (a partial flush ahead of the state is rolled back first, below);
 - tables without one: whole rows are a multiset (``TableFlush.delete_rows``).
   MERGE cannot tell identical rows apart, so one MERGE deletes *every* copy of
   each deleted row value and inserts back the copies that must stay, plus the
@@ -26,9 +30,9 @@ write 9.2-19 s; on 200k rows, a few small files, copy-on-write can be ahead
 (1.6 s vs 2.4 s in the quieter run).  The rewrite grows with the table, the
 delete files with the change.  The price is paid by readers, and by later
 MERGEs, until compaction: 30 flushes without it made a 1000-row flush 2.2-2.6x
-slower (62 data + 59 delete files).  An operator schedules ``CALL <catalog>.system.
-rewrite_data_files`` / ``rewrite_position_delete_files`` and
-``expire_snapshots``.  The MERGE writes without a shuffle
+slower (62 data + 59 delete files).  So the target maintains each table
+itself, between flushes (``maintenance.py``: compaction, then snapshot
+expiry; ``[target.spark] maintenance``).  The MERGE writes without a shuffle
 (``write.merge.distribution-mode = none``): a flush is small.
 
 Exactly-once without multi-table transactions
@@ -66,10 +70,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import shutil
+import tempfile
 import time
+from pathlib import Path
 from typing import Any, ClassVar, Iterator, Sequence
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
@@ -77,9 +85,10 @@ from cynomys.applier.targets.spark import ddl as spark_ddl, session as spark_ses
 from cynomys.applier.targets.spark import types as st
 from cynomys.applier.targets.base import short_sql, AppliedState, Capabilities, Flush, TableFlush, Target
 from cynomys.applier.targets.spark.iceberg import IcebergApi, Snapshot
+from cynomys.applier.targets.spark.maintenance import Maintenance
 from cynomys.applier.targets.spark.merge import (
-    COUNT_COLUMN, OP_COLUMN, Columns, Layout, TablePlan, append, keyed_merge, keyed_rows, keyless_merge, keyless_rows,
-    lit, marker, marker_of, order, q, same_flush,
+    COUNT_COLUMN, OP_COLUMN, Columns, Layout, TablePlan, append, key_range, keyed_merge, keyed_rows, keyless_merge,
+    keyless_rows, lit, marker, marker_of, order, q, same_flush,
 )
 from cynomys.applier.targets.spark.session import CATALOGS, CatalogProfile
 from cynomys.core.config import Config
@@ -98,6 +107,8 @@ class SparkTarget(Target):
     state_database: ClassVar[str] = "cynomys_state"
     state_table: ClassVar[str] = "applied"
     state_property_prefix: ClassVar[str] = "cynomys.applied."
+    #: State table property per table: its latest maintenance run (JSON).
+    maintenance_property_prefix: ClassVar[str] = "cynomys.maintenance."
     #: Table property holding the source primary key (JSON list); Iceberg
     #: does not enforce keys, MERGE uses the flush's schema.
     key_property: ClassVar[str] = "cynomys.primary-key"
@@ -113,6 +124,16 @@ class SparkTarget(Target):
         "write.metadata.previous-versions-max": "20",
     }
     catalogs: ClassVar[dict[str, CatalogProfile]] = CATALOGS
+    #: Keyed flushes of inserts only are appended, not merged (see _plan).
+    append_new_keys: ClassVar[bool] = True
+    #: A keyed MERGE also matches on the source's key range, so Iceberg can
+    #: skip the files outside it (recent rows of an auto-increment key).
+    prune_key_range: ClassVar[bool] = True
+    #: Match keys with ``<=>`` (the behaviour before issue #11; benchmarks).
+    null_safe_keys: ClassVar[bool] = False
+    #: Sources of at least this many rows go to Spark as a Parquet file on a
+    #: local master (see _spool); 0 turns it off.
+    parquet_handoff_rows: ClassVar[int] = 2000
 
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
@@ -126,6 +147,8 @@ class SparkTarget(Target):
         # Tables known to match a schema: (db, table) -> (schema, layout); cleared by DDL and errors.
         self._ready: dict[tuple[str, str], tuple[TableSchema, Layout]] = {}
         self._views = 0
+        self.maintenance = Maintenance(cfg.target.spark)
+        self._spool_dir: Path | None = None
 
     @property
     def where(self) -> str:
@@ -191,6 +214,9 @@ class SparkTarget(Target):
             return
         self._spark, self._iceberg = None, None
         self._ready.clear()
+        if self._spool_dir is not None:
+            shutil.rmtree(self._spool_dir, ignore_errors=True)
+            self._spool_dir = None
         spark_session.release(self._generation)
 
     def qualified(self, database: str, table: str | None = None) -> str:
@@ -341,7 +367,38 @@ class SparkTarget(Target):
             except BaseException:
                 self._abort(done, state.producer_id, recorded)
                 raise
+        for plan in done:
+            self.maintenance.committed(plan.schema.database, plan.schema.table)
         log.debug("%s: %d rows in %.3fs", what, sum(p.rows for p in plans), time.monotonic() - t0)
+        self._maintain(state)
+
+    def _maintain(self, state: AppliedState) -> None:
+        """Maintain one due table (one per flush bounds the pause it adds),
+        after the state write: every table then holds exactly the state."""
+        for database, table in self.maintenance.due()[:1]:
+            try:
+                _, _, ahead = self._ahead(database, table, state.producer_id, state)
+                if ahead:  # cannot happen after a state write; never compact what may be rolled back
+                    log.warning("table %s.%s holds a commit beyond the applier state: maintenance postponed",
+                                database, table)
+                    continue
+                run = self.maintenance.run(self, database, table)
+                self.iceberg.update_properties(self.state_database, self.state_table, {
+                    self.maintenance_property_prefix + f"{database}.{table}": json.dumps(run.as_dict())})
+            except Exception as exc:  # the flush committed; maintenance is retried later
+                log.warning("maintenance of %s.%s skipped: %s", database, table, spark_session.first_line(exc))
+
+    def maintenance_report(self) -> dict[str, Any]:
+        """Settings and each table's latest maintenance (kept as properties
+        of the state table, so ``cynomys status`` sees them from any process)."""
+        with self.edge(f"reading the maintenance log on {self.where}"):
+            props = self.iceberg.properties(self.state_database, self.state_table)
+        latest = {k[len(self.maintenance_property_prefix):]: json.loads(v) for k, v in sorted(props.items())
+                  if k.startswith(self.maintenance_property_prefix)}
+        cfg = self.cfg.target.spark
+        return {"enabled": cfg.maintenance, "every_commits": cfg.maintenance_commits,
+                "snapshot_retention_s": cfg.snapshot_retention_s, "snapshots_kept": cfg.snapshots_kept,
+                "tables": latest}
 
     def _plan(self, tf: TableFlush) -> TablePlan | None:
         schema = tf.schema
@@ -380,12 +437,26 @@ class SparkTarget(Target):
         written = [c.name for c in schema.columns] + [c.name + st.COMPANION_SUFFIX for c in companions]
         match = list(schema.key) + [k + st.COMPANION_SUFFIX for k in schema.key
                                     if any(c.name == k for c in companions)]
-        if schema.key:
-            sql = keyed_merge(name, written, match)
+        have = {c.lower() for c in written}
+        absent = {f.name: f.dataType.simpleString() for f in layout.fields.values() if f.name.lower() not in have}
+        if schema.key and not tf.delete_keys and self.append_new_keys:
+            # Only inserts: every key is new to the source, and the table is
+            # an exact replica at the previous flush (the markers roll back
+            # anything ahead), so none of them can be there.  No MERGE, no
+            # scan of the table.  (Snapshot reads and updates come with a
+            # delete key, so they never take this path.)
+            sql = append(name, written, absent)
+        elif schema.key:
+            null_safe = frozenset(match) if self.null_safe_keys else frozenset(
+                k for k in schema.key if layout.has(k + st.COMPANION_SUFFIX)) | frozenset(match[len(schema.key):])
+            first = schema.key[0]
+            prune = "" if first in null_safe or not self.prune_key_range else key_range(
+                first, data.column(cols.names.index(first)))
+            sql = keyed_merge(name, written, match, null_safe, prune)
         elif tf.delete_rows:
             sql = keyless_merge(name, written)
         else:
-            sql = append(name, written)
+            sql = append(name, written, absent)
         return TablePlan(schema, name, data, T.StructType(cols.fields), sql, tf.rows)
 
     @staticmethod
@@ -415,12 +486,21 @@ class SparkTarget(Target):
             current = self.iceberg.current(db, table)
         self._views += 1
         view = f"cynomys_src_{self._views}"
-        self.iceberg.dataframe(plan.data, plan.spark_schema).createOrReplaceTempView(view)
+        spool = self._spool(plan)
+        if spool is not None:
+            # CORRECTED: pyarrow writes proleptic Gregorian dates, as Spark 3
+            # does (the default refuses dates before 1582 in a foreign file).
+            self.spark.read.schema(plan.spark_schema).option("datetimeRebaseMode", "CORRECTED") \
+                .option("int96RebaseMode", "CORRECTED").parquet(str(spool)).createOrReplaceTempView(view)
+        else:
+            self.iceberg.dataframe(plan.data, plan.spark_schema).createOrReplaceTempView(view)
         try:
             with self.iceberg.commit_properties(marker(state)):
                 self.sql(plan.sql.replace("{src}", q(view)))
         finally:
             self.spark.catalog.dropTempView(view)
+            if spool is not None:
+                spool.unlink(missing_ok=True)
         after = self.iceberg.current(db, table)
         if after is not None and (current is None or after.id != current.id) \
                 and marker_of(after.summary, state.producer_id) is None:
@@ -429,6 +509,20 @@ class SparkTarget(Target):
             raise TargetRejectedError(f"table {plan.schema.name}: the commit lacks its flush marker",
                                       hint="run the applier with PYSPARK_PIN_THREAD unset or 'true'")
         return True
+
+    def _spool(self, plan: TablePlan) -> Path | None:
+        """Large sources on a local master go to Spark as a Parquet file
+        written by pyarrow (Spark's own reader) instead of an Arrow stream
+        through Py4J: 2.7x the rows/s (DESIGN.md, measured on this box).  A
+        cluster's executors could not read the driver's temp folder."""
+        if not self.parquet_handoff_rows or plan.data.num_rows < self.parquet_handoff_rows \
+                or not self.conf["spark.master"].startswith("local"):
+            return None
+        if self._spool_dir is None:
+            self._spool_dir = Path(tempfile.mkdtemp(prefix="cynomys-spark-src-"))
+        path = self._spool_dir / f"src-{self._views}.parquet"
+        pq.write_table(plan.data, path, compression="none")  # read once, at once: compression is wasted work
+        return path
 
     def _ahead(self, database: str, table: str, producer_id: str, recorded: AppliedState | None
                ) -> tuple[Snapshot | None, AppliedState | None, list[tuple[Snapshot, AppliedState]]]:

@@ -147,12 +147,16 @@ def _uint64_as_decimal(hi: int) -> Encoder:
     return lambda v: decimal.Decimal(check(v))
 
 
-_WIDE = decimal.Context(prec=200)
+#: Arithmetic on a value goes through this context, never the thread's
+#: default one: its 28 digits would round a DECIMAL(65,30) value (abs() of
+#: 99999999999999999999999999999999999.999999999999999999999999999999 is
+#: 1.000000000000000000000000000E+35 there).  MySQL decimals have at most 65.
+_WIDE = decimal.Context(prec=200, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN)
 
 
 def _decimal_check(p: int, s: int) -> Callable[[Any], decimal.Decimal]:
-    step = decimal.Decimal(1).scaleb(-s)
-    limit = decimal.Decimal(10) ** (p - s)
+    step = decimal.Decimal(1).scaleb(-s, context=_WIDE)
+    limit = _WIDE.power(10, p - s)
 
     def check(v: Any) -> decimal.Decimal:
         if not isinstance(v, decimal.Decimal):
@@ -162,7 +166,7 @@ def _decimal_check(p: int, s: int) -> Callable[[Any], decimal.Decimal]:
         q = _WIDE.quantize(v, step)
         if q != v:
             raise ValueRejected(f"{v} has more than {s} fraction digits")
-        if abs(q) >= limit:
+        if q.copy_abs() >= limit:  # copy_abs: exact, no context (abs() rounds)
             raise ValueRejected(f"{v} has more than {p - s} integer digits")
         return q
     return check
