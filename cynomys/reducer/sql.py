@@ -69,8 +69,12 @@ class Dialect:
             return "NULL"
         if isinstance(v, bool):
             return "1" if v else "0"
-        if isinstance(v, (int, decimal.Decimal)):
+        if isinstance(v, int):
             return str(v)
+        if isinstance(v, decimal.Decimal):
+            # Positional notation: str() gives '1.23E-7' for small values,
+            # which servers read as an (inexact) DOUBLE.
+            return format(v, "f")
         if isinstance(v, float):
             return repr(v)
         if isinstance(v, bytes):

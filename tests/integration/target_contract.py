@@ -392,13 +392,7 @@ CONTRACT: dict[str, Callable[[TargetFactory, str], None]] = {
     "add_column_fills_existing_rows": check_add_column_fills_existing_rows,
     "unsupported_ddl": check_unsupported_ddl,
     "schema_drift": check_schema_drift,
-}
-
-
-#: Bodies every SQL target passes and the Spark target does not yet: its
-#: rejection message still prints a keyless table's whole row
-#: (spark/target.py ``_rejected``, owned by the Spark work in progress);
-#: move them into CONTRACT when it stops doing so (issue #13, item 7).
-CONTRACT_NOT_YET_SPARK: dict[str, Callable[[TargetFactory, str], None]] = {
     "rejection_shows_no_row": check_rejection_shows_no_row,
 }
+
+

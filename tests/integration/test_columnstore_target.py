@@ -102,11 +102,6 @@ def test_contract(body: str, factory: Factory, db: str) -> None:
     contract.CONTRACT[body](factory, db)
 
 
-@pytest.mark.parametrize("body", sorted(contract.CONTRACT_NOT_YET_SPARK))
-def test_contract_security(body: str, factory: Factory, db: str) -> None:
-    contract.CONTRACT_NOT_YET_SPARK[body](factory, db)
-
-
 # --------------------------------------------------------------------------
 # ColumnStore-specific behaviour
 # --------------------------------------------------------------------------

@@ -134,11 +134,6 @@ def test_contract(body: str, factory: Factory, db: str) -> None:
     contract.CONTRACT[body](factory, db)
 
 
-@pytest.mark.parametrize("body", sorted(contract.CONTRACT_NOT_YET_SPARK))
-def test_contract_security(body: str, factory: Factory, db: str) -> None:
-    contract.CONTRACT_NOT_YET_SPARK[body](factory, db)
-
-
 @pytest.mark.parametrize("body", ["ddl", "ddl_replay_is_harmless", "all_types_round_trip"])
 def test_contract_with_type_changes_by_copy(body: str, url: str, db: str) -> None:
     f = Factory(url, CopyingTarget)

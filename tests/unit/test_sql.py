@@ -60,3 +60,16 @@ def test_statement_batches_bound_rows_and_bytes() -> None:
     assert statement_batches(texts, max_rows=2, max_bytes=1000) == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 9)]
     assert statement_batches(texts, max_rows=100, max_bytes=20) == [(0, 5), (5, 6), (6, 9)]
     assert statement_batches([], 10, 10) == []
+
+
+def test_small_and_large_decimals_render_without_exponent() -> None:
+    """str(Decimal) writes 1.23456789012345678901234E-7, which a server
+    reads as an inexact DOUBLE: a DECIMAL(65,30) key would not match."""
+    import decimal
+
+    from cynomys.reducer.sql import MARIADB, MONETDB, SPARK
+
+    for d in (MARIADB, MONETDB, SPARK):
+        assert d.literal(decimal.Decimal("0.000000123456789012345678901234")) == "0.000000123456789012345678901234"
+        assert d.literal(decimal.Decimal("1E+40")) == "1" + "0" * 40
+        assert d.literal(decimal.Decimal("-0.000")) == "-0.000"

@@ -239,8 +239,13 @@ def _literal(v: Any) -> str:
     """A Spark SQL literal of a value in the form Arrow takes it."""
     if isinstance(v, bool):
         return "true" if v else "false"
-    if isinstance(v, (int, float, decimal.Decimal)):
-        return repr(v) if isinstance(v, float) else str(v)
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, decimal.Decimal):
+        # Positional notation: Spark reads '1.23E-7' as a DOUBLE (digits lost).
+        return format(v, "f")
     if isinstance(v, bytes):
         return "X'" + v.hex() + "'"
     if isinstance(v, datetime.datetime):

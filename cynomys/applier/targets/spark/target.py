@@ -94,7 +94,7 @@ from cynomys.applier.targets.spark.session import CATALOGS, CatalogProfile
 from cynomys.core.config import Config
 from cynomys.core.errors import CynomysError, TargetRejectedError, TargetUnavailableError
 from cynomys.core.model import Change, ColumnDef, Position, RawTemporal, Row, TableSchema, Value
-from cynomys.reducer.ddl import SKIP_HINT
+from cynomys.applier.ddl import SKIP_HINT
 
 log = logging.getLogger(__name__)
 
@@ -459,14 +459,17 @@ class SparkTarget(Target):
             sql = append(name, written, absent)
         return TablePlan(schema, name, data, T.StructType(cols.fields), sql, tf.rows)
 
-    @staticmethod
-    def _rejected(schema: TableSchema, col: ColumnDef, m: st.Mapping, row: Row | None,
+    def _rejected(self, schema: TableSchema, col: ColumnDef, m: st.Mapping, row: Row | None,
                   message: str) -> TargetRejectedError:
+        """The table, the column and the one value refused -- never a whole
+        row (a keyless table's row is its data, and messages end up in
+        logs); the key only when ``[target] show_keys`` asks for it."""
         detail = ""
         if row is not None:
-            shown = tuple(row[i] for i in schema.key_indexes()) if schema.key else row
-            text = repr(shown)
-            detail = f"; the row {'with key ' if schema.key else ''}{text[:200] + '...' if len(text) > 200 else text}"
+            value = repr(row[schema.columns.index(col)])
+            detail = f"; value {value[:80] + '...' if len(value) > 80 else value}"
+            if schema.key and self.cfg.target.show_keys:
+                detail += f" in the row with key {tuple(row[i] for i in schema.key_indexes())!r}"
         return TargetRejectedError(
             f"target table {schema.name} rejected a value of column {col.name} (source type {col.type}, "
             f"Iceberg type {m.sql}): {message}{detail}",
