@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pymysql
 import pytest
@@ -164,11 +164,30 @@ def _keep_artifacts(tmp_path: Path, cfg: Path, diff: dict[str, Any]) -> Path:
     return out
 
 
+class MariaDBSide:
+    """The target as a second MariaDB (the ColumnStore target code, engine InnoDB)."""
+
+    def __init__(self, src: MariaDBServer) -> None:
+        self.src = src
+        self.tgt = MariaDBServer(server_id=2).start()
+        self.config: dict[str, Any] = {"kind": "columnstore", "url": self.tgt.url, "engine": "InnoDB"}
+        self.extra: dict[str, Any] = {}
+
+    def diff(self, cfg: Path) -> dict[str, Any]:
+        return _diff(self.src, self.tgt)
+
+    def destroy(self) -> None:
+        self.tgt.destroy()
+
+
 def _run(tmp_path: Path, redis_url: str, *, writer: Any, batch_max_events: int, kills: list[str],
-         alter_at: int | None) -> Path:
+         alter_at: int | None, target: Callable[[MariaDBServer], Any] = MariaDBSide, write_s: float = 0.0,
+         catch_up_s: float = 180, applier: dict[str, Any] | None = None) -> Path:
+    """Writers and kills, then wait until the target equals the source.
+    ``write_s``: keep writing at least this long (kills spread over it)."""
     src = MariaDBServer(server_id=1).start()
-    tgt = MariaDBServer(server_id=2).start()
-    producer = applier = subprocess.Popen(["true"])  # replaced once the daemons start
+    side = target(src)
+    producer = applier_proc = subprocess.Popen(["true"])  # replaced once the daemons start
     try:
         keys = generate_keys(tmp_path / "keys", rsa_bits=2048)
         cfg = write_config(
@@ -177,13 +196,13 @@ def _run(tmp_path: Path, redis_url: str, *, writer: Any, batch_max_events: int, 
             producer={"id": "p1", "batch_max_events": batch_max_events, "batch_max_delay_ms": 100},
             transport={"url": redis_url, "stream": f"e2e-{tmp_path.name}"},
             security={k: str(v) for k, v in keys.items()},
-            applier={"buffer_rows": 2000, "max_delay_ms": 300, "consumer_name": "a1"},
-            target={"kind": "columnstore", "url": tgt.url, "engine": "InnoDB"},
+            applier={"buffer_rows": 2000, "max_delay_ms": 300, "consumer_name": "a1", **(applier or {})},
+            target=side.config, **side.extra,
         )
         logs = tmp_path / "logs"
         logs.mkdir()
         producer = _daemon(cfg, "produce", logs / "producer.log")
-        applier = _daemon(cfg, "apply", logs / "applier.log")
+        applier_proc = _daemon(cfg, "apply", logs / "applier.log")
         src.execute("CREATE DATABASE app", *[f"CREATE TABLE app.{t} ({c})" for t, c in TABLES.items()])
         stop, done, errors = threading.Event(), [0], []
         writers = [threading.Thread(target=writer, args=(src, stop, s, done, errors)) for s in range(4)]
@@ -191,12 +210,14 @@ def _run(tmp_path: Path, redis_url: str, *, writer: Any, batch_max_events: int, 
             w.start()
         rnd = random.Random(1)
         counted = {"producer": 0, "applier": 0}
+        pause = (0.5, 2.0) if not write_s else (0.5 * write_s / max(1, len(kills)), 1.5 * write_s / max(1, len(kills)))
+        started = time.monotonic()
         try:
             for i, name in enumerate(kills):
-                time.sleep(rnd.uniform(0.5, 2.0))
+                time.sleep(rnd.uniform(*pause))
                 if i == alter_at:  # schema change in the middle of the run
                     src.execute("ALTER TABLE app.acct ADD COLUMN region CHAR(2) NOT NULL DEFAULT 'eu'")
-                proc = producer if name == "producer" else applier
+                proc = producer if name == "producer" else applier_proc
                 assert proc.poll() is None, (logs / f"{name}.log").read_text()[-3000:]
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
@@ -204,37 +225,42 @@ def _run(tmp_path: Path, redis_url: str, *, writer: Any, batch_max_events: int, 
                 if name == "producer":
                     producer = _daemon(cfg, "produce", logs / "producer.log")
                 else:
-                    applier = _daemon(cfg, "apply", logs / "applier.log")
+                    applier_proc = _daemon(cfg, "apply", logs / "applier.log")
+            time.sleep(max(0.0, write_s - (time.monotonic() - started)))
         finally:
             stop.set()
             for w in writers:
                 w.join()
         assert not errors, errors
         assert done[0] > 200, "the workload did not run"
+        stopped = time.monotonic()
         try:
             def caught_up() -> bool:
-                for name, p in (("producer", producer), ("applier", applier)):
+                for name, p in (("producer", producer), ("applier", applier_proc)):
                     assert p.poll() is None, f"{name} exited {p.returncode}:\n" + (logs / f"{name}.log").read_text()[-3000:]
-                return not any(_diff(src, tgt).values())
+                return not any(side.diff(cfg).values())
 
-            wait_for(caught_up, timeout=180, what="the target to equal the source")
+            wait_for(caught_up, timeout=catch_up_s, what="the target to equal the source")
         except AssertionError as exc:
-            kept = _keep_artifacts(tmp_path, cfg, _diff(src, tgt))
-            raise AssertionError(f"{exc}\n{_diff(src, tgt)}\nartifacts kept in {kept}\n"
+            last = side.diff(cfg)
+            kept = _keep_artifacts(tmp_path, cfg, last)
+            raise AssertionError(f"{exc}\n{last}\nartifacts kept in {kept}\n"
                                  f"producer:\n{(logs / 'producer.log').read_text()[-4000:]}\n"
                                  f"applier:\n{(logs / 'applier.log').read_text()[-4000:]}") from None
-        for p in (producer, applier):
+        equal_after = time.monotonic() - stopped
+        for p in (producer, applier_proc):
             p.send_signal(signal.SIGTERM)
-            assert p.wait(60) == 0
+            assert p.wait(120) == 0
         counts = {t: src.execute(f"SELECT COUNT(*) FROM app.{t}")[0][0] for t in TABLES}
-        print(f"\n{done[0]} source transactions from 4 writers, kills {counted}, final rows {counts}")
+        print(f"\n{done[0]} source transactions from 4 writers in {stopped - started:.0f}s, kills {counted}, "
+              f"final rows {counts}; target equal {equal_after:.1f}s after the writers stopped")
         return cfg
     finally:
-        for p in (producer, applier):
+        for p in (producer, applier_proc):
             if p.poll() is None:
                 p.kill()
         src.destroy()
-        tgt.destroy()
+        side.destroy()
 
 
 @pytest.mark.slow
