@@ -114,6 +114,8 @@ class Applier:
             if self.buffer.due() and not behind:
                 self.flush()
             self._ack()  # envelopes seen again after a restart: nothing to commit for them
+            if not deliveries and not self.buffer.envelopes:
+                self.target.idle()
             if until_idle_s and not deliveries and not self.buffer.envelopes \
                     and time.monotonic() - self.last_delivery >= until_idle_s:
                 log.info("idle for %.1fs: exiting", until_idle_s)

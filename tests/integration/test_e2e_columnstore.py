@@ -164,6 +164,20 @@ def _keep_artifacts(tmp_path: Path, cfg: Path, diff: dict[str, Any]) -> Path:
     return out
 
 
+def _reports_caught_up(tmp_path: Path, src: MariaDBServer) -> bool:
+    """producer.json has read to the source's binlog end and sent it all;
+    applier.json holds the producer's last envelope."""
+    try:
+        prod = json.loads((tmp_path / "producer-state" / "producer.json").read_text())
+        app = json.loads((tmp_path / "applier-state" / "applier.json").read_text())
+    except (OSError, ValueError):
+        return False
+    file, pos = src.execute("SHOW MASTER STATUS")[0][:2]
+    read = prod.get("read") or {}
+    return (read.get("file"), read.get("pos")) == (file, pos) and prod.get("pending") is None \
+        and int(app.get("seq", 0)) >= int(prod.get("seq", 0))
+
+
 class MariaDBSide:
     """The target as a second MariaDB (the ColumnStore target code, engine InnoDB)."""
 
@@ -238,6 +252,12 @@ def _run(tmp_path: Path, redis_url: str, *, writer: Any, batch_max_events: int, 
             def caught_up() -> bool:
                 for name, p in (("producer", producer), ("applier", applier_proc)):
                     assert p.poll() is None, f"{name} exited {p.returncode}:\n" + (logs / f"{name}.log").read_text()[-3000:]
+                # Compare the tables (dear on Spark: it competes with the
+                # applier for the CPU) only once the daemons' own reports say
+                # the applier took everything the producer sent.
+                if not _reports_caught_up(tmp_path, src):
+                    time.sleep(0.5)
+                    return False
                 return not any(side.diff(cfg).values())
 
             wait_for(caught_up, timeout=catch_up_s, what="the target to equal the source")

@@ -183,6 +183,11 @@ class Target(ABC):
     @abstractmethod
     def table_exists(self, database: str, table: str) -> bool: ...
 
+    def idle(self) -> None:
+        """The applier has nothing buffered and nothing arrived: a moment
+        for housekeeping off the critical path (Spark: table maintenance).
+        Must be quick to return when there is nothing to do."""
+
     @abstractmethod
     def fetch_rows(self, database: str, table: str) -> list[Row]:
         """Every row, values in the Python domain of core.model (for checks)."""

@@ -96,10 +96,13 @@ class Maintenance:
         ident = (database, table)
         self._commits[ident] = self._commits.get(ident, 0) + 1
 
-    def due(self) -> list[tuple[str, str]]:
+    def due(self, factor: int = 1) -> list[tuple[str, str]]:
+        """Tables with ``factor`` x maintenance_commits commits since their
+        last run (the applier maintains due tables while idle, and overdue
+        ones, factor 3, between flushes when it is never idle)."""
         if not self.enabled:
             return []
-        return [i for i, n in self._commits.items() if n >= self.cfg.maintenance_commits]
+        return [i for i, n in self._commits.items() if n >= factor * self.cfg.maintenance_commits]
 
     def forget(self, database: str, table: str) -> None:
         self._commits.pop((database, table), None)

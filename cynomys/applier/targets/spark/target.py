@@ -98,6 +98,8 @@ from cynomys.applier.ddl import SKIP_HINT
 
 log = logging.getLogger(__name__)
 
+OVERDUE = 3  # x maintenance_commits: maintain between flushes even when never idle
+
 class SparkTarget(Target):
     """Apache Iceberg tables through PySpark (local mode or a Spark cluster)."""
 
@@ -148,6 +150,7 @@ class SparkTarget(Target):
         self._ready: dict[tuple[str, str], tuple[TableSchema, Layout]] = {}
         self._views = 0
         self.maintenance = Maintenance(cfg.target.spark)
+        self._last_state: AppliedState | None = None  # what the last flush committed (maintenance checks it)
         self._spool_dir: Path | None = None
 
     @property
@@ -370,12 +373,21 @@ class SparkTarget(Target):
         for plan in done:
             self.maintenance.committed(plan.schema.database, plan.schema.table)
         log.debug("%s: %d rows in %.3fs", what, sum(p.rows for p in plans), time.monotonic() - t0)
-        self._maintain(state)
+        self._last_state = state
+        # Maintenance runs when the applier is idle (``idle``); an applier
+        # that is never idle still maintains a table once it is overdue.
+        self._maintain(state, self.maintenance.due(OVERDUE))
 
-    def _maintain(self, state: AppliedState) -> None:
-        """Maintain one due table (one per flush bounds the pause it adds),
+    def idle(self) -> None:
+        """Nothing to flush: maintain one due table off the critical path."""
+        due = self.maintenance.due()
+        if due and self._last_state is not None:
+            self._maintain(self._last_state, due)
+
+    def _maintain(self, state: AppliedState, due: list[tuple[str, str]]) -> None:
+        """Maintain one due table (one at a time bounds the pause it adds),
         after the state write: every table then holds exactly the state."""
-        for database, table in self.maintenance.due()[:1]:
+        for database, table in due[:1]:
             try:
                 _, _, ahead = self._ahead(database, table, state.producer_id, state)
                 if ahead:  # cannot happen after a state write; never compact what may be rolled back
