@@ -44,6 +44,7 @@ from cynomys.core.checkpoint import read_json, write_json_atomic
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, CynomysError, TerminalError
 from cynomys.core.model import Batch, Change, Op, Position
+from cynomys.metrics.monitor import ProducerMonitor
 from cynomys.parser.stream import BinlogSource, SourceInspector, TableFilter
 from cynomys.parser.txn import Assembler, Commit, Item, Progress
 from cynomys.reducer.fold import Folder
@@ -116,8 +117,9 @@ _EOF = object()
 
 class Producer:
     def __init__(self, cfg: Config, sink: BatchSink, stop: threading.Event | None = None,
-                 *, blocking: bool = True) -> None:
+                 *, blocking: bool = True, monitor: ProducerMonitor | None = None) -> None:
         self.cfg = cfg
+        self.monitor = monitor or ProducerMonitor(cfg)  # metrics/health (cynomys/metrics)
         self.sink = sink
         self.stop = stop or threading.Event()
         self.blocking = blocking
@@ -243,6 +245,7 @@ class Producer:
         last_save = 0.0
 
         while True:
+            self.monitor.turn(self)
             if self.stop.is_set():
                 # Ship what ends on a transaction boundary; a transaction still
                 # open is dropped here and re-read after restart (not checkpointed).
@@ -341,6 +344,7 @@ class _Batching:
                     self.txn_seen += 1
                     return  # in an envelope the transport already holds
                 self.skip_tid = None
+            p.monitor.change_in(out)
             if not self.raw_in_batch:
                 self.started = time.monotonic()
                 if self.batch_from is None:
@@ -422,6 +426,7 @@ class _Batching:
                            "open": after_open}
         p._save()
         p.sink.send(seq, batch, p.stop)
+        p.monitor.batch_out(changes)
         p._accepted(p.state.pending)
         p.state.pending = None
         p.stats["batches"] += 1
@@ -438,7 +443,8 @@ def _with_sql(c: Change) -> Change:
     return replace(c, sql=render_one(c, MARIADB)) if c.op is not Op.DDL else c
 
 
-def run_with_retry(make: Any, stop: threading.Event, *, max_backoff: float = 30.0) -> None:
+def run_with_retry(make: Any, stop: threading.Event, *, max_backoff: float = 30.0,
+                   monitor: ProducerMonitor | None = None) -> None:
     """Run ``make().run()`` until stopped, retrying transient errors with
     backoff; terminal errors propagate."""
     delay = 0.5
@@ -447,10 +453,14 @@ def run_with_retry(make: Any, stop: threading.Event, *, max_backoff: float = 30.
             make().run()
             return
         except CynomysError as exc:
+            if monitor is not None:
+                monitor.failed(exc)
             if not exc.transient:
                 raise
             log.warning("transient error, retrying in %.1fs: %s", delay, exc)
         except (ConnectionError, OSError) as exc:
+            if monitor is not None:
+                monitor.failed(exc)
             log.warning("connection error, retrying in %.1fs: %s", delay, exc)
         stop.wait(delay)
         delay = min(max_backoff, delay * 2)
@@ -472,6 +482,7 @@ class SealedSink:
                 f"[security] applier_public_key and producer_private_key must be set in {cfg.path}",
                 hint="run `cynomys keygen --out DIR` and point [security] at the files it writes")
         self._encode = codec.encode
+        self.bytes_sent = 0
         self.producer_id = cfg.producer.id
         self.max_payload = cfg.transport.max_envelope_bytes
         self.sealer = Sealer(
@@ -502,7 +513,9 @@ class SealedSink:
                 f"{batch.end}), more than [transport] max_envelope_bytes = {self.max_payload} the applier accepts",
                 hint="lower [producer] batch_max_events (large rows), or raise [transport] max_envelope_bytes "
                      "on both sides")
-        self.publisher.publish(self.producer_id, seq, self.sealer.seal(payload, seq), stop)
+        envelope = self.sealer.seal(payload, seq)
+        self.publisher.publish(self.producer_id, seq, envelope, stop)
+        self.bytes_sent += len(envelope)  # read by the metrics (cynomys_producer_envelope_bytes_total)
 
     def close(self) -> None:
         self.publisher.close()

@@ -152,6 +152,12 @@ class Target(ABC):
         """Apply one flush atomically with its state (one target transaction).
         Creates missing tables from their schema first."""
 
+    def ping(self) -> None:
+        """A cheap round trip proving the target answers (health checks);
+        raises TargetUnavailableError when it does not.  The default reads
+        the applier state; targets override it with something cheaper."""
+        self.applied(self.cfg.producer.id)
+
     @property
     def where(self) -> str:
         """The target, for messages (targets name their server)."""

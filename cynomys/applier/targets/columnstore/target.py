@@ -529,6 +529,9 @@ class ColumnStoreTarget(Target):
         with self._transaction(what, hint) as cur:
             cur.execute(sql)
 
+    def ping(self) -> None:
+        self.query(lambda cur: cur.execute("SELECT 1"), "a health check (SELECT 1)")
+
     def query(self, fn: Callable[[Cursor], Any], what: str) -> Any:
         with self._transaction(what) as cur:
             return fn(cur)
