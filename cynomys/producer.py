@@ -207,30 +207,34 @@ class Producer:
         source = BinlogSource(self.cfg.source, start, blocking=self.blocking, is_mariadb=mariadb,
                               table_filter=self.snap.table_filter(table_filter))
         events: queue.Queue[Any] = queue.Queue(maxsize=256)
-        reader = threading.Thread(target=self._read, args=(source, events), name="binlog-reader", daemon=True)
+        # Ends the reader with this run.  Not self.stop: that is the daemon's,
+        # and run_with_retry reads it after a transient error (setting it here
+        # made the daemon exit 0 on a source restart instead of retrying).
+        halt = threading.Event()
+        reader = threading.Thread(target=self._read, args=(source, events, halt), name="binlog-reader", daemon=True)
         reader.start()
         try:
             self._loop(events, self.snap, start)
         finally:
-            self.stop.set()
+            halt.set()
             source.close()
             reader.join(timeout=5)
             self.snap.close()
 
-    def _read(self, source: BinlogSource, events: queue.Queue[Any]) -> None:
+    def _read(self, source: BinlogSource, events: queue.Queue[Any], halt: threading.Event) -> None:
         try:
             for ev in source:
-                while not self.stop.is_set():
+                while not halt.is_set():
                     try:
                         events.put(ev, timeout=0.2)
                         break
                     except queue.Full:
                         continue
-                if self.stop.is_set():
+                if halt.is_set():
                     return
             events.put(_EOF)
         except BaseException as exc:  # handed to the main loop, which raises it
-            if not self.stop.is_set():
+            if not halt.is_set():
                 events.put(exc)
 
     # ------------------------------------------------------------------
@@ -245,7 +249,7 @@ class Producer:
         last_save = 0.0
 
         while True:
-            self.monitor.turn(self)
+            self.monitor.turn(self, start)
             if self.stop.is_set():
                 # Ship what ends on a transaction boundary; a transaction still
                 # open is dropped here and re-read after restart (not checkpointed).

@@ -6,7 +6,8 @@ producer's source, the applier's target) reports with ``checked()`` every
 with ``failed()``.  ``verdict()`` says healthy or not and why; it is what
 /healthz answers and what the daemon writes for `cynomys status`.
 
-Unhealthy when: the loop made no progress for ``stall_intervals`` intervals
+Unhealthy when: the loop has not turned or the first check has not run
+yet (starting); the loop made no progress for ``stall_intervals`` intervals
 (stalled: a hung call, a retry loop that never gets through); the last
 check failed, or no check succeeded for ``stall_intervals`` intervals (a
 loop that stopped checking is not evidence that things are fine); an error
@@ -85,14 +86,18 @@ class Health:
         with self._lock:
             now = time.monotonic()
             reasons: list[str] = []
-            since_beat = now - (self._beat if self._beat is not None else self._started)
-            if since_beat > self.stall_s:
-                what = "no loop progress" if self._beat is not None else "the loop has not started"
-                reasons.append(f"stalled: {what} for {since_beat:.1f}s (limit {self.stall_s:g}s)")
-            if self._check_error is not None:
+            # Nothing is claimed before it was seen: a daemon whose loop has
+            # not turned, or whose first check has not run, is not healthy yet.
+            if self._beat is None:
+                reasons.append(f"starting: the loop has not turned yet ({now - self._started:.1f}s)")
+            elif now - self._beat > self.stall_s:
+                reasons.append(f"stalled: no loop progress for {now - self._beat:.1f}s (limit {self.stall_s:g}s)")
+            if self._check_ok_at is None and self._check_error is None:
+                reasons.append(f"starting: the {self.checks} has not been checked yet")
+            elif self._check_error is not None:
                 reasons.append(f"{self.checks} unreachable: {self._check_error}")
             else:
-                since_ok = now - (self._check_ok_at if self._check_ok_at is not None else self._started)
+                since_ok = now - self._check_ok_at if self._check_ok_at is not None else 0.0
                 if since_ok > self.stall_s:
                     reasons.append(f"{self.checks} not confirmed reachable for {since_ok:.1f}s "
                                    f"(limit {self.stall_s:g}s)")

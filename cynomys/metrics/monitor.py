@@ -61,11 +61,19 @@ def _table(c: Change) -> str:
     return f"{c.database}.{c.table}"
 
 
+# The producer's loop turns once per binlog event (tens of thousands a
+# second): its per-turn bookkeeping runs at most this often.
+TURN_EVERY_S = 0.1
+
+
 def _bytes_between(end: Position | None, at: Position | None) -> float:
     """Binlog bytes from ``at`` to ``end``; NaN (unknown) across files, whose
-    sizes we would need."""
+    sizes we would need.  ``at`` past ``end`` (``end`` was sampled earlier)
+    counts as caught up."""
     if end is None or at is None:
         return math.nan
+    if at.sort_key() >= end.sort_key():
+        return 0.0
     if end.file == at.file:
         return float(max(0, end.pos - at.pos))
     return math.nan
@@ -193,6 +201,7 @@ class ProducerMonitor(_Monitor):
         self._checkpoint: Position | None = None
         self._stop = threading.Event()
         self._prober: threading.Thread | None = None
+        self._last_turn = 0.0
 
     def start(self) -> None:
         super().start()
@@ -236,14 +245,24 @@ class ProducerMonitor(_Monitor):
             self.events_in.labels(table).inc(n)
         self._in.clear()
 
-    def turn(self, p: Producer) -> None:
-        """Once per loop turn."""
+    def turn(self, p: Producer, start: Position) -> None:
+        """Once per loop turn (does its work at most every TURN_EVERY_S);
+        ``start`` is where this run began reading."""
+        if self._read is None:
+            self._read = start  # bytes read are counted from here
+        now = time.monotonic()
+        if now - self._last_turn < TURN_EVERY_S:
+            return
+        self._last_turn = now
         self._beat()
         self._deltas.step(p, {**p.stats, "bytes": int(getattr(p.sink, "bytes_sent", 0))}, {
             "batches": self.batches.inc, "transactions": self.transactions.inc, "bytes": self.bytes_out.inc})
         read = p.state.read
         if read is not None and self._read is not None and read != self._read:
-            self.bytes_in.inc(read.pos - self._read.pos if read.file == self._read.file else max(0, read.pos - 4))
+            # Across a rotation the rest of the previous file is not known
+            # here: counted from the new file's start (slightly under).
+            # (A restart re-reads from the checkpoint: a step back counts nothing.)
+            self.bytes_in.inc(max(0, read.pos - self._read.pos if read.file == self._read.file else read.pos - 4))
         self._read = read
         self._checkpoint = p.state.checkpoint
         lag_bytes = _bytes_between(self._source_end, p.state.checkpoint)

@@ -59,9 +59,22 @@ def _value(m: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, *
     return m.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
-def test_metrics_healthz_and_status(mariadb: MariaDBServer, redis_url: str, tmp_path: Path) -> None:
+def _unhealthy_within_two_intervals(listen: str, what: str) -> dict[str, Any]:
+    """Poll /healthz right after ``what`` was stopped; the body of the first 503."""
+    stopped = time.monotonic()
+    while True:
+        code, body = _health(listen)
+        if code == 503:
+            return body
+        assert time.monotonic() - stopped <= 2 * INTERVAL + 0.5, (what, code, body)  # 0.5 s: polling, HTTP
+        time.sleep(0.1)
+
+
+def test_metrics_healthz_and_status(redis_url: str, tmp_path: Path) -> None:
     db = "met_" + uuid.uuid4().hex[:8]
     table = f"{db}.t"
+    # Servers of the test's own: it stops them.
+    mariadb = MariaDBServer(server_id=1).start()
     tgt = MariaDBServer(server_id=2).start()
     procs: list[subprocess.Popen[bytes]] = []
     logs = tmp_path / "logs"
@@ -129,15 +142,11 @@ def test_metrics_healthz_and_status(mariadb: MariaDBServer, redis_url: str, tmp_
         assert status["producer"]["health"]["status"] == "healthy", status
         assert status["transport"]["reachable"] is True and status["transport"]["last_sequence"] >= 1, status
 
+        assert isinstance(status["transport"]["unacknowledged"], int) and status["transport"]["dead_letters"] == 0
+
         # The target stops: unhealthy within two intervals, saying why.
         tgt.stop()
-        stopped = time.monotonic()
-        while True:
-            code, body = _health(alisten)
-            if code == 503:
-                break
-            assert time.monotonic() - stopped <= 2 * INTERVAL + 0.5, (code, body)  # 0.5 s: polling, HTTP
-            time.sleep(0.1)
+        body = _unhealthy_within_two_intervals(alisten, "the target")
         assert any("target" in r for r in body["reasons"]), body
         assert _value(_metrics(alisten), "cynomys_applier_healthy") == 0
 
@@ -146,6 +155,16 @@ def test_metrics_healthz_and_status(mariadb: MariaDBServer, redis_url: str, tmp_
         wait_for(lambda: _health(alisten)[0] == 200, 90, "the applier healthy again")
         mariadb.execute(f"INSERT INTO {table} VALUES (51, 'c')")
         wait_for(lambda: applied(51), 90, "replication after the target came back")
+
+        # The same for the producer and its source.
+        mariadb.stop()
+        body = _unhealthy_within_two_intervals(plisten, "the source")
+        assert any("source" in r for r in body["reasons"]), body
+        assert _value(_metrics(plisten), "cynomys_producer_reachable") == 0
+        mariadb.start()
+        wait_for(lambda: _health(plisten)[0] == 200, 90, "the producer healthy again")
+        mariadb.execute(f"INSERT INTO {table} VALUES (52, 'd')")
+        wait_for(lambda: applied(52), 90, "replication after the source came back")
         for p in procs:
             assert p.poll() is None, logs_tail()
     finally:
@@ -159,3 +178,4 @@ def test_metrics_healthz_and_status(mariadb: MariaDBServer, redis_url: str, tmp_
                 p.kill()
                 p.wait()
         tgt.destroy()
+        mariadb.destroy()
