@@ -40,7 +40,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from cynomys.core.checkpoint import write_json_atomic
 from cynomys.core.config import Config
-from cynomys.core.errors import CynomysError
+from cynomys.core.errors import CynomysError, SourceUnavailableError, TargetUnavailableError
 from cynomys.core.model import Change, Op, Position
 from cynomys.metrics.health import Health
 from cynomys.metrics.server import MetricsServer
@@ -84,6 +84,8 @@ class _Monitor:
 
     daemon = ""
     checks = ""
+    # An error of this type from the loop is also a failed reachability check.
+    unreachable: type[CynomysError] = CynomysError
 
     def __init__(self, cfg: Config, state_dir: str) -> None:
         self.cfg = cfg
@@ -122,6 +124,8 @@ class _Monitor:
         self.last_error_ts.set(time.time())
         message = exc.message if isinstance(exc, CynomysError) else str(exc)
         self.health.failed(f"{type(exc).__name__}: {' '.join(message.split())}")
+        if isinstance(exc, self.unreachable):
+            self._checked(exc)
 
     def _beat(self) -> None:
         self.health.beat()
@@ -170,6 +174,7 @@ class _Deltas:
 class ProducerMonitor(_Monitor):
     daemon = "producer"
     checks = "source"
+    unreachable = SourceUnavailableError
 
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg, cfg.producer.state_dir)
@@ -285,6 +290,7 @@ class ProducerMonitor(_Monitor):
 class ApplierMonitor(_Monitor):
     daemon = "applier"
     checks = "target"
+    unreachable = TargetUnavailableError
 
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg, cfg.applier.state_dir)

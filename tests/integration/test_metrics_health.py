@@ -128,7 +128,12 @@ def test_metrics_healthz_and_status(redis_url: str, tmp_path: Path) -> None:
         assert _value(am, "cynomys_applier_envelopes_rejected_total", reason="bad-signature") == 0
         wait_for(lambda: _health(plisten)[0] == 200 and _health(alisten)[0] == 200, 30,
                  "both daemons healthy")
+        # Idle and caught up: no lag on either side (real values, from the source's binlog end).
+        wait_for(lambda: _value(_metrics(plisten), "cynomys_producer_lag_bytes") == 0, 30, "producer lag 0")
+        assert _value(_metrics(plisten), "cynomys_producer_lag_seconds") == 0
+        wait_for(lambda: _value(_metrics(alisten), "cynomys_applier_lag_seconds") == 0, 30, "applier lag 0")
         am = _metrics(alisten)
+        assert _value(am, "cynomys_applier_lag_bytes") == 0 and _value(am, "cynomys_applier_buffer_rows") == 0
         assert _value(am, "cynomys_applier_reachable") == 1 and _value(am, "cynomys_applier_healthy") == 1
         assert _value(_metrics(plisten), "cynomys_producer_reachable") == 1
 
