@@ -77,24 +77,37 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
+    from cynomys.metrics import ProducerMonitor
     from cynomys.producer import Producer, SealedSink, run_with_retry
 
     cfg = _config(args)
     stop = _stop_on_signals()
-    sink = SealedSink(cfg)
+    monitor = ProducerMonitor(cfg)
+    monitor.start()  # /metrics and /healthz when [metrics] listen is set
     try:
-        run_with_retry(lambda: Producer(cfg, sink, stop, blocking=not args.once), stop)
+        sink = SealedSink(cfg)
+        try:
+            run_with_retry(lambda: Producer(cfg, sink, stop, blocking=not args.once, monitor=monitor), stop,
+                           monitor=monitor)
+        finally:
+            sink.close()
     finally:
-        sink.close()
+        monitor.close()
     return 0
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
     from cynomys.applier.loop import run_applier
+    from cynomys.metrics import ApplierMonitor
 
     cfg = _config(args)
     stop = _stop_on_signals()
-    run_applier(cfg, stop, until_idle_s=args.until_idle)
+    monitor = ApplierMonitor(cfg)
+    monitor.start()  # /metrics and /healthz when [metrics] listen is set
+    try:
+        run_applier(cfg, stop, until_idle_s=args.until_idle, monitor=monitor)
+    finally:
+        monitor.close()
     return 0
 
 

@@ -45,6 +45,7 @@ from cynomys.core.checkpoint import read_json, write_json_atomic
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, CynomysError, TerminalError
 from cynomys.core.model import Batch, Change, Op, Position
+from cynomys.metrics.monitor import ProducerMonitor
 from cynomys.parser.stream import BinlogSource, SourceInspector, TableFilter
 from cynomys.parser.txn import Assembler, Commit, Item, Progress
 from cynomys.reducer.fold import Folder
@@ -108,7 +109,7 @@ class ProducerState:
             "checkpoint": self.checkpoint.to_dict() if self.checkpoint else None, "seq": self.seq,
             "pending": self.pending, "open": self.open, "incarnation": self.incarnation,
             "read": self.read.to_dict() if self.read else None, "last_event_ts": self.last_event_ts,
-            "updated": time.time(), "stats": self.stats,
+            "updated": time.time(), "stats": self.stats, "hot_path": compiled.status(),
         })
 
 
@@ -117,8 +118,9 @@ _EOF = object()
 
 class Producer:
     def __init__(self, cfg: Config, sink: BatchSink, stop: threading.Event | None = None,
-                 *, blocking: bool = True) -> None:
+                 *, blocking: bool = True, monitor: ProducerMonitor | None = None) -> None:
         self.cfg = cfg
+        self.monitor = monitor or ProducerMonitor(cfg)  # metrics/health (cynomys/metrics)
         self.sink = sink
         self.stop = stop or threading.Event()
         self.blocking = blocking
@@ -207,30 +209,34 @@ class Producer:
         source = BinlogSource(self.cfg.source, start, blocking=self.blocking, is_mariadb=mariadb,
                               table_filter=self.snap.table_filter(table_filter))
         events: queue.Queue[Any] = queue.Queue(maxsize=256)
-        reader = threading.Thread(target=self._read, args=(source, events), name="binlog-reader", daemon=True)
+        # Ends the reader with this run.  Not self.stop: that is the daemon's,
+        # and run_with_retry reads it after a transient error (setting it here
+        # made the daemon exit 0 on a source restart instead of retrying).
+        halt = threading.Event()
+        reader = threading.Thread(target=self._read, args=(source, events, halt), name="binlog-reader", daemon=True)
         reader.start()
         try:
             self._loop(events, self.snap, start)
         finally:
-            self.stop.set()
+            halt.set()
             source.close()
             reader.join(timeout=5)
             self.snap.close()
 
-    def _read(self, source: BinlogSource, events: queue.Queue[Any]) -> None:
+    def _read(self, source: BinlogSource, events: queue.Queue[Any], halt: threading.Event) -> None:
         try:
             for ev in source:
-                while not self.stop.is_set():
+                while not halt.is_set():
                     try:
                         events.put(ev, timeout=0.2)
                         break
                     except queue.Full:
                         continue
-                if self.stop.is_set():
+                if halt.is_set():
                     return
             events.put(_EOF)
         except BaseException as exc:  # handed to the main loop, which raises it
-            if not self.stop.is_set():
+            if not halt.is_set():
                 events.put(exc)
 
     # ------------------------------------------------------------------
@@ -245,6 +251,7 @@ class Producer:
         last_save = 0.0
 
         while True:
+            self.monitor.turn(self, start)
             if self.stop.is_set():
                 # Ship what ends on a transaction boundary; a transaction still
                 # open is dropped here and re-read after restart (not checkpointed).
@@ -343,6 +350,7 @@ class _Batching:
                     self.txn_seen += 1
                     return  # in an envelope the transport already holds
                 self.skip_tid = None
+            p.monitor.change_in(out)
             if not self.raw_in_batch:
                 self.started = time.monotonic()
                 if self.batch_from is None:
@@ -424,6 +432,7 @@ class _Batching:
                            "open": after_open}
         p._save()
         p.sink.send(seq, batch, p.stop)
+        p.monitor.batch_out(changes)
         p._accepted(p.state.pending)
         p.state.pending = None
         p.stats["batches"] += 1
@@ -440,7 +449,8 @@ def _with_sql(c: Change) -> Change:
     return replace(c, sql=render_one(c, MARIADB)) if c.op is not Op.DDL else c
 
 
-def run_with_retry(make: Any, stop: threading.Event, *, max_backoff: float = 30.0) -> None:
+def run_with_retry(make: Any, stop: threading.Event, *, max_backoff: float = 30.0,
+                   monitor: ProducerMonitor | None = None) -> None:
     """Run ``make().run()`` until stopped, retrying transient errors with
     backoff; terminal errors propagate."""
     delay = 0.5
@@ -449,10 +459,14 @@ def run_with_retry(make: Any, stop: threading.Event, *, max_backoff: float = 30.
             make().run()
             return
         except CynomysError as exc:
+            if monitor is not None:
+                monitor.failed(exc)
             if not exc.transient:
                 raise
             log.warning("transient error, retrying in %.1fs: %s", delay, exc)
         except (ConnectionError, OSError) as exc:
+            if monitor is not None:
+                monitor.failed(exc)
             log.warning("connection error, retrying in %.1fs: %s", delay, exc)
         stop.wait(delay)
         delay = min(max_backoff, delay * 2)
@@ -474,6 +488,7 @@ class SealedSink:
                 f"[security] applier_public_key and producer_private_key must be set in {cfg.path}",
                 hint="run `cynomys keygen --out DIR` and point [security] at the files it writes")
         self._encode = codec.encode
+        self.bytes_sent = 0
         self.producer_id = cfg.producer.id
         self.max_payload = cfg.transport.max_envelope_bytes
         self.sealer = Sealer(
@@ -504,7 +519,9 @@ class SealedSink:
                 f"{batch.end}), more than [transport] max_envelope_bytes = {self.max_payload} the applier accepts",
                 hint="lower [producer] batch_max_events (large rows), or raise [transport] max_envelope_bytes "
                      "on both sides")
-        self.publisher.publish(self.producer_id, seq, self.sealer.seal(payload, seq), stop)
+        envelope = self.sealer.seal(payload, seq)
+        self.publisher.publish(self.producer_id, seq, envelope, stop)
+        self.bytes_sent += len(envelope)  # read by the metrics (cynomys_producer_envelope_bytes_total)
 
     def close(self) -> None:
         self.publisher.close()

@@ -4,12 +4,20 @@ Lag is reported two ways: bytes of binlog between the source's current end
 and the producer's checkpoint / the target's applied position, and seconds
 between now and the source time of the last change each side has.
 Components that cannot be reached are reported as such, not hidden.
+
+Everything comes from the daemons' own reports (``producer.json``,
+``applier.json`` and, with ``[metrics] listen``, ``<daemon>.health.json`` in
+their state directories), the source's binlog end and Redis: the target is
+never opened (no Spark session for a Spark target).  The applier's files are
+on the applier's host: run `cynomys status` there for its part.
 """
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
+from cynomys.core.checkpoint import read_json
 from cynomys.core.config import Config
 from cynomys.core.errors import CynomysError
 from cynomys.core.model import Position
@@ -23,7 +31,68 @@ def _bytes_behind(source_end: Position | None, at: Position | None) -> int | Non
     return None  # across files: not comparable without every file's size
 
 
+def _read_report(path: Path) -> dict[str, Any] | None:
+    try:
+        d = read_json(path)
+    except (OSError, ValueError, CynomysError) as exc:  # a half-written or unreadable report is shown as such
+        return {"error": f"cannot read {path}: {exc}"}
+    return d
+
+
+def _health(cfg: Config, state_dir: str, daemon: str) -> dict[str, Any] | None:
+    """The daemon's own verdict (``<daemon>.health.json``, written every
+    [metrics] health_interval_s while [metrics] listen is set), with its age:
+    a daemon that stopped writing is not reported healthy."""
+    d = _read_report(cfg.resolve(state_dir) / f"{daemon}.health.json")
+    if d is None or "error" in d:
+        return d
+    age = time.time() - float(d.get("written_at", 0))
+    health = dict(d.get("health", {}))
+    # Three intervals: one late write is jitter, more means the daemon is gone.
+    if age > 3 * cfg.metrics.health_interval_s:
+        health["status"] = "unknown"
+        health.setdefault("reasons", []).append(f"report is {age:.0f}s old: is the {daemon} running?")
+    return {"report_age_s": round(age, 1), "listen": d.get("listen"), **health}
+
+
+def _transport(cfg: Config, producer_seq: int, applier_seq: int | None) -> dict[str, Any]:
+    """What Redis holds: stream length, envelopes not yet acknowledged, dead letters."""
+    if cfg.transport.kind != "redis":
+        return {"kind": cfg.transport.kind, "path": cfg.transport.path}
+    import redis
+
+    from cynomys.transport.redis_bus import redis_client, translate
+
+    out: dict[str, Any] = {"kind": "redis", "stream": cfg.transport.stream, "mode": cfg.transport.mode}
+    r = redis_client(cfg.transport.url, 5.0)
+    try:
+        seq = r.hget(f"{cfg.transport.stream}:seq", cfg.producer.id)
+        out["last_sequence"] = int(seq) if seq is not None else 0
+        if cfg.transport.mode == "stream":
+            out["length"] = int(r.xlen(cfg.transport.stream))
+            out["dead_letters"] = int(r.xlen(cfg.transport.dead_letter_stream or f"{cfg.transport.stream}:dead"))
+            try:
+                groups = {str(g["name"], "utf-8") if isinstance(g["name"], bytes) else g["name"]: g
+                          for g in r.xinfo_groups(cfg.transport.stream)}
+            except redis.ResponseError:  # no stream yet
+                groups = {}
+            g = groups.get(cfg.transport.consumer_group)
+            out["unacknowledged"] = int(g["pending"]) if g else None
+            out["lag_entries"] = int(g["lag"]) if g and g.get("lag") is not None else None
+        out["reachable"] = True
+    except redis.RedisError as exc:
+        out.update(reachable=False, error=str(translate(exc, cfg.transport.url, "reading the stream's state")))
+    finally:
+        r.close()
+    if applier_seq is not None:
+        out["envelopes_behind_producer"] = max(0, producer_seq - applier_seq)
+    return out
+
+
 def collect(cfg: Config) -> dict[str, Any]:
+    """Positions and lag from the daemons' own reports (their state files)
+    plus the source's binlog end and Redis; the target is never opened, so
+    a Spark target needs no Spark session here."""
     from cynomys.producer import ProducerState
 
     report: dict[str, Any] = {"config": cfg.path, "now": time.time()}
@@ -50,33 +119,41 @@ def collect(cfg: Config) -> dict[str, Any]:
         "lag_bytes": _bytes_behind(source_end, pstate.checkpoint),
         "last_event_age_s": round(time.time() - pstate.last_event_ts, 1) if pstate.last_event_ts else None,
         "stats": pstate.stats,
+        # Which row decoder the producer runs: the compiled hot path or the
+        # pure-Python fallback (written by the producer into producer.json).
+        "hot_path": (_read_report(cfg.resolve(cfg.producer.state_dir) / "producer.json") or {}).get("hot_path"),
+        "health": _health(cfg, cfg.producer.state_dir, "producer"),
     }
-    try:
-        from cynomys.applier.targets.base import open_target
-
-        target = open_target(cfg)
-        try:
-            target.connect()
-            st = target.applied(cfg.producer.id)
-            # Targets that maintain their tables (Spark/Iceberg) say how it went.
-            maintenance_report = getattr(target, "maintenance_report", None)
-            if maintenance_report is not None:
-                try:
-                    report["target_maintenance"] = maintenance_report()
-                except CynomysError as exc:
-                    report["target_maintenance"] = {"error": str(exc)}
-        finally:
-            target.close()
-        report["applier"] = {"reachable": True} if st is None else {
-            "reachable": True, "sequence": st.seq, "position": str(st.position),
-            "lag_bytes": _bytes_behind(source_end, st.position),
+    # The applier mirrors what it committed to the target into applier.json
+    # after every flush (cynomys/applier/loop.py _report).
+    areport = _read_report(cfg.resolve(cfg.applier.state_dir) / "applier.json")
+    applier_seq: int | None = None
+    if areport is None:
+        report["applier"] = {"state": "no report yet (the applier has not flushed)",
+                             "health": _health(cfg, cfg.applier.state_dir, "applier")}
+    elif "error" in areport:
+        report["applier"] = areport
+    else:
+        position = Position.from_dict(areport["position"])
+        commit_ts = int(areport.get("commit_ts", 0))
+        applier_seq = int(areport["seq"])
+        caught_up = source_end is not None and position.file == source_end.file and position.pos >= source_end.pos
+        report["applier"] = {
+            "sequence": applier_seq, "position": str(position),
+            "flushed_s_ago": round(time.time() - float(areport.get("flushed_at", 0)), 1),
+            "lag_bytes": _bytes_behind(source_end, position),
             # Caught up means no lag, however old the last change is.
-            "lag_s": 0.0 if source_end is not None and st.position.file == source_end.file
-            and st.position.pos >= source_end.pos else (round(time.time() - st.commit_ts, 1) if st.commit_ts else None),
-            "envelopes_behind_producer": max(0, pstate.seq - st.seq),
+            "lag_s": 0.0 if caught_up else (round(time.time() - commit_ts, 1) if commit_ts else None),
+            "envelopes_behind_producer": max(0, pstate.seq - applier_seq),
+            "stats": areport.get("stats", {}),
+            "health": _health(cfg, cfg.applier.state_dir, "applier"),
         }
-    except (CynomysError, OSError) as exc:
-        report["applier"] = {"reachable": False, "error": str(exc)}
+    if areport is not None and "target_maintenance" in areport:  # written by the applier (Spark: maintenance)
+        report["target_maintenance"] = areport["target_maintenance"]
+    try:
+        report["transport"] = _transport(cfg, pstate.seq, applier_seq)
+    except CynomysError as exc:
+        report["transport"] = {"reachable": False, "error": str(exc)}
     report["snapshot"] = _snapshot_section(cfg)
     return report
 
@@ -93,7 +170,7 @@ def _snapshot_section(cfg: Config) -> dict[str, Any]:
 
 def render_text(report: dict[str, Any]) -> str:
     lines = [f"config: {report['config']}"]
-    for part in ("source", "producer", "applier"):
+    for part in ("source", "producer", "applier", "transport"):
         lines.append(f"{part}:")
         for k, v in report.get(part, {}).items():
             lines.append(f"  {k}: {v}")

@@ -26,6 +26,7 @@ from cynomys.applier.targets.base import AppliedState, Target, build_flush, open
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, CynomysError, EnvelopeRejected, SchemaError, TerminalError
 from cynomys.core.model import Batch, Change, Op, Position
+from cynomys.metrics.monitor import ApplierMonitor
 from cynomys.schemas import codec
 from cynomys.transport.bus import Delivery, Subscriber, open_subscriber
 from cynomys.transport.envelope import Opener
@@ -69,8 +70,9 @@ def make_subscriber(cfg: Config) -> Subscriber:
 
 class Applier:
     def __init__(self, cfg: Config, target: Target, subscriber: Subscriber, opener: Opener,
-                 stop: threading.Event | None = None) -> None:
+                 stop: threading.Event | None = None, monitor: ApplierMonitor | None = None) -> None:
         self.cfg = cfg
+        self.monitor = monitor or ApplierMonitor(cfg)  # metrics/health (cynomys/metrics)
         self.target = target
         self.sub = subscriber
         self.opener = opener
@@ -114,6 +116,7 @@ class Applier:
             if self.buffer.due() and not behind:
                 self.flush()
             self._ack()  # envelopes seen again after a restart: nothing to commit for them
+            self.monitor.turn(self, len(deliveries))
             if not deliveries and not self.buffer.envelopes:
                 self.target.idle()
             if until_idle_s and not deliveries and not self.buffer.envelopes \
@@ -130,6 +133,7 @@ class Applier:
 
     # ------------------------------------------------------------------
     def handle(self, d: Delivery) -> None:
+        self.monitor.envelope(len(d.envelope))
         try:
             opened = self.opener.open(d.envelope)
             batch = codec.decode(opened.payload)
@@ -229,6 +233,7 @@ class Applier:
         if span is not None:
             self.buffer.cover(span)
         self.tracker.advance(pid, seq)
+        self.monitor.taken(batch)
         if batch.complete:
             self.pending_state = AppliedState(pid, seq, batch.end, batch.last_commit_ts)
 
@@ -289,6 +294,7 @@ class Applier:
             self.target.apply(flush)
             self.stats.flushes += 1
             self.stats.rows_out += len(changes)
+            self.monitor.flushed(changes, time.monotonic() - t0)
             log.debug("flushed %d net changes in %.3fs up to %s", len(changes), time.monotonic() - t0, state.position)
         self.applied[state.producer_id] = state
         self._ack()
@@ -298,11 +304,18 @@ class Applier:
         """``state_dir/applier.json``: what the target holds, for `cynomys
         status` and monitoring without a target connection.  The truth is
         the state committed in the target; this file only mirrors it."""
-        write_json_atomic(self.report_path, {
+        report: dict[str, Any] = {
             "producer_id": state.producer_id, "seq": state.seq, "position": state.position.to_dict(),
             "commit_ts": state.commit_ts, "flushed_at": time.time(),
             "stats": {**dataclasses.asdict(self.stats), "rejected": dict(self.stats.rejected)},
-        }, durable=False)
+        }
+        try:
+            housekeeping = self.target.housekeeping()
+        except CynomysError as exc:  # a report, never a reason to stop
+            housekeeping = {"error": str(exc).splitlines()[0]}
+        if housekeeping:
+            report["target_maintenance"] = housekeeping
+        write_json_atomic(self.report_path, report, durable=False)
 
     def _ack(self) -> None:
         if self.unacked and self.buffer.complete and not self.buffer.envelopes:
@@ -322,17 +335,20 @@ def _after_ddl(ddl: Change, batch: Batch) -> Position:
     return min(after, key=Position.sort_key) if after else batch.end
 
 
-def run_applier(cfg: Config, stop: threading.Event, *, until_idle_s: float = 0.0) -> ApplierStats:
+def run_applier(cfg: Config, stop: threading.Event, *, until_idle_s: float = 0.0,
+                monitor: ApplierMonitor | None = None) -> ApplierStats:
     """Run the applier daemon, retrying transient errors with backoff."""
     delay = 0.5
     while True:
         target = open_target(cfg)
         sub = make_subscriber(cfg)
-        app = Applier(cfg, target, sub, make_opener(cfg), stop)
+        app = Applier(cfg, target, sub, make_opener(cfg), stop, monitor)
         try:
             app.run(until_idle_s)
             return app.stats
         except CynomysError as exc:
+            if monitor is not None:
+                monitor.failed(exc)
             if not exc.transient or stop.is_set():
                 raise
             log.warning("transient error, restarting the applier loop in %.1fs: %s", delay, exc)

@@ -185,6 +185,32 @@ class SnapshotConfig:
     initial: bool = True
 
 
+def _listen_ok(v: str) -> bool:
+    """"" (off) or "host:port" with a TCP port; the host may be an IPv6
+    literal in brackets ("[::1]:9108")."""
+    if v == "":
+        return True
+    host, sep, port = v.rpartition(":")
+    return bool(sep and host) and port.isdigit() and 0 < int(port) < 65536
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """Prometheus metrics and the health endpoint of a daemon (cynomys/metrics).
+    Off unless ``listen`` is set.  Both daemons read this section; when they
+    share a config file on one host, give one of them another address with
+    CYNOMYS_METRICS_LISTEN."""
+
+    listen: str = field(default="", metadata=_check(_listen_ok, '"" (off) or "host:port", e.g. "127.0.0.1:9108"'))
+    # How often the daemon checks its source (producer) or target (applier)
+    # is reachable; a loop without progress for stall_intervals of these is
+    # reported stalled.
+    health_interval_s: float = field(default=5.0, metadata=_POSITIVE)
+    stall_intervals: int = field(default=2, metadata=_POSITIVE)
+    # /healthz turns unhealthy when the daemon's lag exceeds this (0: no limit).
+    max_lag_s: float = field(default=300.0, metadata=_NON_NEGATIVE)
+
+
 @dataclass(frozen=True)
 class LogConfig:
     level: str = field(default="INFO", metadata=_one_of("DEBUG", "INFO", "WARNING", "ERROR"))
@@ -199,6 +225,7 @@ class Config:
     applier: ApplierConfig = field(default_factory=ApplierConfig)
     target: TargetConfig = field(default_factory=TargetConfig)
     snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     log: LogConfig = field(default_factory=LogConfig)
     path: str = field(default="<defaults>", compare=False, metadata={"internal": True})
 

@@ -158,7 +158,7 @@ def test_pause_resume_cancel_and_status(mariadb: MariaDBServer, tmp_path: Path) 
     cfg = load_config(write_config(
         tmp_path / "c.toml", mariadb, source={"start": f"{start.file}:{start.pos}", "include_tables": [f"{db}.*"]},
         snapshot={"chunk_size": 20, "throttle_ms": 50},
-        # `cynomys status` also asks the target: one that answers "unreachable" at once.
+        # (`cynomys status` never opens the target; an unreachable one shows it does not need to.)
         target={"kind": "columnstore", "url": "mysql://nobody:x@127.0.0.1:1/"}), env={})
     out = io.StringIO()
     with _Running(cfg):

@@ -16,7 +16,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, TargetRejectedError
@@ -153,6 +153,12 @@ class Target(ABC):
         """Apply one flush atomically with its state (one target transaction).
         Creates missing tables from their schema first."""
 
+    def ping(self) -> None:
+        """A cheap round trip proving the target answers (health checks);
+        raises TargetUnavailableError when it does not.  The default reads
+        the applier state; targets override it with something cheaper."""
+        self.applied(self.cfg.producer.id)
+
     @property
     def where(self) -> str:
         """The target, for messages (targets name their server)."""
@@ -182,6 +188,12 @@ class Target(ABC):
 
     @abstractmethod
     def table_exists(self, database: str, table: str) -> bool: ...
+
+    def housekeeping(self) -> dict[str, Any]:
+        """What the target does to its tables on its own (Spark: maintenance
+        settings and latest runs), for ``applier.json`` and ``cynomys
+        status``; called after every flush, so it must be cheap."""
+        return {}
 
     def idle(self) -> None:
         """The applier has nothing buffered and nothing arrived: a moment

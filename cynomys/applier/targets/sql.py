@@ -169,6 +169,10 @@ class SqlTarget(Target):
         with self._transaction(what, hint) as cur:
             return fn(cur)
 
+    def ping(self) -> None:
+        """Health checks: one round trip on the connection flushes use."""
+        self.query(lambda cur: cur.execute("SELECT 1"), "a health check (SELECT 1)")
+
     def close(self) -> None:
         self._discard()
 

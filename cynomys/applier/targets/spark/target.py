@@ -150,6 +150,7 @@ class SparkTarget(Target):
         self._ready: dict[tuple[str, str], tuple[TableSchema, Layout]] = {}
         self._views = 0
         self.maintenance = Maintenance(cfg.target.spark)
+        self._housekeeping: dict[str, Any] | None = None
         self._last_state: AppliedState | None = None  # what the last flush committed (maintenance checks it)
         self._spool_dir: Path | None = None
 
@@ -394,11 +395,18 @@ class SparkTarget(Target):
                     log.warning("table %s.%s holds a commit beyond the applier state: maintenance postponed",
                                 database, table)
                     continue
+                self._housekeeping = None
                 run = self.maintenance.run(self, database, table)
                 self.iceberg.update_properties(self.state_database, self.state_table, {
                     self.maintenance_property_prefix + f"{database}.{table}": json.dumps(run.as_dict())})
             except Exception as exc:  # the flush committed; maintenance is retried later
                 log.warning("maintenance of %s.%s skipped: %s", database, table, spark_session.first_line(exc))
+
+    def housekeeping(self) -> dict[str, Any]:
+        """The maintenance report, read again only after a run."""
+        if self._housekeeping is None:
+            self._housekeeping = self.maintenance_report()
+        return self._housekeeping
 
     def maintenance_report(self) -> dict[str, Any]:
         """Settings and each table's latest maintenance (kept as properties

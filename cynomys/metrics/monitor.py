@@ -1,0 +1,370 @@
+"""What the producer and the applier report about themselves.
+
+Each daemon owns one monitor: a Prometheus registry of its own, a Health,
+and (with ``[metrics] listen``) the HTTP server.  The daemons call a few
+hooks -- one per loop turn, one per change or envelope, one per flush --
+and the monitor derives the rest from the daemon's own counters, so the
+replication code stays free of metrics code.
+
+Every ``health_interval_s`` the monitor writes ``<daemon>.health.json``
+into the daemon's ``state_dir`` (verdict, lag, where it listens) for
+`cynomys status`, which thus never has to open the target.
+
+Metric names (Prometheus text format; ``table`` is ``db.table``):
+
+producer: cynomys_producer_events_in_total{table}, cynomys_producer_rows_out_total{table},
+  cynomys_producer_binlog_bytes_read_total, cynomys_producer_envelope_bytes_total,
+  cynomys_producer_batches_total, cynomys_producer_transactions_total,
+  cynomys_producer_lag_seconds, cynomys_producer_lag_bytes, cynomys_producer_leader
+applier: cynomys_applier_rows_in_total{table}, cynomys_applier_rows_out_total{table},
+  cynomys_applier_envelope_bytes_total, cynomys_applier_envelopes_total,
+  cynomys_applier_duplicates_total, cynomys_applier_envelopes_rejected_total{reason},
+  cynomys_applier_flushes_total, cynomys_applier_flush_duration_seconds (histogram),
+  cynomys_applier_ddl_total, cynomys_applier_buffer_rows, cynomys_applier_lag_seconds,
+  cynomys_applier_lag_bytes
+both: cynomys_<daemon>_healthy, cynomys_<daemon>_reachable (source / target check),
+  cynomys_<daemon>_errors_total{type,transient}, cynomys_<daemon>_last_error_timestamp_seconds,
+  cynomys_<daemon>_last_loop_turn_timestamp_seconds
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import Counter as Tally
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from cynomys.core.checkpoint import write_json_atomic
+from cynomys.core.config import Config
+from cynomys.core.errors import CynomysError, SourceUnavailableError, TargetUnavailableError
+from cynomys.core.model import Change, Op, Position
+from cynomys.metrics.health import Health
+from cynomys.metrics.server import MetricsServer
+
+if TYPE_CHECKING:
+    from cynomys.applier.loop import Applier
+    from cynomys.core.model import Batch
+    from cynomys.producer import Producer
+
+log = logging.getLogger(__name__)
+
+# Flush durations range from milliseconds (a few rows into MariaDB) to
+# minutes (a large MERGE on Iceberg).
+FLUSH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+def _table(c: Change) -> str:
+    return f"{c.database}.{c.table}"
+
+
+# The producer's loop turns once per binlog event (tens of thousands a
+# second): its per-turn bookkeeping runs at most this often.
+TURN_EVERY_S = 0.1
+
+
+def _bytes_between(end: Position | None, at: Position | None) -> float:
+    """Binlog bytes from ``at`` to ``end``; NaN (unknown) across files, whose
+    sizes we would need.  ``at`` past ``end`` (``end`` was sampled earlier)
+    counts as caught up."""
+    if end is None or at is None:
+        return math.nan
+    if at.sort_key() >= end.sort_key():
+        return 0.0
+    if end.file == at.file:
+        return float(max(0, end.pos - at.pos))
+    return math.nan
+
+
+class _Monitor:
+    """What both daemons share: registry, health, server, error metrics."""
+
+    daemon = ""
+    checks = ""
+    # An error of this type from the loop is also a failed reachability check.
+    unreachable: type[CynomysError] = CynomysError
+
+    def __init__(self, cfg: Config, state_dir: str) -> None:
+        self.cfg = cfg
+        self.enabled = bool(cfg.metrics.listen)
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.health = Health(cfg.metrics, self.daemon, self.checks)
+        self.report_path = cfg.resolve(state_dir) / f"{self.daemon}.health.json"
+        self.server: MetricsServer | None = None
+        d, r = self.daemon, self.registry
+        self.errors = Counter(f"cynomys_{d}_errors", "Errors that made the daemon retry (or stop), by type",
+                              ["type", "transient"], registry=r)
+        self.last_error_ts = Gauge(f"cynomys_{d}_last_error_timestamp_seconds",
+                                   "Unix time of the last error (0: none)", registry=r)
+        self.last_turn_ts = Gauge(f"cynomys_{d}_last_loop_turn_timestamp_seconds",
+                                  "Unix time of the daemon loop's last turn", registry=r)
+        self.reachable = Gauge(f"cynomys_{d}_reachable",
+                               f"1 when the last check reached the {self.checks}, else 0", registry=r)
+        healthy = Gauge(f"cynomys_{d}_healthy", "1 when /healthz answers 200", registry=r)
+        healthy.set_function(lambda: 1.0 if self.health.verdict().healthy else 0.0)
+        self._last_report = 0.0
+
+    def start(self) -> None:
+        """Serve /metrics and /healthz (a no-op when [metrics] listen is empty)."""
+        if self.enabled and self.server is None:
+            self.server = MetricsServer(self.cfg.metrics.listen, self.registry, self.health.verdict).start()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+    def failed(self, exc: BaseException) -> None:
+        """An error escaped the daemon's loop (it retries, or stops on a terminal one)."""
+        transient = isinstance(exc, CynomysError) and exc.transient or isinstance(exc, OSError)
+        self.errors.labels(type(exc).__name__, str(transient).lower()).inc()
+        self.last_error_ts.set(time.time())
+        message = exc.message if isinstance(exc, CynomysError) else str(exc)
+        self.health.failed(f"{type(exc).__name__}: {' '.join(message.split())}")
+        if isinstance(exc, self.unreachable):
+            self._checked(exc)
+
+    def _beat(self) -> None:
+        self.health.beat()
+        self.last_turn_ts.set(time.time())
+
+    def _checked(self, error: BaseException | None) -> None:
+        if error is None:
+            self.health.checked(None)
+            self.reachable.set(1)
+        else:
+            msg = error.message if isinstance(error, CynomysError) else str(error)
+            self.health.checked(" ".join(msg.split()))
+            self.reachable.set(0)
+
+    def _write_report(self, extra: dict[str, Any]) -> None:
+        """``<daemon>.health.json`` for `cynomys status` (at most once per interval)."""
+        if not self.enabled or time.monotonic() - self._last_report < self.cfg.metrics.health_interval_s:
+            return
+        self._last_report = time.monotonic()
+        try:
+            write_json_atomic(self.report_path, {
+                "written_at": time.time(), "listen": self.cfg.metrics.listen,
+                "health": self.health.verdict().to_dict(), **extra}, durable=False)
+        except OSError as exc:  # a report we cannot write must not stop replication
+            log.warning("cannot write %s: %s", self.report_path, exc)
+
+
+class _Deltas:
+    """Feeds a daemon's cumulative counters (which restart with each loop
+    object) into Prometheus counters (which must never go down)."""
+
+    def __init__(self) -> None:
+        self._owner: int | None = None
+        self._seen: dict[str, int] = {}
+
+    def step(self, owner: object, values: dict[str, int], counters: dict[str, Callable[[float], None]]) -> None:
+        if id(owner) != self._owner:
+            self._owner, self._seen = id(owner), {}
+        for key, value in values.items():
+            delta = value - self._seen.get(key, 0)
+            if delta > 0 and key in counters:
+                counters[key](delta)
+            self._seen[key] = value
+
+
+class ProducerMonitor(_Monitor):
+    daemon = "producer"
+    checks = "source"
+    unreachable = SourceUnavailableError
+
+    def __init__(self, cfg: Config) -> None:
+        super().__init__(cfg, cfg.producer.state_dir)
+        r = self.registry
+        self.events_in = Counter("cynomys_producer_events_in",
+                                 "Row changes read from the binlog, per table (before folding)", ["table"], registry=r)
+        self.rows_out = Counter("cynomys_producer_rows_out",
+                                "Net row changes and DDL shipped in envelopes, per table (after folding)",
+                                ["table"], registry=r)
+        self.bytes_in = Counter("cynomys_producer_binlog_bytes_read", "Binlog bytes read", registry=r)
+        self.bytes_out = Counter("cynomys_producer_envelope_bytes", "Sealed envelope bytes the transport accepted",
+                                 registry=r)
+        self.batches = Counter("cynomys_producer_batches", "Envelopes the transport accepted", registry=r)
+        self.transactions = Counter("cynomys_producer_transactions", "Source transactions read", registry=r)
+        self.lag_s = Gauge("cynomys_producer_lag_seconds",
+                           "Seconds between now and the source time of the last change read; 0 when caught up",
+                           registry=r)
+        self.lag_bytes = Gauge("cynomys_producer_lag_bytes",
+                               "Binlog bytes between the source's end and the producer's checkpoint "
+                               "(NaN across binlog files)", registry=r)
+        # One producer per source for now (the HA producer of #16 will move this).
+        Gauge("cynomys_producer_leader", "1 when this producer is the one reading the source",
+              registry=r).set(1)
+        self.lag_bytes.set(math.nan)
+        self._in: Tally[str] = Tally()
+        self._deltas = _Deltas()
+        self._read: Position | None = None
+        self._source_end: Position | None = None
+        self._checkpoint: Position | None = None
+        self._stop = threading.Event()
+        self._prober: threading.Thread | None = None
+        self._last_turn = 0.0
+
+    def start(self) -> None:
+        super().start()
+        if self.enabled and self._prober is None:
+            # The source check opens its own connection, so it runs beside
+            # the replication loop: a black-holed source must not hold up
+            # shipping what was already read.
+            self._prober = threading.Thread(target=self._probe_loop, name="source-probe", daemon=True)
+            self._prober.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._prober is not None:
+            self._prober.join(timeout=self.cfg.source.connect_timeout_s + 1)
+            self._prober = None
+        super().close()
+
+    def _probe_loop(self) -> None:
+        from cynomys.parser.stream import SourceInspector
+
+        while not self._stop.is_set():
+            try:
+                ins = SourceInspector(self.cfg.source)
+                try:
+                    self._source_end = ins.current()
+                finally:
+                    ins.close()
+                self._checked(None)
+            except (CynomysError, OSError) as exc:
+                self._checked(exc)
+            self._stop.wait(self.cfg.metrics.health_interval_s)
+
+    # -- hooks (called from the producer's loop thread) ------------------
+    def change_in(self, change: Change) -> None:
+        self._in[_table(change)] += 1
+
+    def batch_out(self, changes: Iterable[Change]) -> None:
+        for table, n in Tally(_table(c) for c in changes).items():
+            self.rows_out.labels(table).inc(n)
+        for table, n in self._in.items():
+            self.events_in.labels(table).inc(n)
+        self._in.clear()
+
+    def turn(self, p: Producer, start: Position) -> None:
+        """Once per loop turn (does its work at most every TURN_EVERY_S);
+        ``start`` is where this run began reading."""
+        if self._read is None:
+            self._read = start  # bytes read are counted from here
+        now = time.monotonic()
+        if now - self._last_turn < TURN_EVERY_S:
+            return
+        self._last_turn = now
+        self._beat()
+        self._deltas.step(p, {**p.stats, "bytes": int(getattr(p.sink, "bytes_sent", 0))}, {
+            "batches": self.batches.inc, "transactions": self.transactions.inc, "bytes": self.bytes_out.inc})
+        read = p.state.read
+        if read is not None and self._read is not None and read != self._read:
+            # Across a rotation the rest of the previous file is not known
+            # here: counted from the new file's start (slightly under).
+            # (A restart re-reads from the checkpoint: a step back counts nothing.)
+            self.bytes_in.inc(max(0, read.pos - self._read.pos if read.file == self._read.file else read.pos - 4))
+        self._read = read
+        self._checkpoint = p.state.checkpoint
+        lag_bytes = _bytes_between(self._source_end, p.state.checkpoint)
+        self.lag_bytes.set(lag_bytes)
+        lag_s: float | None
+        if lag_bytes == 0:
+            lag_s = 0.0
+        elif p.state.last_event_ts:
+            lag_s = max(0.0, time.time() - p.state.last_event_ts)
+        else:
+            lag_s = None
+        self.lag_s.set(math.nan if lag_s is None else lag_s)
+        self.health.lag(lag_s)
+        self._write_report({
+            "source_end": self._source_end.to_dict() if self._source_end else None,
+            "checkpoint": p.state.checkpoint.to_dict() if p.state.checkpoint else None,
+            "lag_bytes": None if math.isnan(lag_bytes) else lag_bytes, "lag_s": lag_s})
+
+
+class ApplierMonitor(_Monitor):
+    daemon = "applier"
+    checks = "target"
+    unreachable = TargetUnavailableError
+
+    def __init__(self, cfg: Config) -> None:
+        super().__init__(cfg, cfg.applier.state_dir)
+        r = self.registry
+        self.rows_in = Counter("cynomys_applier_rows_in", "Net changes taken from envelopes, per table",
+                               ["table"], registry=r)
+        self.rows_out = Counter("cynomys_applier_rows_out", "Net changes committed to the target, per table",
+                                ["table"], registry=r)
+        self.bytes_in = Counter("cynomys_applier_envelope_bytes", "Envelope bytes received", registry=r)
+        self.envelopes = Counter("cynomys_applier_envelopes", "Envelopes opened", registry=r)
+        self.duplicates = Counter("cynomys_applier_duplicates", "Envelopes delivered again and skipped", registry=r)
+        self.rejected = Counter("cynomys_applier_envelopes_rejected",
+                                "Envelopes set aside in the dead-letter stream, by reason", ["reason"], registry=r)
+        self.flushes = Counter("cynomys_applier_flushes", "Target transactions committed", registry=r)
+        self.ddl = Counter("cynomys_applier_ddl", "DDL statements applied", registry=r)
+        self.flush_s = Histogram("cynomys_applier_flush_duration_seconds", "Duration of one flush (target transaction)",
+                                 buckets=FLUSH_BUCKETS, registry=r)
+        self.buffer_rows = Gauge("cynomys_applier_buffer_rows", "Changes buffered, not yet flushed", registry=r)
+        self.lag_s = Gauge("cynomys_applier_lag_seconds",
+                           "Seconds between now and the source commit of the last applied transaction while "
+                           "changes wait; 0 when everything delivered is applied", registry=r)
+        self.lag_bytes = Gauge("cynomys_applier_lag_bytes",
+                               "Binlog bytes between the newest envelope's end and the applied position "
+                               "(NaN across binlog files)", registry=r)
+        self._deltas = _Deltas()
+        self._rejected: dict[str, int] = {}
+        self._newest: Position | None = None
+
+    # -- hooks (called from the applier's loop thread) -------------------
+    def envelope(self, size: int) -> None:
+        self.bytes_in.inc(size)
+
+    def taken(self, batch: Batch) -> None:
+        for table, n in Tally(_table(c) for c in batch.changes).items():
+            self.rows_in.labels(table).inc(n)
+        self._newest = batch.end
+
+    def flushed(self, changes: Iterable[Change], seconds: float) -> None:
+        self.flush_s.observe(seconds)
+        for table, n in Tally(_table(c) for c in changes if c.op is not Op.DDL).items():
+            self.rows_out.labels(table).inc(n)
+
+    def turn(self, app: Applier, delivered: int) -> None:
+        """Once per loop turn, after the transport read (``delivered``
+        envelopes).  Runs the target check when due: through the applier's
+        own Target, in its thread (targets are not thread-safe)."""
+        self._beat()
+        s = app.stats
+        self._deltas.step(s, {"envelopes": s.envelopes, "duplicates": s.duplicates, "flushes": s.flushes,
+                              "ddl": s.ddl}, {"envelopes": self.envelopes.inc, "duplicates": self.duplicates.inc,
+                                              "flushes": self.flushes.inc, "ddl": self.ddl.inc})
+        for reason, n in s.rejected.items():
+            key = f"{id(s)}:{reason}"
+            if n > self._rejected.get(key, 0):
+                self.rejected.labels(reason).inc(n - self._rejected.get(key, 0))
+                self._rejected[key] = n
+        self.buffer_rows.set(len(app.buffer))
+        applied = app.applied.get(app.producer_id)
+        lag_s: float | None
+        if delivered == 0 and not app.buffer.envelopes:
+            lag_s, lag_bytes = 0.0, 0.0  # everything the transport delivered is in the target
+        else:
+            lag_s = max(0.0, time.time() - applied.commit_ts) if applied and applied.commit_ts else None
+            lag_bytes = _bytes_between(self._newest, applied.position if applied else None)
+        self.lag_s.set(math.nan if lag_s is None else lag_s)
+        self.lag_bytes.set(lag_bytes)
+        self.health.lag(lag_s)
+        if self.enabled and self.health.check_due():
+            try:
+                app.target.ping()
+                self._checked(None)
+            except (CynomysError, OSError) as exc:
+                # Recorded, not raised: the loop's own work meets the same
+                # error and retries as usual; the check only reports it.
+                self._checked(exc)
+        self._write_report({"lag_s": lag_s, "lag_bytes": None if math.isnan(lag_bytes) else lag_bytes,
+                            "buffer_rows": len(app.buffer)})
