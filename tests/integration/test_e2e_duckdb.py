@@ -7,10 +7,6 @@ keeps running (the file is open only during a flush)."""
 from __future__ import annotations
 
 import datetime
-import random
-import signal
-import subprocess
-import threading
 import time
 from decimal import Decimal
 from pathlib import Path
@@ -18,9 +14,7 @@ from typing import Any
 
 import pytest
 
-from cynomys.transport.keys import generate_keys
-from tests.helpers import wait_for, write_config
-from tests.integration.test_e2e_columnstore import TABLES, _daemon, _writer
+from tests.integration.test_e2e_columnstore import TABLES, _run, _writer
 from tests.servers.mariadb import MariaDBServer
 
 duckdb = pytest.importorskip("duckdb", reason="the duckdb extra is not installed (pip install 'cynomys[duckdb]')")
@@ -78,72 +72,28 @@ def _diff(src: MariaDBServer, path: Path) -> dict[str, Any]:
     return out
 
 
+class DuckDBSide:
+    """The target as a DuckDB file, read by this process between flushes."""
+
+    def __init__(self, src: MariaDBServer, path: Path) -> None:
+        self.src, self.path = src, path
+        self.config: dict[str, Any] = {"kind": "duckdb", "url": str(path)}
+        self.extra: dict[str, Any] = {}
+
+    def diff(self, cfg: Path) -> dict[str, Any]:
+        time.sleep(1.0)  # a reader now and then, as an analyst would
+        return _diff(self.src, self.path)
+
+    def destroy(self) -> None:
+        pass
+
+
 @pytest.mark.slow
 def test_random_workload_with_sigkills_ends_equal_in_duckdb(tmp_path: Path, redis_url: str) -> None:
-    src = MariaDBServer(server_id=1).start()
     replica = tmp_path / "replica.duckdb"
-    producer = applier = subprocess.Popen(["true"])  # replaced once the daemons start
-    try:
-        keys = generate_keys(tmp_path / "keys", rsa_bits=2048)
-        cfg = write_config(
-            tmp_path / "c.toml", src,
-            source={"include_tables": ["app.*"], "start": "{}:{}".format(*src.execute("SHOW MASTER STATUS")[0][:2])},
-            producer={"id": "p1", "batch_max_events": 500, "batch_max_delay_ms": 100},
-            transport={"url": redis_url, "stream": "e2e-duck"},
-            security={k: str(v) for k, v in keys.items()},
-            applier={"buffer_rows": 2000, "max_delay_ms": 300, "consumer_name": "a1"},
-            target={"kind": "duckdb", "url": str(replica)},
-        )
-        logs = tmp_path / "logs"
-        logs.mkdir()
-        producer = _daemon(cfg, "produce", logs / "producer.log")
-        applier = _daemon(cfg, "apply", logs / "applier.log")
-        src.execute("CREATE DATABASE app", *[f"CREATE TABLE app.{t} ({c})" for t, c in TABLES.items()])
-        stop, done, errors = threading.Event(), [0], []
-        writers = [threading.Thread(target=_writer, args=(src, stop, s, done, errors)) for s in range(4)]
-        for w in writers:
-            w.start()
-        rnd = random.Random(2)
-        try:
-            for i in range(6):
-                time.sleep(rnd.uniform(0.5, 2.0))
-                if i == 3:  # schema change in the middle of the run
-                    src.execute("ALTER TABLE app.acct ADD COLUMN region CHAR(2) NOT NULL DEFAULT 'eu'")
-                name = "producer" if i % 2 == 0 else "applier"
-                proc = producer if name == "producer" else applier
-                assert proc.poll() is None, (logs / f"{name}.log").read_text()[-3000:]
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
-                if name == "producer":
-                    producer = _daemon(cfg, "produce", logs / "producer.log")
-                else:
-                    applier = _daemon(cfg, "apply", logs / "applier.log")
-        finally:
-            stop.set()
-            for w in writers:
-                w.join()
-        assert not errors, errors
-        assert done[0] > 100, "the workload did not run"
-
-        def caught_up() -> bool:
-            for name, p in (("producer", producer), ("applier", applier)):
-                assert p.poll() is None, f"{name} exited {p.returncode}:\n" + (logs / f"{name}.log").read_text()[-3000:]
-            time.sleep(1.0)  # a reader now and then, as an analyst would
-            return not any(_diff(src, replica).values())
-
-        try:
-            wait_for(caught_up, timeout=240, what="the DuckDB file to equal the source")
-        except AssertionError:
-            raise AssertionError(f"{_diff(src, replica)}\napplier:\n{(logs / 'applier.log').read_text()[-4000:]}") from None
-        # The values kept their types, not only their text.
-        tables = _target_tables(replica)
-        acct = tables["acct"] if tables else []
-        assert acct and isinstance(acct[0][2], Decimal) and isinstance(acct[0][5], datetime.datetime)
-        for p in (producer, applier):
-            p.send_signal(signal.SIGTERM)
-            assert p.wait(60) == 0
-    finally:
-        for p in (producer, applier):
-            if p.poll() is None:
-                p.kill()
-        src.destroy()
+    _run(tmp_path, redis_url, writer=_writer, batch_max_events=500, kills=["producer", "applier"] * 3, alter_at=3,
+         target=lambda src: DuckDBSide(src, replica), catch_up_s=240)
+    # The values kept their types, not only their text.
+    tables = _target_tables(replica)
+    acct = tables["acct"] if tables else []
+    assert acct and isinstance(acct[0][2], Decimal) and isinstance(acct[0][5], datetime.datetime)
