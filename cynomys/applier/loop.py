@@ -78,7 +78,7 @@ class Applier:
         self.opener = opener
         self.stop = stop or threading.Event()
         self.buffer = DelayBuffer(cfg.applier.buffer_rows, cfg.applier.max_delay_ms / 1000.0)
-        self.max_buffer_rows = cfg.applier.max_buffer_rows or 3 * cfg.applier.buffer_rows
+        self.max_buffer_rows = cfg.applier.max_buffer_rows or target.capabilities.backlog_factor * cfg.applier.buffer_rows
         self.tracker = SequenceTracker()
         self.applied: dict[str, AppliedState] = {}
         self.unacked: list[str] = []
