@@ -39,36 +39,19 @@ def _daemon(cfg: Path, cmd: str, log: Path) -> subprocess.Popen[bytes]:
                             cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT)
 
 
-def _writer(src: MariaDBServer, stop: threading.Event, seed: int, done: list[int], errors: list[BaseException]) -> None:
+def _write_loop(src: MariaDBServer, stop: threading.Event, seed: int, done: list[int],
+                errors: list[BaseException], txn: Callable[[Any, random.Random, int], None]) -> None:
+    """Run ``txn`` as one source transaction after another until ``stop``;
+    deadlocks, lock waits and key clashes between writers are rolled back and
+    the next one goes on, anything else is handed to the test."""
     rnd = random.Random(seed)
     conn = src.connect("app")
     try:
         with conn.cursor() as cur:
             while not stop.is_set():
-                k = rnd.randrange(400)
                 try:
                     cur.execute("BEGIN")
-                    r = rnd.random()
-                    if r < 0.35:
-                        cur.execute("INSERT INTO acct (id, owner, balance, ver, note, at, ts, flags, raw) "
-                                    "VALUES (%s, %s, %s, 0, %s, NOW(6), NOW(6), 'a,c', %s) "
-                                    "ON DUPLICATE KEY UPDATE balance = balance + 1, ver = ver + 1",
-                                    (k, f"o{k}\N{SNOWMAN}", rnd.randrange(10**6) / 100, "n" * rnd.randrange(20),
-                                     bytes([rnd.randrange(256) for _ in range(rnd.randrange(16))])))
-                    elif r < 0.55:
-                        cur.execute("UPDATE acct SET balance = balance * 1.01, ver = ver + 1, flags = '' "
-                                    "WHERE id BETWEEN %s AND %s", (k, k + 10))
-                    elif r < 0.62:
-                        cur.execute("UPDATE acct SET id = id + 1000 WHERE id = %s", (k,))
-                    elif r < 0.72:
-                        cur.execute("DELETE FROM acct WHERE id = %s", (k,))
-                    elif r < 0.85:
-                        cur.execute("INSERT INTO pair VALUES (%s, %s, %s, 0) ON DUPLICATE KEY UPDATE v = v + 0.5, "
-                                    "ver = ver + 1", (k % 50, f"b{k % 7}", rnd.random()))
-                        cur.execute("DELETE FROM pair WHERE a = %s AND b = %s", (rnd.randrange(50), f"b{rnd.randrange(7)}"))
-                    else:
-                        cur.execute("INSERT INTO log VALUES (%s, 'x', %s), (%s, 'x', %s)", (k % 5, k % 3, k % 5, k % 3))
-                        cur.execute("DELETE FROM log WHERE who = %s LIMIT 1", (rnd.randrange(5),))
+                    txn(cur, rnd, seed)
                     cur.execute("COMMIT")
                     done[0] += 1
                 except (pymysql.err.OperationalError, pymysql.err.IntegrityError) as exc:
@@ -79,6 +62,61 @@ def _writer(src: MariaDBServer, stop: threading.Event, seed: int, done: list[int
         errors.append(exc)
     finally:
         conn.close()
+
+
+def _mixed_txn(cur: Any, rnd: random.Random, seed: int) -> None:
+    k = rnd.randrange(400)
+    r = rnd.random()
+    if r < 0.35:
+        cur.execute("INSERT INTO acct (id, owner, balance, ver, note, at, ts, flags, raw) "
+                    "VALUES (%s, %s, %s, 0, %s, NOW(6), NOW(6), 'a,c', %s) "
+                    "ON DUPLICATE KEY UPDATE balance = balance + 1, ver = ver + 1",
+                    (k, f"o{k}\N{SNOWMAN}", rnd.randrange(10**6) / 100, "n" * rnd.randrange(20),
+                     bytes([rnd.randrange(256) for _ in range(rnd.randrange(16))])))
+    elif r < 0.55:
+        cur.execute("UPDATE acct SET balance = balance * 1.01, ver = ver + 1, flags = '' "
+                    "WHERE id BETWEEN %s AND %s", (k, k + 10))
+    elif r < 0.62:
+        cur.execute("UPDATE acct SET id = id + 1000 WHERE id = %s", (k,))
+    elif r < 0.72:
+        cur.execute("DELETE FROM acct WHERE id = %s", (k,))
+    elif r < 0.85:
+        cur.execute("INSERT INTO pair VALUES (%s, %s, %s, 0) ON DUPLICATE KEY UPDATE v = v + 0.5, "
+                    "ver = ver + 1", (k % 50, f"b{k % 7}", rnd.random()))
+        cur.execute("DELETE FROM pair WHERE a = %s AND b = %s", (rnd.randrange(50), f"b{rnd.randrange(7)}"))
+    else:
+        cur.execute("INSERT INTO log VALUES (%s, 'x', %s), (%s, 'x', %s)", (k % 5, k % 3, k % 5, k % 3))
+        cur.execute("DELETE FROM log WHERE who = %s LIMIT 1", (rnd.randrange(5),))
+
+
+def _small_txn(cur: Any, rnd: random.Random, seed: int) -> None:
+    if rnd.random() < 0.04:
+        base = rnd.randrange(400)
+        for i in range(rnd.randrange(20, 50)):
+            cur.execute("INSERT INTO log VALUES (%s, 'big', %s)", (seed, i))
+            cur.execute("UPDATE acct SET ver = ver + 1 WHERE id = %s", ((base + i) % 400,))
+        cur.execute("DELETE FROM log WHERE who = %s AND what = 'big' LIMIT 40", (seed,))
+    else:
+        k = rnd.randrange(400)
+        cur.execute("INSERT INTO acct (id, owner, balance, ver) VALUES (%s, 'o', 1, 0) "
+                    "ON DUPLICATE KEY UPDATE balance = balance + 1, ver = ver + 1", (k,))
+        if rnd.random() < 0.3:
+            cur.execute("DELETE FROM acct WHERE id = %s", (rnd.randrange(400),))
+        if rnd.random() < 0.3:
+            cur.execute("INSERT INTO pair VALUES (%s, 'b', 0, 0) ON DUPLICATE KEY UPDATE ver = ver + 1",
+                        (k % 50,))
+
+
+def _writer(src: MariaDBServer, stop: threading.Event, seed: int, done: list[int], errors: list[BaseException]) -> None:
+    _write_loop(src, stop, seed, done, errors, _mixed_txn)
+
+
+def _small_writer(src: MariaDBServer, stop: threading.Event, seed: int, done: list[int],
+                  errors: list[BaseException]) -> None:
+    """Many small transactions (1-3 rows), and now and then one of 60-150
+    row changes: with batch_max_events = 50 the producer cuts those into
+    fragments between small ones, all the time."""
+    _write_loop(src, stop, seed, done, errors, _small_txn)
 
 
 def _diff(src: MariaDBServer, tgt: MariaDBServer) -> dict[str, Any]:
@@ -96,45 +134,6 @@ def _diff(src: MariaDBServer, tgt: MariaDBServer) -> dict[str, Any]:
             "source_rows": len(a_list), "target_rows": len(b_list),
             "only_source": sorted(a - b)[:3], "only_target": sorted(b - a)[:3]}
     return out
-
-
-def _small_writer(src: MariaDBServer, stop: threading.Event, seed: int, done: list[int],
-                  errors: list[BaseException]) -> None:
-    """Many small transactions (1-3 rows), and now and then one of 60-150
-    row changes: with batch_max_events = 50 the producer cuts those into
-    fragments between small ones, all the time."""
-    rnd = random.Random(seed)
-    conn = src.connect("app")
-    try:
-        with conn.cursor() as cur:
-            while not stop.is_set():
-                try:
-                    cur.execute("BEGIN")
-                    if rnd.random() < 0.04:
-                        base = rnd.randrange(400)
-                        for i in range(rnd.randrange(20, 50)):
-                            cur.execute("INSERT INTO log VALUES (%s, 'big', %s)", (seed, i))
-                            cur.execute("UPDATE acct SET ver = ver + 1 WHERE id = %s", ((base + i) % 400,))
-                        cur.execute("DELETE FROM log WHERE who = %s AND what = 'big' LIMIT 40", (seed,))
-                    else:
-                        k = rnd.randrange(400)
-                        cur.execute("INSERT INTO acct (id, owner, balance, ver) VALUES (%s, 'o', 1, 0) "
-                                    "ON DUPLICATE KEY UPDATE balance = balance + 1, ver = ver + 1", (k,))
-                        if rnd.random() < 0.3:
-                            cur.execute("DELETE FROM acct WHERE id = %s", (rnd.randrange(400),))
-                        if rnd.random() < 0.3:
-                            cur.execute("INSERT INTO pair VALUES (%s, 'b', 0, 0) ON DUPLICATE KEY UPDATE ver = ver + 1",
-                                        (k % 50,))
-                    cur.execute("COMMIT")
-                    done[0] += 1
-                except (pymysql.err.OperationalError, pymysql.err.IntegrityError) as exc:
-                    if exc.args[0] not in (1213, 1205, 1062):
-                        raise
-                    cur.execute("ROLLBACK")
-    except BaseException as exc:  # surfaced by the test
-        errors.append(exc)
-    finally:
-        conn.close()
 
 
 def _keep_artifacts(tmp_path: Path, cfg: Path, diff: dict[str, Any]) -> Path:
