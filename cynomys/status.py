@@ -76,9 +76,17 @@ def _transport(cfg: Config, producer_seq: int, applier_seq: int | None) -> dict[
                           for g in r.xinfo_groups(cfg.transport.stream)}
             except redis.ResponseError:  # no stream yet
                 groups = {}
-            g = groups.get(cfg.transport.consumer_group)
-            out["unacknowledged"] = int(g["pending"]) if g else None
-            out["lag_entries"] = int(g["lag"]) if g and g.get("lag") is not None else None
+            base = cfg.transport.consumer_group
+            names = [base] if cfg.applier.partitions == 1 else [f"{base}.p{i}" for i in range(cfg.applier.partitions)]
+            for name in names:
+                g = groups.get(name)
+                where = "" if len(names) == 1 else f" {name}"
+                out[f"unacknowledged{where}"] = int(g["pending"]) if g else None
+                out[f"lag_entries{where}"] = int(g["lag"]) if g and g.get("lag") is not None else None
+            # Groups no applier of this config reads hold back the stream's trimming.
+            stale = sorted(set(groups) - set(names))
+            if stale:
+                out["other_groups"] = stale
         out["reachable"] = True
     except redis.RedisError as exc:
         out.update(reachable=False, error=str(translate(exc, cfg.transport.url, "reading the stream's state")))
@@ -87,6 +95,33 @@ def _transport(cfg: Config, producer_seq: int, applier_seq: int | None) -> dict[
     if applier_seq is not None:
         out["envelopes_behind_producer"] = max(0, producer_seq - applier_seq)
     return out
+
+
+def _applier(cfg: Config, suffix: str, source_end: Position | None,
+             producer_seq: int) -> tuple[dict[str, Any], int | None, dict[str, Any] | None]:
+    """One applier's section (``suffix`` ".p<i>" names a partition's files),
+    its applied sequence, and its raw report."""
+    state_dir = cfg.applier.state_dir
+    areport = _read_report(cfg.resolve(state_dir) / f"applier{suffix}.json")
+    health = _health(cfg, state_dir, f"applier{suffix}")
+    if areport is None:
+        return {"state": "no report yet (the applier has not flushed)", "health": health}, None, None
+    if "error" in areport:
+        return areport, None, areport
+    position = Position.from_dict(areport["position"])
+    commit_ts = int(areport.get("commit_ts", 0))
+    seq = int(areport["seq"])
+    caught_up = source_end is not None and position.file == source_end.file and position.pos >= source_end.pos
+    return {
+        "sequence": seq, "position": str(position),
+        "flushed_s_ago": round(time.time() - float(areport.get("flushed_at", 0)), 1),
+        "lag_bytes": _bytes_behind(source_end, position),
+        # Caught up means no lag, however old the last change is.
+        "lag_s": 0.0 if caught_up else (round(time.time() - commit_ts, 1) if commit_ts else None),
+        "envelopes_behind_producer": max(0, producer_seq - seq),
+        "stats": areport.get("stats", {}),
+        "health": health,
+    }, seq, areport
 
 
 def collect(cfg: Config) -> dict[str, Any]:
@@ -125,29 +160,20 @@ def collect(cfg: Config) -> dict[str, Any]:
         "health": _health(cfg, cfg.producer.state_dir, "producer"),
     }
     # The applier mirrors what it committed to the target into applier.json
-    # after every flush (cynomys/applier/loop.py _report).
-    areport = _read_report(cfg.resolve(cfg.applier.state_dir) / "applier.json")
+    # after every flush (cynomys/applier/loop.py _report); partitioned
+    # appliers each into applier.p<i>.json, shown one by one.
+    a = cfg.applier
     applier_seq: int | None = None
-    if areport is None:
-        report["applier"] = {"state": "no report yet (the applier has not flushed)",
-                             "health": _health(cfg, cfg.applier.state_dir, "applier")}
-    elif "error" in areport:
-        report["applier"] = areport
+    if a.partitions == 1:
+        report["applier"], applier_seq, areport = _applier(cfg, "", source_end, pstate.seq)
     else:
-        position = Position.from_dict(areport["position"])
-        commit_ts = int(areport.get("commit_ts", 0))
-        applier_seq = int(areport["seq"])
-        caught_up = source_end is not None and position.file == source_end.file and position.pos >= source_end.pos
-        report["applier"] = {
-            "sequence": applier_seq, "position": str(position),
-            "flushed_s_ago": round(time.time() - float(areport.get("flushed_at", 0)), 1),
-            "lag_bytes": _bytes_behind(source_end, position),
-            # Caught up means no lag, however old the last change is.
-            "lag_s": 0.0 if caught_up else (round(time.time() - commit_ts, 1) if commit_ts else None),
-            "envelopes_behind_producer": max(0, pstate.seq - applier_seq),
-            "stats": areport.get("stats", {}),
-            "health": _health(cfg, cfg.applier.state_dir, "applier"),
-        }
+        report["applier"] = {"partitions": a.partitions}
+        seqs: list[int | None] = []
+        for i in range(a.partitions):
+            report["applier"][f"partition {i}"], seq, areport = _applier(cfg, f".p{i}", source_end, pstate.seq)
+            seqs.append(seq)
+        # The stream is applied as far as the partition furthest behind.
+        applier_seq = None if None in seqs else min(s for s in seqs if s is not None)
     if areport is not None and "target_maintenance" in areport:  # written by the applier (Spark: maintenance)
         report["target_maintenance"] = areport["target_maintenance"]
     try:
@@ -173,7 +199,11 @@ def render_text(report: dict[str, Any]) -> str:
     for part in ("source", "producer", "applier", "transport"):
         lines.append(f"{part}:")
         for k, v in report.get(part, {}).items():
-            lines.append(f"  {k}: {v}")
+            if isinstance(v, dict) and k.startswith("partition "):  # a partitioned applier's partition
+                lines.append(f"  {k}:")
+                lines += [f"    {kk}: {vv}" for kk, vv in v.items()]
+            else:
+                lines.append(f"  {k}: {v}")
     if "target_maintenance" in report:
         m = report["target_maintenance"]
         lines.append("target maintenance:")

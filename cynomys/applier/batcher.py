@@ -65,6 +65,10 @@ class DelayBuffer:
 
     buffer_rows: int
     max_delay_s: float
+    # How long envelopes that brought no changes (a partition's envelopes
+    # holding only other partitions' tables) may wait before their progress
+    # is committed alone; None: max_delay_s, like any other.
+    progress_delay_s: float | None = None
     folder: Folder = field(default_factory=Folder)
     sealed: Folder | None = None
     raw_rows: int = 0
@@ -119,13 +123,19 @@ class DelayBuffer:
         """Time to flush: full or old enough, and on a transaction boundary."""
         if not self.envelopes or not self.complete:
             return False
-        return self.raw_rows >= self.buffer_rows or self.age() >= self.max_delay_s
+        return self.raw_rows >= self.buffer_rows or self.age() >= self.delay_s()
+
+    def delay_s(self) -> float:
+        """The age at which the buffer is due: longer when it holds only progress."""
+        if self.raw_rows == 0 and self.progress_delay_s is not None:
+            return max(self.max_delay_s, self.progress_delay_s)
+        return self.max_delay_s
 
     def wait_s(self) -> float:
         """How long the loop may block before the buffer is due by age."""
         if not self.envelopes or not self.complete:
             return 0.5
-        return max(0.0, min(0.5, self.max_delay_s - self.age()))
+        return max(0.0, min(0.5, self.delay_s() - self.age()))
 
     def discard(self) -> None:
         """Drop the open part (an obsolete attempt of a large transaction)."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cynomys.applier.batcher import DelayBuffer, Span
+from cynomys.applier.partition import Partitioning, PartitionTarget
 from cynomys.core.checkpoint import write_json_atomic
 from cynomys.applier.targets.base import AppliedState, Target, build_flush, open_target
 from cynomys.core.config import Config
@@ -65,7 +66,14 @@ def make_subscriber(cfg: Config) -> Subscriber:
     tcfg = cfg.transport
     if tcfg.kind == "file":
         tcfg = replace(tcfg, path=str(cfg.resolve(tcfg.path)))
-    return open_subscriber(tcfg, cfg.applier.consumer_name)
+    # A partition reads through a consumer group of its own; every
+    # partition's group is created at once, so the producer's trimming
+    # (which keeps what any group has not acknowledged) never drops entries
+    # a partition that has not started yet still needs.
+    part = Partitioning.of(cfg)
+    return open_subscriber(replace(tcfg, consumer_group=part.group(tcfg.consumer_group)),
+                           part.consumer(cfg.applier.consumer_name),
+                           sibling_groups=part.groups(tcfg.consumer_group))
 
 
 class Applier:
@@ -73,11 +81,14 @@ class Applier:
                  stop: threading.Event | None = None, monitor: ApplierMonitor | None = None) -> None:
         self.cfg = cfg
         self.monitor = monitor or ApplierMonitor(cfg)  # metrics/health (cynomys/metrics)
-        self.target = target
+        self.partitioning = Partitioning.of(cfg)  # which tables are ours (all, unpartitioned)
+        self.target: Target = PartitionTarget(target, self.partitioning)
         self.sub = subscriber
         self.opener = opener
         self.stop = stop or threading.Event()
-        self.buffer = DelayBuffer(cfg.applier.buffer_rows, cfg.applier.max_delay_ms / 1000.0)
+        self.buffer = DelayBuffer(cfg.applier.buffer_rows, cfg.applier.max_delay_ms / 1000.0,
+                                  progress_delay_s=cfg.applier.progress_interval_ms / 1000.0
+                                  if self.partitioning.active else None)
         self.max_buffer_rows = cfg.applier.max_buffer_rows or target.capabilities.backlog_factor * cfg.applier.buffer_rows
         self.tracker = SequenceTracker()
         self.applied: dict[str, AppliedState] = {}
@@ -88,7 +99,7 @@ class Applier:
         # State to commit with the next flush: the last *complete* envelope taken.
         self.pending_state: AppliedState | None = None
         self.last_delivery = time.monotonic()
-        self.report_path = cfg.resolve(cfg.applier.state_dir) / "applier.json"
+        self.report_path = cfg.resolve(cfg.applier.state_dir) / self.partitioning.file_name("applier")
 
     # ------------------------------------------------------------------
     def start(self) -> None:
@@ -160,7 +171,9 @@ class Applier:
             log.info("envelope %d from %s delivered again: skipped", seq, pid)
             self.unacked.append(d.id)
             return
-        self.take(pid, seq, batch)
+        # A partition takes only its tables' changes, but every envelope's
+        # number and position (cynomys/applier/partition.py).
+        self.take(pid, seq, self.partitioning.select(batch))
         self.unacked.append(d.id)
 
     def _check_incarnation(self, pid: str, seq: int, batch: Batch) -> None:

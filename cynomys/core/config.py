@@ -136,6 +136,24 @@ class ApplierConfig:
     # DDL statements to skip on purpose, by exact text or a "position"
     # (file:pos) of the event, when the target cannot run them.
     skip_ddl: list[str] = field(default_factory=list)
+    # Partitioned appliers (cynomys/applier/partition.py): tables are spread
+    # over `partitions` appliers by crc32("db.table") mod partitions; this
+    # process is number `partition` (0-based; CYNOMYS_APPLIER_PARTITION lets
+    # N processes share one file).  Each keeps its own state on the target
+    # and its own consumer group.
+    partitions: int = field(default=1, metadata=_POSITIVE)
+    partition: int = field(default=0, metadata=_NON_NEGATIVE)
+    # A partition takes every envelope, also those holding none of its
+    # tables; their progress is committed with its next flush of data, or
+    # after this long without one (not one target write per such envelope).
+    progress_interval_ms: int = field(default=5000, metadata=_POSITIVE)
+
+    def cross_check(self) -> str | None:
+        """A problem between keys (named in the message), or None."""
+        if self.partition >= self.partitions:
+            return (f"partition = {self.partition} is outside partitions = {self.partitions}: expected "
+                    f"0 .. {self.partitions - 1}")
+        return None
 
 
 @dataclass(frozen=True)
@@ -332,7 +350,14 @@ def _build(cls: type, data: Mapping[str, Any], section: str, file: str, env: Map
             shown = "***" if secret else repr(value)
             raise ConfigError(f"{where} in {file}: expected {check[1]}, got {shown}")
         kwargs[name] = value
-    return cls(**kwargs)
+    obj = cls(**kwargs)
+    # Keys that are valid alone but not together (e.g. [applier] partition
+    # and partitions): the section says what is wrong.
+    cross = getattr(obj, "cross_check", None)
+    problem = cross() if cross is not None else None
+    if problem:
+        raise ConfigError(f"[{section}] {problem} (in {file})")
+    return obj
 
 
 def load_config(path: str | os.PathLike[str] | None, env: Mapping[str, str] | None = None) -> Config:

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
 
 from cynomys.core.checkpoint import write_json_atomic
 from cynomys.core.config import Config
@@ -87,14 +88,22 @@ class _Monitor:
     # An error of this type from the loop is also a failed reachability check.
     unreachable: type[CynomysError] = CynomysError
 
-    def __init__(self, cfg: Config, state_dir: str) -> None:
+    def __init__(self, cfg: Config, state_dir: str, labels: dict[str, str] | None = None,
+                 report_name: str = "") -> None:
         self.cfg = cfg
         self.enabled = bool(cfg.metrics.listen)
-        self.registry = CollectorRegistry(auto_describe=True)
+        # ``labels``: carried by every metric (a partitioned applier's
+        # partition), added when the registry is read, not at each metric.
+        r = CollectorRegistry(auto_describe=True)
+        self.own_registry = r  # where this daemon's metrics are registered
+        self.registry = r      # what is served (and read by tests)
+        if labels:
+            self.registry = CollectorRegistry()
+            self.registry.register(_Relabelled(r, labels))
         self.health = Health(cfg.metrics, self.daemon, self.checks)
-        self.report_path = cfg.resolve(state_dir) / f"{self.daemon}.health.json"
+        self.report_path = cfg.resolve(state_dir) / (report_name or f"{self.daemon}.health.json")
         self.server: MetricsServer | None = None
-        d, r = self.daemon, self.registry
+        d = self.daemon
         self.errors = Counter(f"cynomys_{d}_errors", "Errors that made the daemon retry (or stop), by type",
                               ["type", "transient"], registry=r)
         self.last_error_ts = Gauge(f"cynomys_{d}_last_error_timestamp_seconds",
@@ -153,6 +162,20 @@ class _Monitor:
             log.warning("cannot write %s: %s", self.report_path, exc)
 
 
+class _Relabelled:
+    """A registry's metrics with constant labels added to every sample."""
+
+    def __init__(self, inner: CollectorRegistry, labels: dict[str, str]) -> None:
+        self._inner = inner
+        self._labels = labels
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self._inner.collect():
+            out = Metric(family.name, family.documentation, family.type, family.unit)
+            out.samples = [s._replace(labels={**s.labels, **self._labels}) for s in family.samples]
+            yield out
+
+
 class _Deltas:
     """Feeds a daemon's cumulative counters (which restart with each loop
     object) into Prometheus counters (which must never go down)."""
@@ -178,7 +201,7 @@ class ProducerMonitor(_Monitor):
 
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg, cfg.producer.state_dir)
-        r = self.registry
+        r = self.own_registry
         self.events_in = Counter("cynomys_producer_events_in",
                                  "Row changes read from the binlog, per table (before folding)", ["table"], registry=r)
         self.rows_out = Counter("cynomys_producer_rows_out",
@@ -293,8 +316,13 @@ class ApplierMonitor(_Monitor):
     unreachable = TargetUnavailableError
 
     def __init__(self, cfg: Config) -> None:
-        super().__init__(cfg, cfg.applier.state_dir)
-        r = self.registry
+        # Partitioned appliers (cynomys/applier/partition.py): every metric
+        # says which partition, and each partition has its own report file.
+        a = cfg.applier
+        partitioned = a.partitions > 1
+        super().__init__(cfg, a.state_dir, {"partition": str(a.partition)} if partitioned else None,
+                         f"applier.p{a.partition}.health.json" if partitioned else "")
+        r = self.own_registry
         self.rows_in = Counter("cynomys_applier_rows_in", "Net changes taken from envelopes, per table",
                                ["table"], registry=r)
         self.rows_out = Counter("cynomys_applier_rows_out", "Net changes committed to the target, per table",

@@ -132,10 +132,12 @@ def open_publisher(cfg: TransportConfig) -> Publisher:
     return RedisStreamPublisher(cfg)
 
 
-def open_subscriber(cfg: TransportConfig, consumer_name: str, *, claim_min_idle_ms: int | None = None) -> Subscriber:
+def open_subscriber(cfg: TransportConfig, consumer_name: str, *, claim_min_idle_ms: int | None = None,
+                    sibling_groups: Sequence[str] = ()) -> Subscriber:
     """The Subscriber for ``cfg``.  ``consumer_name`` must be stable across
     restarts of one applier: it is how a restarted applier finds the entries
-    it had read but not acknowledged."""
+    it had read but not acknowledged.  ``sibling_groups``: consumer groups
+    of the other partitions (Redis stream), created with ours."""
     if cfg.kind == "file":
         from cynomys.transport.file_bus import FileSubscriber
 
@@ -145,4 +147,4 @@ def open_subscriber(cfg: TransportConfig, consumer_name: str, *, claim_min_idle_
     if cfg.mode == "pubsub":
         return RedisPubSubSubscriber(cfg)
     idle = DEFAULT_CLAIM_MIN_IDLE_MS if claim_min_idle_ms is None else claim_min_idle_ms
-    return RedisStreamSubscriber(cfg, consumer_name, claim_min_idle_ms=idle)
+    return RedisStreamSubscriber(cfg, consumer_name, claim_min_idle_ms=idle, sibling_groups=sibling_groups)

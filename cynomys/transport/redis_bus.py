@@ -418,12 +418,14 @@ class RedisStreamSubscriber:
 
     def __init__(self, cfg: TransportConfig, consumer_name: str, *,
                  claim_min_idle_ms: int = DEFAULT_CLAIM_MIN_IDLE_MS,
-                 claim_interval_s: float = CLAIM_INTERVAL_S) -> None:
+                 claim_interval_s: float = CLAIM_INTERVAL_S, sibling_groups: Sequence[str] = ()) -> None:
         self._cfg = cfg
         self._url = redact_url(cfg.url)
         self._r = _client(cfg.url, SUBSCRIBE_SOCKET_TIMEOUT_S)
         self._stream = cfg.stream
         self._group = cfg.consumer_group
+        # Partitioned appliers: the other partitions' groups, created with ours.
+        self._groups = [self._group, *(g for g in sibling_groups if g != self._group)]
         self.consumer = consumer_name
         self._dead = _DeadLetters(self._r, cfg)
         self._min_idle = claim_min_idle_ms
@@ -481,14 +483,15 @@ class RedisStreamSubscriber:
     def _ensure_group(self) -> None:
         if self._group_ready:
             return
-        try:
-            # Id 0: a new group starts at the beginning of the stream, so
-            # entries published before the first applier started are applied.
-            self._r.xgroup_create(self._stream, self._group, id="0", mkstream=True)
-            log.info("created consumer group %s on stream %s at %s", self._group, self._stream, self._url)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        for group in self._groups:
+            try:
+                # Id 0: a new group starts at the beginning of the stream, so
+                # entries published before the first applier started are applied.
+                self._r.xgroup_create(self._stream, group, id="0", mkstream=True)
+                log.info("created consumer group %s on stream %s at %s", group, self._stream, self._url)
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
         self._group_ready = True
 
     def _deliveries(self, entries: list[Any], redelivered: bool) -> list[Delivery]:
