@@ -24,7 +24,9 @@ DDL goes to the partition of the table it names.  A statement naming no
 table (CREATE DATABASE, and statements that change nothing a column store
 holds) goes to every partition: each runs it idempotently (CREATE DATABASE
 IF NOT EXISTS).  DROP TABLE of tables of several partitions is split: each
-partition drops its own.  DROP DATABASE, and RENAME TABLE / CREATE TABLE ...
+partition drops its own.  A statement Cynomys cannot parse goes to every
+partition (each stops on it, as a single applier would, until
+``[applier] skip_ddl`` names it).  DROP DATABASE, and RENAME TABLE / CREATE TABLE ...
 LIKE between tables of two partitions, cannot be ordered against the other
 partitions' changes and stop the partitions involved, saying how to go on.
 """
@@ -131,7 +133,7 @@ class Partitioning:
             ddl = self._ddl(c)
             if ddl is not None:
                 kept.append(ddl)
-        if len(kept) == len(batch.changes):
+        if len(kept) == len(batch.changes) and all(a is b for a, b in zip(kept, batch.changes)):
             return batch
         return replace(batch, changes=tuple(kept))
 
@@ -145,8 +147,9 @@ class Partitioning:
         try:
             ops = parse_ddl(sql, c.database)
         except UnsupportedDdl:
-            # The target fails on it with the skip_ddl hint: once, in partition 0.
-            return c if self.partition == 0 else None
+            # Its tables are unknown, so every partition takes it: each
+            # target stops on it with the skip_ddl hint, as one applier would.
+            return c
         refs: list[TableRef] = []
         for op in ops:
             refs.extend(self._refs(op, c, position))

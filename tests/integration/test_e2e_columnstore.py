@@ -34,9 +34,23 @@ TABLES = {
 }
 
 
-def _daemon(cfg: Path, cmd: str, log: Path) -> subprocess.Popen[bytes]:
+def _daemon(cfg: Path, cmd: str, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "cynomys.cli", "--log-level", "INFO", cmd, "-c", str(cfg)],
-                            cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+                            cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT,
+                            env={**os.environ, **(env or {})})
+
+
+def _applier_names(appliers: int) -> list[str]:
+    """Daemon names of the appliers: "applier", or "applier0".."applier<N-1>"
+    for partitioned appliers (partition i runs with CYNOMYS_APPLIER_PARTITION=i)."""
+    return ["applier"] if appliers == 1 else [f"applier{i}" for i in range(appliers)]
+
+
+def _start(cfg: Path, name: str, logs: Path) -> subprocess.Popen[bytes]:
+    if name == "producer":
+        return _daemon(cfg, "produce", logs / "producer.log")
+    env = {"CYNOMYS_APPLIER_PARTITION": name[len("applier"):]} if name != "applier" else None
+    return _daemon(cfg, "apply", logs / f"{name}.log", env)
 
 
 def _write_loop(src: MariaDBServer, stop: threading.Event, seed: int, done: list[int],
@@ -163,18 +177,19 @@ def _keep_artifacts(tmp_path: Path, cfg: Path, diff: dict[str, Any]) -> Path:
     return out
 
 
-def _reports_caught_up(tmp_path: Path, src: MariaDBServer) -> bool:
+def _reports_caught_up(tmp_path: Path, src: MariaDBServer, appliers: int = 1) -> bool:
     """producer.json has read to the source's binlog end and sent it all;
-    applier.json holds the producer's last envelope."""
+    applier.json (each partition's applier.p<i>.json) holds the producer's last envelope."""
+    names = ["applier.json"] if appliers == 1 else [f"applier.p{i}.json" for i in range(appliers)]
     try:
         prod = json.loads((tmp_path / "producer-state" / "producer.json").read_text())
-        app = json.loads((tmp_path / "applier-state" / "applier.json").read_text())
+        apps = [json.loads((tmp_path / "applier-state" / n).read_text()) for n in names]
     except (OSError, ValueError):
         return False
     file, pos = src.execute("SHOW MASTER STATUS")[0][:2]
     read = prod.get("read") or {}
     return (read.get("file"), read.get("pos")) == (file, pos) and prod.get("pending") is None \
-        and int(app.get("seq", 0)) >= int(prod.get("seq", 0))
+        and all(int(app.get("seq", 0)) >= int(prod.get("seq", 0)) for app in apps)
 
 
 class MariaDBSide:
@@ -195,12 +210,17 @@ class MariaDBSide:
 
 def _run(tmp_path: Path, redis_url: str, *, writer: Any, batch_max_events: int, kills: list[str],
          alter_at: int | None, target: Callable[[MariaDBServer], Any] = MariaDBSide, write_s: float = 0.0,
-         catch_up_s: float = 180, applier: dict[str, Any] | None = None) -> Path:
+         catch_up_s: float = 180, applier: dict[str, Any] | None = None, appliers: int = 1) -> Path:
     """Writers and kills, then wait until the target equals the source.
-    ``write_s``: keep writing at least this long (kills spread over it)."""
+    ``write_s``: keep writing at least this long (kills spread over it).
+    ``appliers``: that many partitioned appliers ([applier] partitions), named
+    "applier0".. in ``kills``."""
     src = MariaDBServer(server_id=1).start()
     side = target(src)
-    producer = applier_proc = subprocess.Popen(["true"])  # replaced once the daemons start
+    names = ["producer", *_applier_names(appliers)]
+    procs = {n: subprocess.Popen(["true"]) for n in names}  # replaced once the daemons start
+    if appliers > 1:
+        applier = {"partitions": appliers, "progress_interval_ms": 2000, **(applier or {})}
     try:
         keys = generate_keys(tmp_path / "keys", rsa_bits=2048)
         cfg = write_config(
@@ -214,15 +234,15 @@ def _run(tmp_path: Path, redis_url: str, *, writer: Any, batch_max_events: int, 
         )
         logs = tmp_path / "logs"
         logs.mkdir()
-        producer = _daemon(cfg, "produce", logs / "producer.log")
-        applier_proc = _daemon(cfg, "apply", logs / "applier.log")
+        for name in names:
+            procs[name] = _start(cfg, name, logs)
         src.execute("CREATE DATABASE app", *[f"CREATE TABLE app.{t} ({c})" for t, c in TABLES.items()])
         stop, done, errors = threading.Event(), [0], []
         writers = [threading.Thread(target=writer, args=(src, stop, s, done, errors)) for s in range(4)]
         for w in writers:
             w.start()
         rnd = random.Random(1)
-        counted = {"producer": 0, "applier": 0}
+        counted = dict.fromkeys(names, 0)
         pause = (0.5, 2.0) if not write_s else (0.5 * write_s / max(1, len(kills)), 1.5 * write_s / max(1, len(kills)))
         started = time.monotonic()
         try:
@@ -230,15 +250,12 @@ def _run(tmp_path: Path, redis_url: str, *, writer: Any, batch_max_events: int, 
                 time.sleep(rnd.uniform(*pause))
                 if i == alter_at:  # schema change in the middle of the run
                     src.execute("ALTER TABLE app.acct ADD COLUMN region CHAR(2) NOT NULL DEFAULT 'eu'")
-                proc = producer if name == "producer" else applier_proc
+                proc = procs[name]
                 assert proc.poll() is None, (logs / f"{name}.log").read_text()[-3000:]
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
                 counted[name] += 1
-                if name == "producer":
-                    producer = _daemon(cfg, "produce", logs / "producer.log")
-                else:
-                    applier_proc = _daemon(cfg, "apply", logs / "applier.log")
+                procs[name] = _start(cfg, name, logs)
             time.sleep(max(0.0, write_s - (time.monotonic() - started)))
         finally:
             stop.set()
@@ -249,12 +266,12 @@ def _run(tmp_path: Path, redis_url: str, *, writer: Any, batch_max_events: int, 
         stopped = time.monotonic()
         try:
             def caught_up() -> bool:
-                for name, p in (("producer", producer), ("applier", applier_proc)):
+                for name, p in procs.items():
                     assert p.poll() is None, f"{name} exited {p.returncode}:\n" + (logs / f"{name}.log").read_text()[-3000:]
                 # Compare the tables (dear on Spark: it competes with the
                 # applier for the CPU) only once the daemons' own reports say
                 # the applier took everything the producer sent.
-                if not _reports_caught_up(tmp_path, src):
+                if not _reports_caught_up(tmp_path, src, appliers):
                     time.sleep(0.5)
                     return False
                 return not any(side.diff(cfg).values())
@@ -263,11 +280,10 @@ def _run(tmp_path: Path, redis_url: str, *, writer: Any, batch_max_events: int, 
         except AssertionError as exc:
             last = side.diff(cfg)
             kept = _keep_artifacts(tmp_path, cfg, last)
-            raise AssertionError(f"{exc}\n{last}\nartifacts kept in {kept}\n"
-                                 f"producer:\n{(logs / 'producer.log').read_text()[-4000:]}\n"
-                                 f"applier:\n{(logs / 'applier.log').read_text()[-4000:]}") from None
+            tails = "".join(f"{n}:\n{(logs / f'{n}.log').read_text()[-4000:]}\n" for n in names)
+            raise AssertionError(f"{exc}\n{last}\nartifacts kept in {kept}\n{tails}") from None
         equal_after = time.monotonic() - stopped
-        for p in (producer, applier_proc):
+        for p in procs.values():
             p.send_signal(signal.SIGTERM)
             assert p.wait(120) == 0
         counts = {t: src.execute(f"SELECT COUNT(*) FROM app.{t}")[0][0] for t in TABLES}
@@ -275,7 +291,7 @@ def _run(tmp_path: Path, redis_url: str, *, writer: Any, batch_max_events: int, 
               f"final rows {counts}; target equal {equal_after:.1f}s after the writers stopped")
         return cfg
     finally:
-        for p in (producer, applier_proc):
+        for p in procs.values():
             if p.poll() is None:
                 p.kill()
         src.destroy()
