@@ -28,6 +28,7 @@ What makes a takeover safe:
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -48,6 +49,12 @@ log = logging.getLogger(__name__)
 
 # The renewer's own clock tick: how fast it notices the daemon's stop.
 _TICK_S = 0.1
+# Each lease term reads the binlog as replica server_id + token % this.  A
+# paused leader's binlog connection stays on the source (its dump thread
+# blocked writing to the full socket) until net_write_timeout, and MariaDB
+# makes a new connection with the same server_id wait for it: measured, a
+# takeover hung for the whole 60 s.  Distinct ids per term do not wait.
+SERVER_IDS_PER_PRODUCER = 64
 
 
 class RedisStateStore:
@@ -159,7 +166,7 @@ def run_ha(cfg: Config, sink: SealedSink, stop: threading.Event, monitor: Produc
                           hint="set [transport] kind = \"redis\", or [producer] ha = false")
     if make is None:
         def make(halt: threading.Event, store: StateStore) -> Producer:
-            return Producer(cfg, sink, halt, monitor=monitor, store=store)
+            return Producer(term_config(cfg, lease.token), sink, halt, monitor=monitor, store=store)
     lease = RedisLease(cfg.transport, cfg.producer.id, _owner(), cfg.producer.lease_ms)
     mirror = cfg.resolve(cfg.producer.state_dir) / "producer.json"
     poll_s = cfg.producer.lease_ms / 4000.0
@@ -208,6 +215,12 @@ def run_ha(cfg: Config, sink: SealedSink, stop: threading.Event, monitor: Produc
                     log.warning("could not release the HA lease %s: %s", lease.key, exc.message)
     finally:
         lease.close()
+
+
+def term_config(cfg: Config, token: int) -> Config:
+    """``cfg`` with the replica server id of lease term ``token``."""
+    server_id = cfg.source.server_id + token % SERVER_IDS_PER_PRODUCER
+    return dataclasses.replace(cfg, source=dataclasses.replace(cfg.source, server_id=server_id))
 
 
 def _holder(lease: RedisLease) -> str | None:

@@ -174,6 +174,8 @@ class Applier:
         transport without the fencing script).  Dead-lettered as ``fenced``,
         before the duplicate check: its number may be a successor's."""
         newest = self.fences.get(pid, 0)
+        if fence == 0:
+            return True  # a producer without HA (or HA switched off): nothing to fence
         if fence >= newest:
             if fence > newest and newest:
                 log.info("producer %s: new HA lease term (fencing token %d, was %d) from envelope %d",

@@ -193,20 +193,47 @@ class MariaDBSide:
         self.tgt.destroy()
 
 
+class OneProducer:
+    """The harness's producer: one process, SIGKILLed and started again.
+    (tests/integration/test_ha.py has the HA pair: leader and standby.)"""
+
+    def __init__(self, cfg: Path, logs: Path, redis_url: str) -> None:
+        self.cfg, self.logs = cfg, logs
+        self.proc = _daemon(cfg, "produce", logs / "producer.log")
+
+    def procs(self) -> list[subprocess.Popen[bytes]]:
+        return [self.proc]
+
+    def log_tail(self) -> str:
+        return (self.logs / "producer.log").read_text()[-4000:]
+
+    def check(self) -> None:
+        assert self.proc.poll() is None, f"producer exited {self.proc.returncode}:\n" + self.log_tail()[-3000:]
+
+    def kill(self) -> None:
+        self.check()
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self.proc = _daemon(self.cfg, "produce", self.logs / "producer.log")
+
+
 def _run(tmp_path: Path, redis_url: str, *, writer: Any, batch_max_events: int, kills: list[str],
          alter_at: int | None, target: Callable[[MariaDBServer], Any] = MariaDBSide, write_s: float = 0.0,
-         catch_up_s: float = 180, applier: dict[str, Any] | None = None) -> Path:
+         catch_up_s: float = 180, applier: dict[str, Any] | None = None, producer: dict[str, Any] | None = None,
+         producers: Callable[[Path, Path, str], Any] = OneProducer) -> Path:
     """Writers and kills, then wait until the target equals the source.
-    ``write_s``: keep writing at least this long (kills spread over it)."""
+    ``write_s``: keep writing at least this long (kills spread over it).
+    ``producers`` starts the producer process(es) and kills "the" producer."""
     src = MariaDBServer(server_id=1).start()
     side = target(src)
-    producer = applier_proc = subprocess.Popen(["true"])  # replaced once the daemons start
+    prods: Any = None
+    applier_proc = subprocess.Popen(["true"])  # replaced once the daemons start
     try:
         keys = generate_keys(tmp_path / "keys", rsa_bits=2048)
         cfg = write_config(
             tmp_path / "c.toml", src,
             source={"include_tables": ["app.*"], "start": "{}:{}".format(*src.execute("SHOW MASTER STATUS")[0][:2])},
-            producer={"id": "p1", "batch_max_events": batch_max_events, "batch_max_delay_ms": 100},
+            producer={"id": "p1", "batch_max_events": batch_max_events, "batch_max_delay_ms": 100, **(producer or {})},
             transport={"url": redis_url, "stream": f"e2e-{tmp_path.name}"},
             security={k: str(v) for k, v in keys.items()},
             applier={"buffer_rows": 2000, "max_delay_ms": 300, "consumer_name": "a1", **(applier or {})},
@@ -214,7 +241,7 @@ def _run(tmp_path: Path, redis_url: str, *, writer: Any, batch_max_events: int, 
         )
         logs = tmp_path / "logs"
         logs.mkdir()
-        producer = _daemon(cfg, "produce", logs / "producer.log")
+        prods = producers(cfg, logs, redis_url)
         applier_proc = _daemon(cfg, "apply", logs / "applier.log")
         src.execute("CREATE DATABASE app", *[f"CREATE TABLE app.{t} ({c})" for t, c in TABLES.items()])
         stop, done, errors = threading.Event(), [0], []
@@ -230,15 +257,14 @@ def _run(tmp_path: Path, redis_url: str, *, writer: Any, batch_max_events: int, 
                 time.sleep(rnd.uniform(*pause))
                 if i == alter_at:  # schema change in the middle of the run
                     src.execute("ALTER TABLE app.acct ADD COLUMN region CHAR(2) NOT NULL DEFAULT 'eu'")
-                proc = producer if name == "producer" else applier_proc
-                assert proc.poll() is None, (logs / f"{name}.log").read_text()[-3000:]
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
                 counted[name] += 1
                 if name == "producer":
-                    producer = _daemon(cfg, "produce", logs / "producer.log")
-                else:
-                    applier_proc = _daemon(cfg, "apply", logs / "applier.log")
+                    prods.kill()
+                    continue
+                assert applier_proc.poll() is None, (logs / "applier.log").read_text()[-3000:]
+                applier_proc.send_signal(signal.SIGKILL)
+                applier_proc.wait()
+                applier_proc = _daemon(cfg, "apply", logs / "applier.log")
             time.sleep(max(0.0, write_s - (time.monotonic() - started)))
         finally:
             stop.set()
@@ -249,8 +275,9 @@ def _run(tmp_path: Path, redis_url: str, *, writer: Any, batch_max_events: int, 
         stopped = time.monotonic()
         try:
             def caught_up() -> bool:
-                for name, p in (("producer", producer), ("applier", applier_proc)):
-                    assert p.poll() is None, f"{name} exited {p.returncode}:\n" + (logs / f"{name}.log").read_text()[-3000:]
+                prods.check()
+                assert applier_proc.poll() is None, \
+                    f"applier exited {applier_proc.returncode}:\n" + (logs / "applier.log").read_text()[-3000:]
                 # Compare the tables (dear on Spark: it competes with the
                 # applier for the CPU) only once the daemons' own reports say
                 # the applier took everything the producer sent.
@@ -264,18 +291,19 @@ def _run(tmp_path: Path, redis_url: str, *, writer: Any, batch_max_events: int, 
             last = side.diff(cfg)
             kept = _keep_artifacts(tmp_path, cfg, last)
             raise AssertionError(f"{exc}\n{last}\nartifacts kept in {kept}\n"
-                                 f"producer:\n{(logs / 'producer.log').read_text()[-4000:]}\n"
+                                 f"producer:\n{prods.log_tail()}\n"
                                  f"applier:\n{(logs / 'applier.log').read_text()[-4000:]}") from None
         equal_after = time.monotonic() - stopped
-        for p in (producer, applier_proc):
+        for p in [*prods.procs(), applier_proc]:
             p.send_signal(signal.SIGTERM)
+        for p in [*prods.procs(), applier_proc]:
             assert p.wait(120) == 0
         counts = {t: src.execute(f"SELECT COUNT(*) FROM app.{t}")[0][0] for t in TABLES}
         print(f"\n{done[0]} source transactions from 4 writers in {stopped - started:.0f}s, kills {counted}, "
               f"final rows {counts}; target equal {equal_after:.1f}s after the writers stopped")
         return cfg
     finally:
-        for p in (producer, applier_proc):
+        for p in [*(prods.procs() if prods is not None else []), applier_proc]:
             if p.poll() is None:
                 p.kill()
         src.destroy()
