@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -319,6 +320,11 @@ def test_ha_leader_sigstopped_past_its_lease_is_fenced(tmp_path: Path, redis_url
         tokens = [peek_header(f[b"env"]).fence for _, f in r.xrange(stream)]
         assert tokens == sorted(tokens) and tokens[0] >= 1 and tokens[-1] == token_b, tokens
         counts = _check_stream(cfg)
+        status = json.loads(subprocess.run([sys.executable, "-m", "cynomys.cli", "status", "--json", "-c", str(cfg)],
+                                           cwd=ROOT, capture_output=True, check=True).stdout)
+        ha = status["producer"]["ha"]
+        assert (ha["fencing_token"], ha["state"], ha["leader"].split(":")[1]) == (token_b, "redis", str(b.pid)), ha
+        assert status["producer"]["sequence"] == int(r.hget(seq_key, "p1") or 0)
         # A replay of an envelope of a's term (as a writer without the
         # fencing script could bring in) is rejected by the applier.
         old = next(f for _, f in r.xrange(stream) if peek_header(f[b"env"]).fence < token_b)
