@@ -29,6 +29,7 @@ What makes a takeover safe:
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import socket
@@ -36,11 +37,11 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Protocol
 
 from cynomys.core.checkpoint import read_json, write_json_atomic
 from cynomys.core.config import Config
-from cynomys.core.errors import ConfigError, CynomysError, LeaseLost
+from cynomys.core.errors import ConfigError, CynomysError, LeaseLost, TerminalError
 from cynomys.metrics.monitor import ProducerMonitor
 from cynomys.producer import Producer, ProducerState, SealedSink, StateStore, run_with_retry
 from cynomys.transport.lease import RedisLease
@@ -57,20 +58,34 @@ _TICK_S = 0.1
 SERVER_IDS_PER_PRODUCER = 64
 
 
+class Signer(Protocol):
+    def sign_detached(self, context: bytes, data: bytes) -> bytes: ...
+
+    def verify_detached(self, context: bytes, data: bytes, signature: bytes) -> bool: ...
+
+
+# Signature context: a state signature never verifies as anything else.
+_STATE_CONTEXT = b"cynomys-producer-state-v1\0"
+
+
 class RedisStateStore:
     """The producer state in Redis, written only while our lease holds
-    (compare-and-SET in one script).  Each save is mirrored, best effort, to
-    ``state_dir/producer.json`` on the leader's host, for `cynomys status`;
-    the mirror is marked as such and never read back as the truth."""
+    (compare-and-SET in one script), and signed with the producer's key: a
+    Redis writer could otherwise move the checkpoint and make the producer
+    skip changes, which a single producer's local file rules out.  Each
+    save is mirrored, best effort, to ``state_dir/producer.json`` on the
+    leader's host, for `cynomys status`; the mirror is marked as such and
+    never read back as the truth."""
 
-    def __init__(self, lease: RedisLease, mirror: Path) -> None:
+    def __init__(self, lease: RedisLease, mirror: Path, signer: Signer) -> None:
         self.lease = lease
         self.mirror = mirror
+        self.signer = signer
 
     def load(self) -> ProducerState:
-        data = self.lease.load_state()
-        if data is not None:
-            return ProducerState.from_dict(data)
+        stored = self.lease.load_state()
+        if stored is not None:
+            return ProducerState.from_dict(self._verified(stored))
         local = read_json(self.mirror)
         if local is not None and "ha" not in local:
             # Switching HA on: the single producer's own checkpoint file is
@@ -83,9 +98,27 @@ class RedisStateStore:
                         "not used: starting as a new producer", self.lease.describe(), self.mirror)
         return ProducerState()
 
+    def _verified(self, stored: dict[str, Any]) -> dict[str, Any]:
+        text, sig = stored.get("state"), stored.get("sig")
+        ok = isinstance(text, str) and isinstance(sig, str)
+        try:
+            ok = ok and self.signer.verify_detached(_STATE_CONTEXT, str(text).encode(), bytes.fromhex(str(sig)))
+        except ValueError:
+            ok = False
+        data = json.loads(str(text)) if ok else None
+        if not isinstance(data, dict):
+            raise TerminalError(
+                f"the producer state in {self.lease.describe()} is not signed by this producer's key "
+                "(altered in Redis, or written with another [security] producer_private_key); not used",
+                hint="find out who wrote it; to start over, delete the key (the producer then starts at "
+                     "[source] start) and re-snapshot the target")
+        return data
+
     def save(self, state: ProducerState) -> None:
         data = state.to_dict()
-        self.lease.save_state(data)
+        text = json.dumps(data, sort_keys=True)
+        sig = self.signer.sign_detached(_STATE_CONTEXT, text.encode())
+        self.lease.save_state({"state": text, "sig": sig.hex()})
         try:
             write_json_atomic(self.mirror, {**data, "ha": {"owner": self.lease.owner, "token": self.lease.token,
                                                            "truth": self.lease.describe()}}, durable=False)
@@ -197,7 +230,7 @@ def run_ha(cfg: Config, sink: SealedSink, stop: threading.Event, monitor: Produc
             monitor.leading(token)
             sink.fence(token, lease.key, lease.value)
             term = _Term(lease, stop)
-            store = RedisStateStore(lease, mirror)
+            store = RedisStateStore(lease, mirror, sink.sealer)
             try:
                 run_with_retry(lambda: make(term.halt, store), term.halt, monitor=monitor)
             except LeaseLost as exc:

@@ -13,6 +13,7 @@ on the applier's host: run `cynomys status` there for its part.
 """
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -179,6 +180,8 @@ def _ha_section(cfg: Config, mirror: Any) -> tuple[Any, dict[str, Any]]:
     except CynomysError as exc:
         return mirror, {"lease": lease_key(cfg), "error": str(exc).splitlines()[0], "state": "local mirror"}
     token, _, owner = (holder or "").partition(":")
+    if state is not None:  # signed by the producer (cynomys/ha.py); status shows it unverified
+        state = json.loads(state["state"]) if isinstance(state.get("state"), str) else None
     return (ProducerState.from_dict(state) if state is not None else mirror), {
         "lease": lease_key(cfg), "leader": owner or None, "fencing_token": int(token) if token else None,
         "state": "redis" if state is not None else "local mirror (no state in Redis yet)"}

@@ -283,6 +283,18 @@ class Sealer:
         self.keys_created += 1
         log.debug("producer %s stream %s: new data key %s", self.producer_id, self.stream, self.key_id.hex())
 
+    def sign_detached(self, context: bytes, data: bytes) -> bytes:
+        """An Ed25519 signature of ``context || data`` with the producer's key
+        (the HA producer signs its state in Redis with it)."""
+        return self._signer.sign(context + data)
+
+    def verify_detached(self, context: bytes, data: bytes, signature: bytes) -> bool:
+        try:
+            self._signer.public_key().verify(signature, context + data)
+        except InvalidSignature:
+            return False
+        return True
+
     def seal(self, payload: bytes, seq: int, fence: int = 0) -> bytes:
         """One envelope holding ``payload`` as envelope ``seq`` (1 .. 2**64-1);
         ``fence``: the HA lease's fencing token (0: none, a version 1 envelope)."""

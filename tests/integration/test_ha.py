@@ -98,6 +98,36 @@ def test_lease_terms_tokens_and_fenced_writes(redis_url: str) -> None:
             x.close()
 
 
+def test_state_in_redis_is_signed_and_a_forgery_is_refused(tmp_path: Path, redis_url: str) -> None:
+    from cynomys.core.errors import TerminalError
+    from cynomys.ha import RedisStateStore
+    from cynomys.producer import ProducerState
+    from cynomys.transport.envelope import Sealer
+    from cynomys.transport.keys import load_private_key, load_public_key
+
+    k = generate_keys(tmp_path / "keys", rsa_bits=2048)
+    sealer = Sealer("p1", "ha-sig", load_public_key(k["applier_public_key"]),
+                    load_private_key(k["producer_private_key"]), rotate_envelopes=10, rotate_seconds=60)
+    lease = RedisLease(TransportConfig(url=redis_url, stream="ha-sig"), "p1", "host:1:a", lease_ms=5000)
+    try:
+        assert lease.acquire() == 1
+        store = RedisStateStore(lease, tmp_path / "state" / "producer.json", sealer)
+        store.save(ProducerState(seq=41, incarnation="inc-1"))
+        again = store.load()
+        assert (again.seq, again.incarnation) == (41, "inc-1")
+        with redis.Redis.from_url(redis_url) as r:
+            stored = r.get(lease.state_key)
+            assert stored is not None
+            # A Redis writer moves the checkpoint on: the signature no longer fits.
+            r.set(lease.state_key, stored.replace(b'\\"seq\\": 41', b'\\"seq\\": 4100'))
+            assert r.get(lease.state_key) != stored
+        with pytest.raises(TerminalError, match="not signed by this producer's key"):
+            store.load()
+        assert '"ha"' in (tmp_path / "state" / "producer.json").read_text()  # the mirror, marked
+    finally:
+        lease.close()
+
+
 # -- the HA pair for the e2e harness ----------------------------------------
 class HaPair:
     """Two `cynomys produce` with the same config (``[producer] ha = true``).
