@@ -31,7 +31,7 @@ from cynomys.core.config import TransportConfig, load_config
 from cynomys.core.errors import LeaseLost
 from cynomys.transport.envelope import peek_header
 from cynomys.transport.lease import RedisLease
-from cynomys.transport.redis_bus import RedisStreamPublisher
+from cynomys.transport.redis_bus import RedisPubSubPublisher, RedisStreamPublisher
 from cynomys.transport.keys import generate_keys
 from tests.helpers import transport_batches, wait_for, write_config
 from tests.integration.test_e2e_columnstore import (
@@ -93,6 +93,17 @@ def test_lease_terms_tokens_and_fenced_writes(redis_url: str) -> None:
             assert int(r.hget("ha-unit:seq", "p1") or 0) == 2
         assert b.release() and a.acquire() == 3  # a clean release hands over at once
         assert not b.release(), "released someone else's lease"
+        # pub/sub mode is fenced the same way
+        ps = RedisPubSubPublisher(TransportConfig(url=redis_url, stream="ha-unit-ps", mode="pubsub"))
+        try:
+            ps.fence(b.key, b.value)
+            with pytest.raises(LeaseLost):
+                ps.publish("p1", 1, b"env-1")
+            ps.fence(a.key, a.value)
+            ps.publish("p1", 1, b"env-1")
+            assert ps.last_sequence("p1") == 1
+        finally:
+            ps.close()
     finally:
         for x in (a, b, pub):
             x.close()
