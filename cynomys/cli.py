@@ -87,8 +87,16 @@ def cmd_produce(args: argparse.Namespace) -> int:
     try:
         sink = SealedSink(cfg)
         try:
-            run_with_retry(lambda: Producer(cfg, sink, stop, blocking=not args.once, monitor=monitor), stop,
-                           monitor=monitor)
+            if cfg.producer.ha:
+                from cynomys.ha import run_ha
+
+                if args.once:
+                    raise ConfigError("produce --once reads as a single producer; [producer] ha = true is set",
+                                      hint="run `cynomys produce` (leader or standby), or set ha = false")
+                run_ha(cfg, sink, stop, monitor)
+            else:
+                run_with_retry(lambda: Producer(cfg, sink, stop, blocking=not args.once, monitor=monitor), stop,
+                               monitor=monitor)
         finally:
             sink.close()
     finally:

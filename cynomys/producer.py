@@ -92,7 +92,10 @@ class ProducerState:
 
     @classmethod
     def load(cls, path: Path) -> ProducerState:
-        d = read_json(path)
+        return cls.from_dict(read_json(path))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> ProducerState:
         if d is None:
             return cls()
         return cls(
@@ -105,12 +108,44 @@ class ProducerState:
         )
 
     def save(self, path: Path) -> None:
-        write_json_atomic(path, {
+        write_json_atomic(path, self.to_dict())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
             "checkpoint": self.checkpoint.to_dict() if self.checkpoint else None, "seq": self.seq,
             "pending": self.pending, "open": self.open, "incarnation": self.incarnation,
             "read": self.read.to_dict() if self.read else None, "last_event_ts": self.last_event_ts,
             "updated": time.time(), "stats": self.stats, "hot_path": compiled.status(),
-        })
+        }
+
+
+class StateStore(Protocol):
+    """Where the producer's state lives: ``state_dir/producer.json`` (one
+    producer), or Redis next to the stream (HA producers, cynomys/ha.py)."""
+
+    def load(self) -> ProducerState: ...
+
+    def save(self, state: ProducerState) -> None:
+        """Durably; raise (never return) when the state could not be written."""
+
+    def describe(self) -> str:
+        """Where the state is (for error messages)."""
+
+
+class FileStateStore:
+    """``state_dir/producer.json``, written atomically (tmp + fsync + rename)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self) -> ProducerState:
+        return ProducerState.load(self.path)
+
+    def save(self, state: ProducerState) -> None:
+        state.save(self.path)
+
+    def describe(self) -> str:
+        return str(self.path)
 
 
 _EOF = object()
@@ -118,14 +153,16 @@ _EOF = object()
 
 class Producer:
     def __init__(self, cfg: Config, sink: BatchSink, stop: threading.Event | None = None,
-                 *, blocking: bool = True, monitor: ProducerMonitor | None = None) -> None:
+                 *, blocking: bool = True, monitor: ProducerMonitor | None = None,
+                 store: StateStore | None = None) -> None:
         self.cfg = cfg
         self.monitor = monitor or ProducerMonitor(cfg)  # metrics/health (cynomys/metrics)
         self.sink = sink
         self.stop = stop or threading.Event()
         self.blocking = blocking
         self.state_path = cfg.resolve(cfg.producer.state_dir) / "producer.json"
-        self.state = ProducerState.load(self.state_path)
+        self.store: StateStore = store or FileStateStore(self.state_path)
+        self.state = self.store.load()
         self.max_events = cfg.producer.batch_max_events
         self.max_delay = cfg.producer.batch_max_delay_ms / 1000.0
         self.stats = {"batches": 0, "changes_in": 0, "changes_out": 0, "transactions": 0}
@@ -162,7 +199,7 @@ class Producer:
             raise TerminalError(
                 f"the transport {self.sink.describe()} claims to hold envelope {accepted} of producer "
                 f"{self.cfg.producer.id!r}, but this producer sent only up to {sent} "
-                f"(state {self.state_path})",
+                f"(state {self.store.describe()})",
                 hint="another producer may be writing with the same [producer] id, or the transport's sequence "
                      "state was altered; find out which before going on (nothing was skipped)")
         if pending is not None:
@@ -300,7 +337,7 @@ class Producer:
 
     def _save(self) -> None:
         self.state.stats = dict(self.stats)
-        self.state.save(self.state_path)
+        self.store.save(self.state)
 
 
 class _Batching:
@@ -365,7 +402,7 @@ class _Batching:
                     self.skip_tid = None  # every change was shipped; only its end was not
             if self.skip_tid is not None:
                 raise TerminalError(
-                    f"producer state {p.state_path} says transaction {self.skip_tid} was partly sent "
+                    f"producer state {p.store.describe()} says transaction {self.skip_tid} was partly sent "
                     f"({self.skip_n} changes), but reading from {p.state.checkpoint} ended a transaction "
                     f"at {out.end} first",
                     hint="the binlog at the checkpoint is not what was read before (a restored or different "
@@ -387,7 +424,7 @@ class _Batching:
         """The first change of another transaction."""
         if self.skip_tid is not None and change.tid != self.skip_tid:
             raise TerminalError(
-                f"producer state {self.p.state_path} says transaction {self.skip_tid} was partly sent "
+                f"producer state {self.p.store.describe()} says transaction {self.skip_tid} was partly sent "
                 f"({self.skip_n} changes), but reading from {self.p.state.checkpoint} found transaction "
                 f"{change.tid} first",
                 hint="the binlog at the checkpoint is not what was read before (a restored or different "
@@ -501,10 +538,21 @@ class SealedSink:
         if tcfg.kind == "file":
             tcfg = replace(tcfg, path=str(cfg.resolve(tcfg.path)))
         self.publisher = open_publisher(tcfg)
+        self.fence_token = 0  # the HA lease's fencing token, sealed into each envelope (0: no HA)
         self._where = f"file {tcfg.path}" if tcfg.kind == "file" else f"stream {tcfg.stream!r} ({tcfg.mode})"
 
     def last_sequence(self) -> int:
         return self.publisher.last_sequence(self.producer_id)
+
+    def fence(self, token: int, lease_key: str, lease_value: str) -> None:
+        """An HA leader's new term: seal ``token`` into every envelope, and
+        have the transport refuse them once the lease holds another value."""
+        fence = getattr(self.publisher, "fence", None)
+        if fence is None:
+            raise ConfigError(f"the transport {self._where} cannot fence an HA producer",
+                              hint='use [transport] kind = "redis" with [producer] ha = true')
+        fence(lease_key, lease_value)
+        self.fence_token = token
 
     def describe(self) -> str:
         return self._where
@@ -519,7 +567,7 @@ class SealedSink:
                 f"{batch.end}), more than [transport] max_envelope_bytes = {self.max_payload} the applier accepts",
                 hint="lower [producer] batch_max_events (large rows), or raise [transport] max_envelope_bytes "
                      "on both sides")
-        envelope = self.sealer.seal(payload, seq)
+        envelope = self.sealer.seal(payload, seq, self.fence_token)
         self.publisher.publish(self.producer_id, seq, envelope, stop)
         self.bytes_sent += len(envelope)  # read by the metrics (cynomys_producer_envelope_bytes_total)
 

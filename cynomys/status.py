@@ -13,6 +13,7 @@ on the applier's host: run `cynomys status` there for its part.
 """
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,9 @@ def collect(cfg: Config) -> dict[str, Any]:
         report["source"] = {"reachable": False, "error": str(exc)}
 
     pstate = ProducerState.load(cfg.resolve(cfg.producer.state_dir) / "producer.json")
+    ha: dict[str, Any] | None = None
+    if cfg.producer.ha:
+        pstate, ha = _ha_section(cfg, pstate)
     report["producer"] = {
         "id": cfg.producer.id,
         "checkpoint": str(pstate.checkpoint) if pstate.checkpoint else None,
@@ -159,6 +163,8 @@ def collect(cfg: Config) -> dict[str, Any]:
         "hot_path": (_read_report(cfg.resolve(cfg.producer.state_dir) / "producer.json") or {}).get("hot_path"),
         "health": _health(cfg, cfg.producer.state_dir, "producer"),
     }
+    if ha is not None:
+        report["producer"]["ha"] = ha
     # The applier mirrors what it committed to the target into applier.json
     # after every flush (cynomys/applier/loop.py _report); partitioned
     # appliers each into applier.p<i>.json, shown one by one.
@@ -182,6 +188,33 @@ def collect(cfg: Config) -> dict[str, Any]:
         report["transport"] = {"reachable": False, "error": str(exc)}
     report["snapshot"] = _snapshot_section(cfg)
     return report
+
+
+def _ha_section(cfg: Config, mirror: Any) -> tuple[Any, dict[str, Any]]:
+    """HA producers: the state from Redis (the truth; the local
+    producer.json is only the mirror of whoever led on this host) and who
+    holds the lease."""
+    from cynomys.producer import ProducerState
+    from cynomys.transport.lease import RedisLease
+
+    try:
+        lease = RedisLease(cfg.transport, cfg.producer.id, "status", cfg.producer.lease_ms)
+        try:
+            holder, state = lease.holder(), lease.load_state()
+        finally:
+            lease.close()
+    except CynomysError as exc:
+        return mirror, {"lease": lease_key(cfg), "error": str(exc).splitlines()[0], "state": "local mirror"}
+    token, _, owner = (holder or "").partition(":")
+    if state is not None:  # signed by the producer (cynomys/ha.py); status shows it unverified
+        state = json.loads(state["state"]) if isinstance(state.get("state"), str) else None
+    return (ProducerState.from_dict(state) if state is not None else mirror), {
+        "lease": lease_key(cfg), "leader": owner or None, "fencing_token": int(token) if token else None,
+        "state": "redis" if state is not None else "local mirror (no state in Redis yet)"}
+
+
+def lease_key(cfg: Config) -> str:
+    return f"{cfg.transport.stream}:lease:{cfg.producer.id}"
 
 
 def _snapshot_section(cfg: Config) -> dict[str, Any]:

@@ -96,6 +96,7 @@ class Applier:
         self.stats = ApplierStats()
         self.producer_id = cfg.producer.id
         self.incarnations: dict[str, str] = {}  # producer -> incarnation id last seen
+        self.fences: dict[str, int] = {}  # producer -> newest HA fencing token seen (_check_fence)
         # State to commit with the next flush: the last *complete* envelope taken.
         self.pending_state: AppliedState | None = None
         self.last_delivery = time.monotonic()
@@ -160,6 +161,8 @@ class Applier:
             self.stats.rejected["producer-mismatch"] += 1
             self.sub.dead_letter(d, f"payload names producer {batch.producer_id!r}, envelope {pid!r}")
             return
+        if not self._check_fence(pid, seq, opened.fence, d):
+            return
         self._check_incarnation(pid, seq, batch)
         # The tracker's high-water mark is the last envelope *taken* (buffered
         # or committed); at start it is restored from the target's state.
@@ -175,6 +178,28 @@ class Applier:
         # number and position (cynomys/applier/partition.py).
         self.take(pid, seq, self.partitioning.select(batch))
         self.unacked.append(d.id)
+
+    def _check_fence(self, pid: str, seq: int, fence: int, d: Delivery) -> bool:
+        """HA producers: an envelope sealed under an older lease term than
+        one already seen comes from a deposed leader (paused past its lease
+        while another took over).  The transport refuses those already; this
+        is the second line, for an envelope that got in anyway (a replay, a
+        transport without the fencing script).  Dead-lettered as ``fenced``,
+        before the duplicate check: its number may be a successor's."""
+        newest = self.fences.get(pid, 0)
+        if fence == 0:
+            return True  # a producer without HA (or HA switched off): nothing to fence
+        if fence >= newest:
+            if fence > newest and newest:
+                log.info("producer %s: new HA lease term (fencing token %d, was %d) from envelope %d",
+                         pid, fence, newest, seq)
+            self.fences[pid] = fence
+            return True
+        self.stats.rejected["fenced"] += 1
+        log.error("rejected envelope %s (seq %d of %s, fencing token %d): a newer lease term (token %d) was "
+                  "seen; it comes from a deposed leader; moved to the dead-letter stream", d.id, seq, pid, fence, newest)
+        self.sub.dead_letter(d, f"fenced: token {fence} < newest {newest} of producer {pid!r}")
+        return False
 
     def _check_incarnation(self, pid: str, seq: int, batch: Batch) -> None:
         """A producer that lost its state starts as a new incarnation.  If it

@@ -84,3 +84,9 @@ class SchemaError(TerminalError):
 def is_transient(exc: BaseException) -> bool:
     """True when ``exc`` is marked as worth retrying."""
     return isinstance(exc, CynomysError) and exc.transient
+
+
+class LeaseLost(TerminalError):
+    """An HA producer no longer holds the lease (it expired, or another
+    producer took it over): it must stop working and stand by.  Raised by a
+    fenced publish or state write; the HA loop (cynomys/ha.py) catches it."""

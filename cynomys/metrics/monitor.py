@@ -15,7 +15,8 @@ Metric names (Prometheus text format; ``table`` is ``db.table``):
 producer: cynomys_producer_events_in_total{table}, cynomys_producer_rows_out_total{table},
   cynomys_producer_binlog_bytes_read_total, cynomys_producer_envelope_bytes_total,
   cynomys_producer_batches_total, cynomys_producer_transactions_total,
-  cynomys_producer_lag_seconds, cynomys_producer_lag_bytes, cynomys_producer_leader
+  cynomys_producer_lag_seconds, cynomys_producer_lag_bytes, cynomys_producer_leader,
+  cynomys_producer_lease_token, cynomys_producer_lease_acquired_total, cynomys_producer_fenced_total
 applier: cynomys_applier_rows_in_total{table}, cynomys_applier_rows_out_total{table},
   cynomys_applier_envelope_bytes_total, cynomys_applier_envelopes_total,
   cynomys_applier_duplicates_total, cynomys_applier_envelopes_rejected_total{reason},
@@ -218,9 +219,18 @@ class ProducerMonitor(_Monitor):
         self.lag_bytes = Gauge("cynomys_producer_lag_bytes",
                                "Binlog bytes between the source's end and the producer's checkpoint "
                                "(NaN across binlog files)", registry=r)
-        # One producer per source for now (the HA producer of #16 will move this).
-        Gauge("cynomys_producer_leader", "1 when this producer is the one reading the source",
-              registry=r).set(1)
+        # Without HA the one producer always leads; an HA producer starts as
+        # a standby (cynomys/ha.py calls leading / standing_by).
+        self.leader = Gauge("cynomys_producer_leader", "1 when this producer is the one reading the source",
+                            registry=r)
+        self.leader.set(0 if cfg.producer.ha else 1)
+        self.lease_token = Gauge("cynomys_producer_lease_token",
+                                 "Fencing token of the HA lease this producer holds (0: none)", registry=r)
+        self.terms = Counter("cynomys_producer_lease_acquired", "HA lease terms this producer began (takeovers)",
+                             registry=r)
+        self.fenced_writes = Counter("cynomys_producer_fenced",
+                                     "Writes (envelope or state) Redis refused because this producer's HA lease "
+                                     "had moved on", registry=r)
         self.lag_bytes.set(math.nan)
         self._in: Tally[str] = Tally()
         self._deltas = _Deltas()
@@ -261,6 +271,21 @@ class ProducerMonitor(_Monitor):
             except (CynomysError, OSError) as exc:
                 self._checked(exc)
             self._stop.wait(self.cfg.metrics.health_interval_s)
+
+    # -- HA hooks (cynomys/ha.py) -----------------------------------------
+    def leading(self, token: int) -> None:
+        self.leader.set(1)
+        self.lease_token.set(token)
+        self.terms.inc()
+
+    def standing_by(self) -> None:
+        """A standby's loop turn: it is alive (healthy), and not the leader."""
+        self.leader.set(0)
+        self.lease_token.set(0)
+        self._beat()
+
+    def fenced(self) -> None:
+        self.fenced_writes.inc()
 
     # -- hooks (called from the producer's loop thread) ------------------
     def change_in(self, change: Change) -> None:

@@ -12,6 +12,7 @@ Byte layout (big-endian; see FORMAT.md for the why)::
       seq            8   u64, >= 1
       key_id         8   random id of the data key
       sealed_at_ms   8   u64 unix time of sealing (for lag reporting only)
+      fence          8   u64 fencing token of the producer's lease (version 2 only)
     body
       wrapped_len    2   u16
       wrapped_key    W   RSA-OAEP(SHA-256) of the 32-byte data key
@@ -24,6 +25,12 @@ The wrapped key travels in *every* envelope so each one can be opened on its
 own (after a trimmed stream, a lost pub/sub message, from a dead letter); the
 Opener unwraps each (producer, key id) once and caches the AES key, so RSA
 costs one private-key operation per data key, not per envelope.
+
+Version 2 differs from version 1 only by the ``fence`` field: an HA producer
+(cynomys/ha.py) writes the fencing token of the lease it held when sealing,
+so the applier can refuse an envelope from a deposed leader.  Envelopes
+without a token (fence 0, a producer without HA) are still written as
+version 1, which older appliers read.
 """
 from __future__ import annotations
 
@@ -55,7 +62,9 @@ from cynomys.transport.keys import (
 log = logging.getLogger(__name__)
 
 MAGIC = b"CYNE"
-VERSION = 1
+VERSION = 1          # no fencing token
+VERSION_FENCED = 2   # + the lease's fencing token
+_VERSIONS = (VERSION, VERSION_FENCED)
 KEY_ID_LEN = 8
 NONCE_LEN = 12
 NONCE_PREFIX_LEN = 4
@@ -78,6 +87,7 @@ _U8 = struct.Struct(">B")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _TAIL = struct.Struct(">Q8sQ")  # seq, key_id, sealed_at_ms
+_U64 = struct.Struct(">Q")
 
 
 @dataclass(frozen=True)
@@ -90,6 +100,7 @@ class EnvelopeHeader:
     seq: int
     key_id: bytes
     sealed_at_ms: int
+    fence: int = 0  # fencing token of the HA producer's lease (0: none)
 
 
 @dataclass(frozen=True)
@@ -103,11 +114,12 @@ class Opened:
     key_id: bytes
     sealed_at_ms: int
     payload: bytes
+    fence: int = 0
 
     @property
     def header(self) -> EnvelopeHeader:
         return EnvelopeHeader(self.version, self.producer_id, self.stream, self.seq,
-                              self.key_id, self.sealed_at_ms)
+                              self.key_id, self.sealed_at_ms, self.fence)
 
 
 @dataclass(frozen=True)
@@ -129,9 +141,12 @@ def _oaep(producer: bytes, stream: bytes, key_id: bytes) -> padding.OAEP:
     return padding.OAEP(mgf=padding.MGF1(algorithm=hashes.SHA256()), algorithm=hashes.SHA256(), label=label)
 
 
-def _encode_header(producer: bytes, stream: bytes, seq: int, key_id: bytes, sealed_at_ms: int) -> bytes:
-    return b"".join((MAGIC, _U8.pack(VERSION), _U8.pack(len(producer)), producer,
-                     _U16.pack(len(stream)), stream, _TAIL.pack(seq, key_id, sealed_at_ms)))
+def _encode_header(producer: bytes, stream: bytes, seq: int, key_id: bytes, sealed_at_ms: int,
+                   fence: int = 0) -> bytes:
+    version = VERSION_FENCED if fence else VERSION
+    return b"".join((MAGIC, _U8.pack(version), _U8.pack(len(producer)), producer,
+                     _U16.pack(len(stream)), stream, _TAIL.pack(seq, key_id, sealed_at_ms),
+                     _U64.pack(fence) if fence else b""))
 
 
 def _reject(reason: str, message: str, hint: str | None = None) -> EnvelopeRejected:
@@ -166,15 +181,17 @@ def _parse_header(r: _Reader) -> EnvelopeHeader:
     if magic != MAGIC:
         raise _reject("bad-magic", f"not a Cynomys envelope (starts with {magic!r}, expected {MAGIC!r})")
     (version,) = _U8.unpack(r.take(1, "version"))
-    if version != VERSION:
-        raise _reject("bad-version", f"envelope format version {version} is not supported (this build reads {VERSION})",
+    if version not in _VERSIONS:
+        raise _reject("bad-version", f"envelope format version {version} is not supported (this build reads "
+                                     f"{', '.join(map(str, _VERSIONS))})",
                       hint="upgrade the applier to the producer's Cynomys version")
     (plen,) = _U8.unpack(r.take(1, "producer id length"))
     producer = _text(r.take(plen, "producer id"), "producer id")
     (slen,) = _U16.unpack(r.take(2, "stream length"))
     stream = _text(r.take(slen, "stream name"), "stream name")
     seq, key_id, sealed_at_ms = _TAIL.unpack(r.take(_TAIL.size, "sequence/key id"))
-    return EnvelopeHeader(version, producer, stream, seq, key_id, sealed_at_ms)
+    (fence,) = _U64.unpack(r.take(_U64.size, "fencing token")) if version == VERSION_FENCED else (0,)
+    return EnvelopeHeader(version, producer, stream, seq, key_id, sealed_at_ms, fence)
 
 
 def _parse(data: bytes) -> _Parsed:
@@ -266,11 +283,26 @@ class Sealer:
         self.keys_created += 1
         log.debug("producer %s stream %s: new data key %s", self.producer_id, self.stream, self.key_id.hex())
 
-    def seal(self, payload: bytes, seq: int) -> bytes:
-        """One envelope holding ``payload`` as envelope ``seq`` (1 .. 2**64-1)."""
+    def sign_detached(self, context: bytes, data: bytes) -> bytes:
+        """An Ed25519 signature of ``context || data`` with the producer's key
+        (the HA producer signs its state in Redis with it)."""
+        return self._signer.sign(context + data)
+
+    def verify_detached(self, context: bytes, data: bytes, signature: bytes) -> bool:
+        try:
+            self._signer.public_key().verify(signature, context + data)
+        except InvalidSignature:
+            return False
+        return True
+
+    def seal(self, payload: bytes, seq: int, fence: int = 0) -> bytes:
+        """One envelope holding ``payload`` as envelope ``seq`` (1 .. 2**64-1);
+        ``fence``: the HA lease's fencing token (0: none, a version 1 envelope)."""
         if not 1 <= seq <= MAX_SEQ:
             # A caller bug, not an operational condition.
             raise ValueError(f"sequence number {seq} is outside 1..2**64-1")
+        if not 0 <= fence <= MAX_SEQ:
+            raise ValueError(f"fencing token {fence} is outside 0..2**64-1")
         compressor = zlib.compressobj(self._level, zlib.DEFLATED, _GZIP_WBITS)
         compressed = compressor.compress(payload) + compressor.flush()
         with self._lock:
@@ -280,7 +312,7 @@ class Sealer:
             nonce = self._nonce_prefix + self._counter.to_bytes(8, "big")
             self._counter += 1
             key_id, aes, wrapped = self.key_id, self._aes, self._wrapped
-        header = _encode_header(self._producer, self._stream, seq, key_id, int(time.time() * 1000))
+        header = _encode_header(self._producer, self._stream, seq, key_id, int(time.time() * 1000), fence)
         ciphertext = aes.encrypt(nonce, compressed, header)
         signed = b"".join((header, _U16.pack(len(wrapped)), wrapped, nonce, _U32.pack(len(ciphertext)), ciphertext))
         return signed + self._signer.sign(signed)
@@ -355,7 +387,7 @@ class Opener:
         except InvalidTag:
             raise _reject("decrypt-failed", f"{who}: AES-GCM authentication failed") from None
         payload = self._gunzip(compressed, who)
-        return Opened(h.version, h.producer_id, h.stream, h.seq, h.key_id, h.sealed_at_ms, payload)
+        return Opened(h.version, h.producer_id, h.stream, h.seq, h.key_id, h.sealed_at_ms, payload, h.fence)
 
     def _gunzip(self, compressed: bytes, who: str) -> bytes:
         """Decompress at most max_payload_bytes; one byte more is a rejection,

@@ -6,7 +6,16 @@ Keys used, for stream name S (the default S is "cynomys"):
                  stream entries have fields {producer, seq, env};
 * ``S:seq``      hash producer id -> highest sequence accepted, updated in the
                  same Lua script as the XADD / PUBLISH (atomic);
-* ``S:dead``     dead-letter stream (or [transport] dead_letter_stream).
+* ``S:dead``     dead-letter stream (or [transport] dead_letter_stream);
+* ``S:lease:P``, ``S:fence:P``, ``S:state:P``  an HA producer's lease, fencing
+                 counter and state (cynomys/transport/lease.py).
+
+Fencing (HA producers): the publish scripts take the lease key as their last
+key and the value the publisher believes it holds ("token:owner") as their
+last argument; when that value is set and the lease holds anything else
+(expired, or taken over by another producer with a newer token), the script
+writes nothing and returns -2.  The check and the write are one script, so a
+deposed leader cannot publish between them.
 
 The publish script is idempotent per (producer, seq): a sequence at or below
 the accepted one is not written again.  That makes the publisher's blind
@@ -31,6 +40,7 @@ from cynomys.core.errors import (
     ConfigError,
     CynomysError,
     EnvelopeRejected,
+    LeaseLost,
     TerminalError,
     TransportUnavailableError,
 )
@@ -65,14 +75,20 @@ local function le(a, b)
   return a <= b
 end
 """
-_STREAM_PUBLISH = _LUA_LE + """
+# A fenced publisher whose lease value is not the current one (-2).
+_LUA_FENCE = """
+local fence = ARGV[#ARGV]
+if fence ~= '' and redis.call('GET', KEYS[#KEYS]) ~= fence then return -2 end
+"""
+FENCED = -2
+_STREAM_PUBLISH = _LUA_LE + _LUA_FENCE + """
 local last = redis.call('HGET', KEYS[2], ARGV[1]) or '0'
 if le(ARGV[2], last) then return 0 end
 redis.call('XADD', KEYS[1], '*', 'producer', ARGV[1], 'seq', ARGV[2], 'env', ARGV[3])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 return 1
 """
-_PUBSUB_PUBLISH = _LUA_LE + """
+_PUBSUB_PUBLISH = _LUA_LE + _LUA_FENCE + """
 local last = redis.call('HGET', KEYS[1], ARGV[1]) or '0'
 if le(ARGV[2], last) then return -1 end
 local receivers = redis.call('PUBLISH', ARGV[4], ARGV[3])
@@ -211,6 +227,22 @@ class _RedisPublisherBase:
         self._r = _client(cfg.url, PUBLISH_SOCKET_TIMEOUT_S)
         self._script = self._r.register_script(self._script_text)
         self._seq_key = f"{cfg.stream}:seq"
+        # HA fencing: (lease key, "token:owner") while this process leads;
+        # ("", "") publishes without a lease (a single producer).
+        self._lease_key = f"{cfg.stream}:lease:-"
+        self._lease_value = ""
+
+    def fence(self, lease_key: str, lease_value: str) -> None:
+        """Publish from now on only while ``lease_key`` holds ``lease_value``."""
+        self._lease_key, self._lease_value = lease_key, lease_value
+
+    def _fenced(self, result: int, seq: int, producer_id: str) -> None:
+        if result == FENCED:
+            raise LeaseLost(
+                f"Redis at {self._url} refused envelope {seq} of {producer_id}: the HA lease {self._lease_key} "
+                f"is no longer ours ({self._lease_value}); another producer took over or it expired",
+                hint="nothing to do: this producer stands by again (if it happens often, raise [producer] "
+                     "lease_ms or find what pauses the producer)")
 
     def _run(self, producer_id: str, seq: int, envelope: bytes, stop: threading.Event | None) -> tuple[int, int]:
         """Run the publish script until Redis accepts it (see Publisher.publish).
@@ -265,10 +297,12 @@ class RedisStreamPublisher(_RedisPublisherBase):
         self._warned_no_group = False
 
     def _call(self, producer_id: str, seq: int, envelope: bytes) -> Any:
-        return self._script(keys=[self._cfg.stream, self._seq_key], args=[producer_id, seq, envelope])
+        return self._script(keys=[self._cfg.stream, self._seq_key, self._lease_key],
+                            args=[producer_id, seq, envelope, self._lease_value])
 
     def publish(self, producer_id: str, seq: int, envelope: bytes, stop: threading.Event | None = None) -> None:
         result, attempts = self._run(producer_id, seq, envelope, stop)
+        self._fenced(result, seq, producer_id)
         # On a retry "already there" is expected (the lost reply's command ran);
         # on a first attempt the producer re-sent an old sequence.
         if result == 0 and attempts == 1:
@@ -365,10 +399,12 @@ class RedisPubSubPublisher(_RedisPublisherBase):
         self._warned_no_subscriber = False
 
     def _call(self, producer_id: str, seq: int, envelope: bytes) -> Any:
-        return self._script(keys=[self._seq_key], args=[producer_id, seq, envelope, self._cfg.stream])
+        return self._script(keys=[self._seq_key, self._lease_key],
+                            args=[producer_id, seq, envelope, self._cfg.stream, self._lease_value])
 
     def publish(self, producer_id: str, seq: int, envelope: bytes, stop: threading.Event | None = None) -> None:
         receivers, attempts = self._run(producer_id, seq, envelope, stop)
+        self._fenced(receivers, seq, producer_id)
         if receivers == -1 and attempts == 1:
             log.warning("channel %s already had envelope %d of %s (or a later one); not published again",
                         self._cfg.stream, seq, producer_id)

@@ -46,9 +46,7 @@ def _applier_names(appliers: int) -> list[str]:
     return ["applier"] if appliers == 1 else [f"applier{i}" for i in range(appliers)]
 
 
-def _start(cfg: Path, name: str, logs: Path) -> subprocess.Popen[bytes]:
-    if name == "producer":
-        return _daemon(cfg, "produce", logs / "producer.log")
+def _start_applier(cfg: Path, name: str, logs: Path) -> subprocess.Popen[bytes]:
     env = {"CYNOMYS_APPLIER_PARTITION": name[len("applier"):]} if name != "applier" else None
     return _daemon(cfg, "apply", logs / f"{name}.log", env)
 
@@ -208,17 +206,44 @@ class MariaDBSide:
         self.tgt.destroy()
 
 
+class OneProducer:
+    """The harness's producer: one process, SIGKILLed and started again.
+    (tests/integration/test_ha.py has the HA pair: leader and standby.)"""
+
+    def __init__(self, cfg: Path, logs: Path, redis_url: str) -> None:
+        self.cfg, self.logs = cfg, logs
+        self.proc = _daemon(cfg, "produce", logs / "producer.log")
+
+    def procs(self) -> list[subprocess.Popen[bytes]]:
+        return [self.proc]
+
+    def log_tail(self) -> str:
+        return (self.logs / "producer.log").read_text()[-4000:]
+
+    def check(self) -> None:
+        assert self.proc.poll() is None, f"producer exited {self.proc.returncode}:\n" + self.log_tail()[-3000:]
+
+    def kill(self) -> None:
+        self.check()
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self.proc = _daemon(self.cfg, "produce", self.logs / "producer.log")
+
+
 def _run(tmp_path: Path, redis_url: str, *, writer: Any, batch_max_events: int, kills: list[str],
          alter_at: int | None, target: Callable[[MariaDBServer], Any] = MariaDBSide, write_s: float = 0.0,
-         catch_up_s: float = 180, applier: dict[str, Any] | None = None, appliers: int = 1) -> Path:
+         catch_up_s: float = 180, applier: dict[str, Any] | None = None, producer: dict[str, Any] | None = None,
+         producers: Callable[[Path, Path, str], Any] = OneProducer, appliers: int = 1) -> Path:
     """Writers and kills, then wait until the target equals the source.
     ``write_s``: keep writing at least this long (kills spread over it).
+    ``producers`` starts the producer process(es) and kills "the" producer.
     ``appliers``: that many partitioned appliers ([applier] partitions), named
     "applier0".. in ``kills``."""
     src = MariaDBServer(server_id=1).start()
     side = target(src)
-    names = ["producer", *_applier_names(appliers)]
-    procs = {n: subprocess.Popen(["true"]) for n in names}  # replaced once the daemons start
+    prods: Any = None
+    names = _applier_names(appliers)
+    apps = {n: subprocess.Popen(["true"]) for n in names}  # replaced once the daemons start
     if appliers > 1:
         applier = {"partitions": appliers, "progress_interval_ms": 2000, **(applier or {})}
     try:
@@ -226,7 +251,7 @@ def _run(tmp_path: Path, redis_url: str, *, writer: Any, batch_max_events: int, 
         cfg = write_config(
             tmp_path / "c.toml", src,
             source={"include_tables": ["app.*"], "start": "{}:{}".format(*src.execute("SHOW MASTER STATUS")[0][:2])},
-            producer={"id": "p1", "batch_max_events": batch_max_events, "batch_max_delay_ms": 100},
+            producer={"id": "p1", "batch_max_events": batch_max_events, "batch_max_delay_ms": 100, **(producer or {})},
             transport={"url": redis_url, "stream": f"e2e-{tmp_path.name}"},
             security={k: str(v) for k, v in keys.items()},
             applier={"buffer_rows": 2000, "max_delay_ms": 300, "consumer_name": "a1", **(applier or {})},
@@ -234,15 +259,16 @@ def _run(tmp_path: Path, redis_url: str, *, writer: Any, batch_max_events: int, 
         )
         logs = tmp_path / "logs"
         logs.mkdir()
+        prods = producers(cfg, logs, redis_url)
         for name in names:
-            procs[name] = _start(cfg, name, logs)
+            apps[name] = _start_applier(cfg, name, logs)
         src.execute("CREATE DATABASE app", *[f"CREATE TABLE app.{t} ({c})" for t, c in TABLES.items()])
         stop, done, errors = threading.Event(), [0], []
         writers = [threading.Thread(target=writer, args=(src, stop, s, done, errors)) for s in range(4)]
         for w in writers:
             w.start()
         rnd = random.Random(1)
-        counted = dict.fromkeys(names, 0)
+        counted = dict.fromkeys(["producer", *names], 0)
         pause = (0.5, 2.0) if not write_s else (0.5 * write_s / max(1, len(kills)), 1.5 * write_s / max(1, len(kills)))
         started = time.monotonic()
         try:
@@ -250,12 +276,14 @@ def _run(tmp_path: Path, redis_url: str, *, writer: Any, batch_max_events: int, 
                 time.sleep(rnd.uniform(*pause))
                 if i == alter_at:  # schema change in the middle of the run
                     src.execute("ALTER TABLE app.acct ADD COLUMN region CHAR(2) NOT NULL DEFAULT 'eu'")
-                proc = procs[name]
-                assert proc.poll() is None, (logs / f"{name}.log").read_text()[-3000:]
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
                 counted[name] += 1
-                procs[name] = _start(cfg, name, logs)
+                if name == "producer":
+                    prods.kill()
+                    continue
+                assert apps[name].poll() is None, (logs / f"{name}.log").read_text()[-3000:]
+                apps[name].send_signal(signal.SIGKILL)
+                apps[name].wait()
+                apps[name] = _start_applier(cfg, name, logs)
             time.sleep(max(0.0, write_s - (time.monotonic() - started)))
         finally:
             stop.set()
@@ -266,7 +294,8 @@ def _run(tmp_path: Path, redis_url: str, *, writer: Any, batch_max_events: int, 
         stopped = time.monotonic()
         try:
             def caught_up() -> bool:
-                for name, p in procs.items():
+                prods.check()
+                for name, p in apps.items():
                     assert p.poll() is None, f"{name} exited {p.returncode}:\n" + (logs / f"{name}.log").read_text()[-3000:]
                 # Compare the tables (dear on Spark: it competes with the
                 # applier for the CPU) only once the daemons' own reports say
@@ -281,17 +310,19 @@ def _run(tmp_path: Path, redis_url: str, *, writer: Any, batch_max_events: int, 
             last = side.diff(cfg)
             kept = _keep_artifacts(tmp_path, cfg, last)
             tails = "".join(f"{n}:\n{(logs / f'{n}.log').read_text()[-4000:]}\n" for n in names)
-            raise AssertionError(f"{exc}\n{last}\nartifacts kept in {kept}\n{tails}") from None
+            raise AssertionError(f"{exc}\n{last}\nartifacts kept in {kept}\n"
+                                 f"producer:\n{prods.log_tail()}\n{tails}") from None
         equal_after = time.monotonic() - stopped
-        for p in procs.values():
+        for p in [*prods.procs(), *apps.values()]:
             p.send_signal(signal.SIGTERM)
+        for p in [*prods.procs(), *apps.values()]:
             assert p.wait(120) == 0
         counts = {t: src.execute(f"SELECT COUNT(*) FROM app.{t}")[0][0] for t in TABLES}
         print(f"\n{done[0]} source transactions from 4 writers in {stopped - started:.0f}s, kills {counted}, "
               f"final rows {counts}; target equal {equal_after:.1f}s after the writers stopped")
         return cfg
     finally:
-        for p in procs.values():
+        for p in [*(prods.procs() if prods is not None else []), *apps.values()]:
             if p.poll() is None:
                 p.kill()
         src.destroy()
