@@ -156,3 +156,54 @@ def test_two_partitioned_appliers_one_killed_repeatedly_end_equal(tmp_path: Path
     text = subprocess.run([sys.executable, "-m", "cynomys.cli", "status", "-c", str(cfg)],
                           cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert "  partition 0:\n    sequence: " in text and "  partition 1:\n    sequence: " in text
+
+
+def test_envelopes_without_the_partitions_tables_move_its_state_without_a_write_each(
+        tmp_path: Path, mariadb: MariaDBServer) -> None:
+    """Partition 0 takes envelopes holding only partition 1's table: nothing
+    is written for them one by one; their progress is committed with the
+    next flush of its own data, or after progress_interval_ms."""
+    from cynomys.applier.loop import Applier, make_opener
+    from cynomys.core.model import Batch, Change, ColumnDef, Op, TableSchema
+    from cynomys.transport.keys import generate_keys
+
+    db = f"pp_{uuid.uuid4().hex[:8]}"
+    mine = next(f"m{i}" for i in range(1000) if table_partition(db, f"m{i}", 2) == 0)
+    other = next(f"o{i}" for i in range(1000) if table_partition(db, f"o{i}", 2) == 1)
+    keys = generate_keys(tmp_path / "keys", rsa_bits=2048)
+    cfg = load_config(write_config(
+        tmp_path / "c.toml", mariadb, producer={"id": db},  # (the state table is shared on this server)
+        transport={"kind": "file", "path": str(tmp_path / "t.bin")}, security={k: str(v) for k, v in keys.items()},
+        applier={"buffer_rows": 100_000, "max_delay_ms": 0, "partitions": 2, "partition": 0,
+                 "progress_interval_ms": 400},
+        target={"kind": "columnstore", "url": mariadb.url, "engine": "InnoDB"}), env={})
+    app = Applier(cfg, open_target(cfg), make_subscriber(cfg), make_opener(cfg))
+    app.start()
+
+    def envelope(seq: int, table: str) -> Batch:
+        schema = TableSchema(db, table, (ColumnDef("id", "int(11)", False),), ("id",))
+        txn = Position(F, seq * 100)
+        return Batch(db, (Change(Op.INSERT, db, table, f"0-1-{seq}", txn, 1, schema, None, (seq,)),),
+                     Position(F, seq * 100 + 50), True, txn, 0, 1, {"from": f"{F}:{seq * 100}"})
+
+    def take(seq: int, table: str) -> None:
+        app.take(db, seq, app.partitioning.select(envelope(seq, table)))
+        if app.buffer.due():  # as the loop does after each read
+            app.flush()
+
+    for seq in (1, 2, 3):
+        take(seq, other)
+    assert app.target.applied(db) is None, "a target write for envelopes holding nothing of partition 0"
+    take(4, mine)
+    assert app.target.applied(db) == AppliedState(db, 4, Position(F, 450), 1)
+    assert mariadb.execute(f"SELECT id FROM {db}.{mine}") == [(4,)]
+    take(5, other)
+    take(6, other)
+    assert app.target.applied(db).seq == 4  # type: ignore[union-attr]
+    time.sleep(0.5)  # progress_interval_ms passes
+    assert app.buffer.due()
+    app.flush()
+    assert app.target.applied(db) == AppliedState(db, 6, Position(F, 650), 1)
+    assert not app.target.table_exists(db, other)  # partition 1's table: never touched here
+    app.target.close()
+    app.sub.close()
