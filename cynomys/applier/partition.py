@@ -213,6 +213,10 @@ class PartitionTarget(Target):
     def connect(self) -> None:
         self.inner.connect()
         check_layout(self.inner, self.part, self.cfg.producer.id)
+        if self.part.active:
+            log.info("partition %d of %d: applying the tables with crc32(\"db.table\") mod %d = %d; state key %s",
+                     self.part.partition, self.part.partitions, self.part.partitions, self.part.partition,
+                     self.part.state_key(self.cfg.producer.id))
 
     def close(self) -> None:
         self.inner.close()
