@@ -157,6 +157,10 @@ class SparkConfig:
     maintenance_commits: int = field(default=40, metadata=_POSITIVE)
     snapshot_retention_s: int = field(default=3600, metadata=_NON_NEGATIVE)
     snapshots_kept: int = field(default=5, metadata=_POSITIVE)
+    # The tables of one flush are committed from this many threads at once
+    # (each table is its own Iceberg commit; a small MERGE is mostly driver
+    # work, so they overlap); 1 = one table after another.
+    commit_threads: int = field(default=4, metadata=_POSITIVE)
 
 
 @dataclass(frozen=True)
