@@ -1,22 +1,28 @@
 """Spark/Iceberg catch-up after a live OLTP source stops (issue #11).
 
-    python bench/bench_spark_catchup.py [--runs 1] [--buffer-rows 10000,2000]
+    python bench/bench_spark_catchup.py [--runs 1] [--spark-buffer-rows 10000,2000] [--no-reference]
 
-Runs tests/integration/test_e2e_spark.py (4 writers of the mixed workload for
-60 s, producer and applier SIGKILLed twice each, every Iceberg table then
-compared with the source row by row) once per ``[applier] buffer_rows`` and
-records how long after the writers stopped the target was equal (the test
-prints it; the test itself asserts equality only, never a time), with the
-applier's per-flush profile from its log (the ``flush seq`` lines of
-SparkTarget.apply: net changes, seconds, each table's commit).  Writes
-bench/results/spark_catchup.json.
+The scenario of tests/integration/test_e2e_spark.py (4 writers of the mixed
+workload for 60 s, producer and applier SIGKILLed twice each, an ALTER half
+way, every table then compared with the source row by row), run through the
+same helper (tests/integration/test_e2e_columnstore._run), once per Spark
+``[applier] buffer_rows`` and once into a plain MariaDB (the ColumnStore
+target code, engine InnoDB) as the reference: a target whose commit costs
+milliseconds shows what the producer and the transport allow.  Recorded per
+run: seconds from the writers' stop until every table was equal (the test
+asserts equality only, never a time), the source transactions written, and
+the applier's per-flush profile from its log (the ``flush seq`` lines of
+SparkTarget.apply).  Writes bench/results/spark_catchup.json.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import json
+import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +32,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import common  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 EQUAL = re.compile(r"(\d+) source transactions from 4 writers in (\d+)s, kills (\{[^}]*\}), final rows (\{[^}]*\}); "
                    r"target equal ([\d.]+)s after the writers stopped")
 FLUSH = re.compile(r"^(\S+ \S+) INFO \S+: flush seq (\d+): (\d+) net changes in ([\d.]+)s \(plan ([\d.]+)s; (.*); "
@@ -54,48 +59,72 @@ def flush_profile(log: Path) -> dict[str, Any]:
             "each": flushes}
 
 
-def run_once(buffer_rows: int, basetemp: Path) -> dict[str, Any]:
+def run_once(kind: str, buffer_rows: int, tmp: Path) -> dict[str, Any]:
+    from tests.integration.test_e2e_columnstore import MariaDBSide, _run, _writer
+    from tests.integration.test_e2e_spark import SparkSide
+    from tests.servers.redis import RedisServer
+
+    tmp.mkdir(parents=True)
+    side: Any = (lambda src: SparkSide(src, tmp / "c.toml")) if kind == "spark" else MariaDBSide
+    redis = RedisServer()
+    out: dict[str, Any] = {"target": kind, "buffer_rows": buffer_rows,
+                           "loadavg_1m_before": os.getloadavg()[0]}
+    printed = io.StringIO()
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "tests/integration/test_e2e_spark.py", "-k",
-                           f"iceberg[{buffer_rows}]", "-s", "-p", "no:cacheprovider", f"--basetemp={basetemp}"],
-                          cwd=ROOT, capture_output=True, text=True)
-    out: dict[str, Any] = {"buffer_rows": buffer_rows, "passed": proc.returncode == 0,
-                           "wall_s": round(time.monotonic() - t0, 1)}
-    m = EQUAL.search(proc.stdout)
+    try:
+        with contextlib.redirect_stdout(printed):
+            _run(tmp, redis.url, writer=_writer, batch_max_events=500, kills=["producer", "applier"] * 2,
+                 alter_at=2, target=side, write_s=60, catch_up_s=600,
+                 applier={"buffer_rows": buffer_rows, "max_delay_ms": 300})
+        out["equal"] = True
+    except AssertionError as exc:
+        out["equal"] = False
+        out["error"] = str(exc)[:2000]
+    finally:
+        redis.stop()
+    out["wall_s"] = round(time.monotonic() - t0, 1)
+    m = EQUAL.search(printed.getvalue())
     if m:
         out.update({"source_transactions": int(m.group(1)), "write_s": int(m.group(2)), "kills": m.group(3),
                     "final_rows": m.group(4), "catch_up_s": float(m.group(5))})
-    else:
-        out["tail"] = proc.stdout[-2000:]
-    logs = sorted(basetemp.glob("*/logs/applier.log"))
-    if logs:
-        out["applier_flushes"] = flush_profile(logs[-1])
-    print(f"buffer_rows {buffer_rows}: passed {out['passed']}, catch-up {out.get('catch_up_s')}s, "
-          f"{out.get('applier_flushes', {}).get('flushes')} flushes", flush=True)
+    log = tmp / "logs" / "applier.log"
+    if log.exists():
+        out["applier_flushes"] = flush_profile(log)
+        app = tmp / "applier-state" / "applier.json"
+        if app.exists():
+            out["applier_stats"] = json.loads(app.read_text()).get("stats")
+    print(f"{kind} buffer_rows {buffer_rows}: equal {out['equal']}, catch-up {out.get('catch_up_s')}s, "
+          f"{out.get('source_transactions')} source transactions, applier stats {out.get('applier_stats')}",
+          flush=True)
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--buffer-rows", default="10000,2000", help="comma-separated [applier] buffer_rows")
+    ap.add_argument("--spark-buffer-rows", default="10000,2000", help="comma-separated [applier] buffer_rows")
+    ap.add_argument("--no-reference", action="store_true", help="skip the MariaDB reference run")
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--note", default="", help="what this run measures (recorded)")
     ap.add_argument("--out", default=str(common.RESULTS / "spark_catchup.json"))
     args = ap.parse_args()
     info = common.machine()
+    plan = [("spark", int(n)) for n in args.spark_buffer_rows.split(",")]
+    if not args.no_reference:
+        plan.insert(1, ("mariadb", 10_000))  # between the Spark runs: the box's load drifts
     runs = []
     with tempfile.TemporaryDirectory(prefix="cynomys-catchup-") as tmp:
         for i in range(args.runs):
-            for n in (int(x) for x in args.buffer_rows.split(",")):
-                runs.append(run_once(n, Path(tmp) / f"r{i}-{n}"))
+            for kind, n in plan:
+                runs.append(run_once(kind, n, Path(tmp) / f"r{i}-{kind}-{n}"))
     result = {"benchmark": "bench/bench_spark_catchup.py " + " ".join(sys.argv[1:]),
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": info, "note": args.note,
               "scenario": "tests/integration/test_e2e_spark.py: 4 writers, mixed workload, 60 s, producer and "
-                          "applier SIGKILLed twice each, max_delay_ms 300, local[2]; catch_up_s = seconds from the "
-                          "writers' stop until every Iceberg table equalled the source row by row",
+                          "applier SIGKILLed twice each, ALTER half way, max_delay_ms 300, Spark local[2]; "
+                          "catch_up_s = seconds from the writers' stop until every table equalled the source row "
+                          "by row; target mariadb = the ColumnStore target code on InnoDB (reference)",
               "runs": runs}
     common.RESULTS.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(__import__("json").dumps(result, indent=2) + "\n")
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
 
 
