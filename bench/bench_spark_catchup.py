@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import io
 import json
 import os
@@ -52,7 +53,16 @@ def flush_profile(log: Path) -> dict[str, Any]:
     if not flushes:
         return {"flushes": 0}
     secs = [f["seconds"] for f in flushes]
-    return {"flushes": len(flushes), "seconds_total": round(sum(secs), 1), "seconds_median": statistics.median(secs),
+    # The second half of the flushes: envelopes committed per second.  When
+    # the flushes there take far fewer envelopes than a full read (200), the
+    # applier was waiting for them: this is then the rate they arrived at.
+    half = flushes[len(flushes) // 2:]
+    t = [datetime.datetime.strptime(f["at"], "%Y-%m-%d %H:%M:%S,%f") for f in half]
+    span = (t[-1] - t[0]).total_seconds()
+    tail = {"envelopes_per_s": round((half[-1]["seq"] - half[0]["seq"]) / span, 2) if span > 0 else None,
+            "envelopes_per_flush_median": statistics.median(
+                b["seq"] - a["seq"] for a, b in zip(half, half[1:])) if len(half) > 1 else None}
+    return {"second_half": tail, "flushes": len(flushes), "seconds_total": round(sum(secs), 1), "seconds_median": statistics.median(secs),
             "net_changes_median": statistics.median(f["net_changes"] for f in flushes),
             "envelopes_per_flush_median": statistics.median(
                 b["seq"] - a["seq"] for a, b in zip(flushes, flushes[1:])) if len(flushes) > 1 else None,
@@ -92,7 +102,14 @@ def run_once(kind: str, buffer_rows: int, tmp: Path) -> dict[str, Any]:
         out["applier_flushes"] = flush_profile(log)
         app = tmp / "applier-state" / "applier.json"
         if app.exists():
-            out["applier_stats"] = json.loads(app.read_text()).get("stats")
+            stats = out["applier_stats"] = json.loads(app.read_text()).get("stats")
+            if stats and stats.get("flushes"):
+                # Far below a full read (200): the applier waited for envelopes (it was not the bottleneck).
+                out["envelopes_per_flush_last_incarnation"] = round(stats["envelopes"] / stats["flushes"], 1)
+            rate = out["applier_flushes"].get("second_half", {}).get("envelopes_per_s")
+            if stats and stats.get("envelopes") and rate:
+                # Source row changes per second reaching the applier then.
+                out["second_half_row_changes_per_s"] = round(rate * stats["rows_in"] / stats["envelopes"])
     print(f"{kind} buffer_rows {buffer_rows}: equal {out['equal']}, catch-up {out.get('catch_up_s')}s, "
           f"{out.get('source_transactions')} source transactions, applier stats {out.get('applier_stats')}",
           flush=True)
