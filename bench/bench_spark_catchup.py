@@ -41,7 +41,7 @@ FLUSH = re.compile(r"^(\S+ \S+) INFO \S+: flush seq (\d+): (\d+) net changes in 
 
 def flush_profile(log: Path) -> dict[str, Any]:
     """Summary of the applier's flushes in one test's log (every incarnation)."""
-    flushes = []
+    flushes: list[dict[str, Any]] = []
     for line in log.read_text(errors="replace").splitlines():
         m = FLUSH.match(line)
         if m:
