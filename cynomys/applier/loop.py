@@ -37,15 +37,6 @@ log = logging.getLogger(__name__)
 
 READ_COUNT = 200  # envelopes per transport read
 RAW_FACTOR = 10  # x max_buffer_rows raw changes also end a backlog flush (bounds the replay after a crash)
-# After a flush, the next one due by size or age waits this many times as
-# long as the flush took: a target whose commit costs seconds (Spark) then
-# commits at most about half the time while the source trickles in, and
-# leaves the CPU it shares (a 2-core box: producer, source, JVM) to the
-# producer.  Measured (bench/bench_spark_catchup.py): without it the Spark
-# applier flushed every ~1.6 s, 1.3 s each, never behind, while the
-# producer bounded the catch-up.  A flush that takes milliseconds rests
-# milliseconds; the memory bound, DDL and shutdown never wait.
-REST_FACTOR = 1.0
 
 
 @dataclass
@@ -98,7 +89,6 @@ class Applier:
         # State to commit with the next flush: the last *complete* envelope taken.
         self.pending_state: AppliedState | None = None
         self.last_delivery = time.monotonic()
-        self.rest_until = 0.0  # no flush due by size or age before this (REST_FACTOR)
         self.report_path = cfg.resolve(cfg.applier.state_dir) / "applier.json"
 
     # ------------------------------------------------------------------
@@ -114,8 +104,7 @@ class Applier:
     def run(self, until_idle_s: float = 0.0) -> None:
         self.start()
         while not self.stop.is_set():
-            resting = max(0.0, self.rest_until - time.monotonic())
-            deliveries = self.sub.read(READ_COUNT, int(max(self.buffer.wait_s(), min(0.5, resting)) * 1000))
+            deliveries = self.sub.read(READ_COUNT, int(self.buffer.wait_s() * 1000))
             if deliveries:
                 self.last_delivery = time.monotonic()
             for d in deliveries:
@@ -125,7 +114,7 @@ class Applier:
             # Behind (the read came back full: more is waiting): take the
             # backlog into this flush rather than commit once per buffer_rows.
             behind = len(deliveries) >= READ_COUNT
-            if self.buffer.due() and not behind and time.monotonic() >= self.rest_until:
+            if self.buffer.due() and not behind:
                 self.flush()
             self._ack()  # envelopes seen again after a restart: nothing to commit for them
             self.monitor.turn(self, len(deliveries))
@@ -315,7 +304,6 @@ class Applier:
             self.stats.flushes += 1
             self.stats.rows_out += len(changes)
             self.monitor.flushed(changes, time.monotonic() - t0)
-            self.rest_until = time.monotonic() + REST_FACTOR * (time.monotonic() - t0)
             log.debug("flushed %d net changes in %.3fs up to %s", len(changes), time.monotonic() - t0, state.position)
         self.applied[state.producer_id] = state
         self._ack()
