@@ -51,10 +51,16 @@ def main() -> None:
                      f" rows/s; write p50/p99 {lat['baseline']['p50_ms']}/{lat['baseline']['p99_ms']} ms without, "
                      f"{lat['dblog']['p50_ms']}/{lat['dblog']['p99_ms']} ms during | — |")
     cu = load("spark_catchup")
-    for r in (cu or {}).get("runs", []):
-        lines.append(f"| catch-up after a live mixed source, {r['target']} (4 writers 60 s, 2+2 SIGKILLs, buffer_rows "
-                     f"{r['buffer_rows']}) | {r.get('source_transactions', '?'):,} source transactions; target equal "
-                     f"**{r.get('catch_up_s')} s** after the writers stopped (load {r['loadavg_1m_before']:.1f}) | — |")
+    if cu:
+        groups: dict[str, list[str]] = {}
+        for key, label in (("runs", ""), ("before_runs", ", main before helper-spark")):
+            for r in cu.get(key, []):
+                if r.get("catch_up_s") is not None:
+                    groups.setdefault(f"{r['target']}{label}, buffer_rows {r['buffer_rows']}", []).append(
+                        f"{r['catch_up_s']} s ({r['source_transactions'] // 1000}k txns, load {r['loadavg_1m_before']:.0f})")
+        for name, vals in groups.items():
+            lines.append(f"| catch-up after a live mixed source (4 writers 60 s, 2+2 SIGKILLs), {name} | target equal "
+                         f"after the writers stopped: " + "; ".join(vals) + " | — |")
     gr = load("spark_flush_growth_2m")
     for wl, res in (gr or {}).get("results", {}).items():
         for v, r in res.items():
