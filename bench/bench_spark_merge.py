@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import random
 import shutil
 import statistics
@@ -47,7 +48,7 @@ import tempfile
 import time
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import common  # noqa: E402
@@ -244,46 +245,78 @@ GROWTH_WORKLOADS = {
 
 def growth(bench: Bench, flushes: int, rows: int, base_rows: int,
            variants: dict[str, tuple[type[SparkTarget], dict[str, Any]]], workloads: list[str],
-           maintenance_commits: int) -> dict[str, Any]:
+           maintenance_commits: int, checkpoint: Callable[[dict[str, Any]], None] | None = None,
+           files_every: int = 5) -> dict[str, Any]:
     """Flush time against flush number, every variant on its own copy of each
     workload, interleaved flush by flush (the machine is shared: noise hits
-    all variants alike)."""
+    all variants alike).  ``all_s`` is each flush's apply time without the
+    maintenance that ran inside it (``maintenance_s``, per flush, holds that);
+    the live data/delete files are counted every ``files_every`` flushes
+    (outside the timing).  ``checkpoint`` gets the partial result every few
+    flushes, so a long run is never lost."""
     out: dict[str, Any] = {"flushes": flushes, "rows_per_flush": rows, "base_rows": base_rows,
                            "workloads": {w: GROWTH_WORKLOADS[w] for w in workloads},
                            "variants": {v: {"class": cls.__name__, **kw} for v, (cls, kw) in variants.items()},
                            "maintenance_commits": maintenance_commits, "results": {}}
     targets = {v: bench.target(cls, **kw, maintenance_commits=maintenance_commits)
                for v, (cls, kw) in variants.items()}
+    started = time.monotonic()
     try:
         for wl in workloads:
             loads = {v: Workload("bench", f"g_{wl}_{v}") for v in variants}
             for v, w in loads.items():
+                t0 = time.monotonic()
                 for start in range(0, base_rows, LOAD_CHUNK):
                     bench.timed(targets[v], [w.load(min(LOAD_CHUNK, base_rows - start))])
+                print(f"  {wl} {v}: loaded {base_rows} rows in {time.monotonic() - t0:.1f}s", flush=True)
                 for _ in range(3):  # warm-up: code generation of this table's statements
                     bench.timed(targets[v], [w.load(100) if wl == "insert_only" else w.changes(100)])
-            times: dict[str, list[float]] = {v: [] for v in variants}
+            res: dict[str, dict[str, Any]] = {
+                v: {"all_s": [], "maintenance_s": [], "files_at": [], "files_series": []} for v in variants}
+            out["results"][wl] = res
             for i in range(flushes):
                 order = list(loads.items())
                 for v, w in order[i % len(order):] + order[:i % len(order)]:  # rotated: no variant always first
                     tf = w.load(rows) if wl == "insert_only" else w.changes(rows, 0.1 if wl == "mixed_recent" else 1.0)
-                    times[v].append(round(bench.timed(targets[v], [tf])["total_s"], 3))
-            res = {}
-            k = max(1, flushes // 5)
+                    runs_before = len(targets[v].maintenance.runs)
+                    total = bench.timed(targets[v], [tf])["total_s"]
+                    maint = sum(r.seconds for r in targets[v].maintenance.runs[runs_before:])
+                    res[v]["all_s"].append(round(total - maint, 3))
+                    res[v]["maintenance_s"].append(round(maint, 3))
+                    if (i + 1) % files_every == 0 or i == 0 or i == flushes - 1:
+                        res[v]["files_at"].append(i + 1)
+                        res[v]["files_series"].append(file_counts(targets[v], f"g_{wl}_{v}"))
+                if (i + 1) % 10 == 0 or i == flushes - 1:
+                    for v in variants:
+                        summarize(res[v], targets[v], f"g_{wl}_{v}")
+                    out["elapsed_s"] = round(time.monotonic() - started, 1)
+                    out["flushes_done"] = i + 1
+                    print(f"  {wl} flush {i + 1}/{flushes} ({out['elapsed_s']:.0f}s): " + "; ".join(
+                        f"{v} last10 {statistics.median(r['all_s'][-10:]):.2f}s files {r['files_series'][-1]}"
+                        for v, r in res.items()), flush=True)
+                    if checkpoint:
+                        checkpoint(out)
             for v in variants:
-                first, last = statistics.median(times[v][:k]), statistics.median(times[v][-k:])
-                res[v] = {"first_median_s": round(first, 3), "last_median_s": round(last, 3),
-                          "median_s": round(statistics.median(times[v]), 3), "mean_s": round(statistics.mean(times[v]), 3),
-                          "all_s": times[v], "files": file_counts(targets[v], f"g_{wl}_{v}"),
-                          "maintenance_runs": [r.as_dict() for r in targets[v].maintenance.runs
-                                               if r.table.endswith(f"g_{wl}_{v}")]}
-                print(f"  {wl:13} {v:22} first {first:6.3f}s last {last:6.3f}s median "
-                      f"{res[v]['median_s']:6.3f}s files {res[v]['files']}", flush=True)
-            out["results"][wl] = res
+                r = res[v]
+                print(f"  {wl:13} {v:22} first {r['first_median_s']:6.3f}s last {r['last_median_s']:6.3f}s median "
+                      f"{r['median_s']:6.3f}s files {r['files']}", flush=True)
     finally:
         for t in targets.values():
             t.close()
     return out
+
+
+def summarize(r: dict[str, Any], target: SparkTarget, table: str) -> None:
+    """First/last medians (a fifth of the flushes each) and the maintenance log so far."""
+    times = r["all_s"]
+    k = max(1, len(times) // 5)
+    r.update({"first_median_s": round(statistics.median(times[:k]), 3),
+              "last_median_s": round(statistics.median(times[-k:]), 3),
+              "last_over_first": round(statistics.median(times[-k:]) / statistics.median(times[:k]), 3),
+              "median_s": round(statistics.median(times), 3), "mean_s": round(statistics.mean(times), 3),
+              "files": r["files_series"][-1] if r["files_series"] else {},
+              "max_files": max((sum(f.values()) for f in r["files_series"]), default=0),
+              "maintenance_runs": [m.as_dict() for m in target.maintenance.runs if m.table.endswith(table)]})
 
 
 def file_counts(target: SparkTarget, table: str) -> dict[str, int]:
@@ -300,18 +333,37 @@ def plot_growth(g: dict[str, Any], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     wls = list(g["results"])
-    fig, axes = plt.subplots(1, len(wls), figsize=(5 * len(wls), 4), squeeze=False)
-    for ax, wl in zip(axes[0], wls):
+    fig, axes = plt.subplots(2, len(wls), figsize=(6 * len(wls), 7), squeeze=False)
+    for col, wl in enumerate(wls):
+        ax, fx = axes[0][col], axes[1][col]
         for v, r in g["results"][wl].items():
-            ax.plot(range(1, len(r["all_s"]) + 1), r["all_s"], marker=".", label=v)
-        ax.set_title(f"{wl} ({g['rows_per_flush']} rows/flush)")
+            n = len(r["all_s"])
+            line = ax.plot(range(1, n + 1), r["all_s"], marker=".", markersize=3, linewidth=0.6, label=v)[0]
+            if n >= 10:  # a rolling median shows the trend through the noise
+                med = [statistics.median(r["all_s"][max(0, i - 9):i + 1]) for i in range(n)]
+                ax.plot(range(1, n + 1), med, color=line.get_color(), linewidth=2, label=f"{v} (median of 10)")
+            m = [(i + 1, s) for i, s in enumerate(r.get("maintenance_s", [])) if s > 0]
+            if m:
+                ax.scatter([x for x, _ in m], [s for _, s in m], marker="x", color=line.get_color(),
+                           label=f"{v}: maintenance (s, not in the flush time)")
+            fs = r.get("files_series", [])
+            if fs:
+                for kind, style in (("data", "-"), ("position_deletes", "--")):
+                    fx.plot(r["files_at"], [f.get(kind, 0) for f in fs], style, color=line.get_color(),
+                            label=f"{v}: {kind} files")
+        ax.set_title(f"{wl} ({g['rows_per_flush']} rows/flush, base {g['base_rows']} rows)")
         ax.set_xlabel("flush number")
         ax.set_ylabel("flush time (s)")
         ax.set_ylim(bottom=0)
-        ax.legend()
+        ax.legend(fontsize=7)
+        fx.set_xlabel("flush number")
+        fx.set_ylabel("live files in the table")
+        fx.set_ylim(bottom=0)
+        fx.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def machine() -> dict[str, Any]:
@@ -382,14 +434,22 @@ def main() -> None:
         if args.growth:
             print(f"flush time vs flush number ({args.growth} flushes of {args.growth_rows}):", flush=True)
             variants = {v: GROWTH_VARIANTS[v] for v in args.growth_variants.split(",")}
-            g = growth(bench, args.growth, args.growth_rows, args.growth_base, variants,
-                       args.growth_workloads.split(","), args.maintenance_commits)
-            g.update({"benchmark": "bench/bench_spark_merge.py --growth",
-                      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                      "machine": info, "spark_conf": CONF})
             path = Path(args.growth_out)
-            path.write_text(json.dumps(g, indent=2) + "\n")
-            plot_growth(g, path.with_suffix(".png"), f"{info.get('cpu', '?')}; base {args.growth_base} rows")
+
+            def save(g: dict[str, Any], final: bool = False) -> None:
+                g.update({"benchmark": "bench/bench_spark_merge.py " + " ".join(sys.argv[1:]),
+                          "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                          "machine": info, "spark_conf": CONF, "complete": final,
+                          "loadavg_1m_now": os.getloadavg()[0]})
+                tmp_path = path.with_suffix(".json.tmp")  # atomic: a reader never sees half a file
+                tmp_path.write_text(json.dumps(g, indent=2) + "\n")
+                tmp_path.replace(path)
+                plot_growth(g, path.with_suffix(".png"), f"{info.get('cpu', '?')}; base {args.growth_base} rows"
+                            + ("" if final else f" (partial: {g.get('flushes_done', 0)} flushes)"))
+
+            g = growth(bench, args.growth, args.growth_rows, args.growth_base, variants,
+                       args.growth_workloads.split(","), args.maintenance_commits, checkpoint=save)
+            save(g, final=True)
             print(f"wrote {path} and .png")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

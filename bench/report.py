@@ -50,8 +50,27 @@ def main() -> None:
                      f"{sn['snapshot']['dblog']['rows_per_s']:,.0f} rows/s, read-only {sn['snapshot']['read_only']['rows_per_s']:,.0f}"
                      f" rows/s; write p50/p99 {lat['baseline']['p50_ms']}/{lat['baseline']['p99_ms']} ms without, "
                      f"{lat['dblog']['p50_ms']}/{lat['dblog']['p99_ms']} ms during | — |")
+    cu = load("spark_catchup")
+    if cu:
+        groups: dict[str, list[str]] = {}
+        for key, label in (("runs", ""), ("before_runs", ", main before helper-spark")):
+            for r in cu.get(key, []):
+                if r.get("catch_up_s") is not None:
+                    groups.setdefault(f"{r['target']}{label}, buffer_rows {r['buffer_rows']}", []).append(
+                        f"{r['catch_up_s']} s ({r['source_transactions'] // 1000}k txns, load {r['loadavg_1m_before']:.0f})")
+        for name, vals in groups.items():
+            lines.append(f"| catch-up after a live mixed source (4 writers 60 s, 2+2 SIGKILLs), {name} | target equal "
+                         f"after the writers stopped: " + "; ".join(vals) + " | — |")
+    gr = load("spark_flush_growth_2m")
+    for wl, res in (gr or {}).get("results", {}).items():
+        for v, r in res.items():
+            lines.append(f"| Spark flush time vs flush number, {gr['base_rows']:,}-row table, {gr['flushes']} {wl} "
+                         f"flushes of {gr['rows_per_flush']:,}, {v} | first {r['first_median_s']} s, last "
+                         f"{r['last_median_s']} s, **last/first {r['last_over_first']}**; live files at most "
+                         f"{r['max_files']} (data + deletes) | — |")
     print("\n".join(lines))
-    for name in ("lineitem", "decode", "delay_commit", "seal", "snapshot", "monetdb_lineitem", "spark_merge"):
+    for name in ("lineitem", "decode", "delay_commit", "seal", "snapshot", "monetdb_lineitem", "spark_merge",
+                 "spark_catchup", "spark_flush_growth_2m"):
         d = load(name)
         if d:
             m = d.get("machine", {})

@@ -85,6 +85,12 @@ class DelayBuffer:
     def __len__(self) -> int:
         return self.raw_rows
 
+    def held(self) -> int:
+        """Net changes held after folding (what the buffer costs in memory and
+        what the flush writes); at most ``len(self)``, the raw changes taken.
+        Updates of a few hot keys fold into few net changes."""
+        return len(self.folder) + (len(self.sealed) if self.sealed is not None else 0)
+
     def add(self, changes: list[Change] | tuple[Change, ...]) -> None:
         self.folder.extend(changes)
         self.raw_rows += len(changes)

@@ -133,7 +133,7 @@ class ApplierConfig:
     max_delay_ms: int = field(default=1000, metadata=_NON_NEGATIVE)
     # Adaptive delay commit: buffer_rows / max_delay_ms are the floor a quiet
     # source sees; while envelopes keep arriving (the applier is behind) a
-    # flush waits for them, up to this many buffered changes (memory bound;
+    # flush waits for them, up to this many buffered net changes, folded (memory bound;
     # 0 = the target's backlog_factor x buffer_rows: 3 on Spark, 1 elsewhere;
     # each buffered lineitem change costs the applier 2-7 KB).  A target whose commit is dear (Spark/Iceberg)
     # then pays it once for the whole backlog instead of once per buffer_rows.
@@ -182,6 +182,10 @@ class SparkConfig:
     maintenance_commits: int = field(default=40, metadata=_POSITIVE)
     snapshot_retention_s: int = field(default=3600, metadata=_NON_NEGATIVE)
     snapshots_kept: int = field(default=5, metadata=_POSITIVE)
+    # The tables of one flush are committed from this many threads at once
+    # (each table is its own Iceberg commit; a small MERGE is mostly driver
+    # work, so they overlap); 1 = one table after another.
+    commit_threads: int = field(default=4, metadata=_POSITIVE)
 
 
 @dataclass(frozen=True)

@@ -183,18 +183,23 @@ class Crash(BaseException):
 
 
 class CrashingTarget(SparkTarget):
-    """Dies after ``commits`` table commits of its next flush."""
+    """Dies before committing table ``dies_at`` of its next flush; the
+    flush's other tables commit (one after another, or at the same time
+    from the commit threads: the same outcome either way)."""
 
-    commits = 1
+    dies_at = "b"
 
     def _commit(self, plan: TablePlan, state: AppliedState, recorded: AppliedState | None) -> bool:
-        if self.commits == 0:
+        if plan.schema.table == self.dies_at:
             raise Crash(f"killed before committing {plan.schema.name}")
-        self.commits -= 1
         return super()._commit(plan, state, recorded)
 
     def _abort(self, done: list[TablePlan], producer_id: str, recorded: AppliedState | None) -> None:
         pass  # a dead process rolls nothing back
+
+
+class CrashingBeforeA(CrashingTarget):
+    dies_at = "a"
 
 
 KEYED = ("id", "v")
@@ -223,7 +228,8 @@ def test_snapshot_summary_carries_the_flush(target: SparkTarget, db: str) -> Non
     contract.assert_rows(target, b, [(1, "x")])
 
 
-def test_crash_between_table_commits_replays_once(factory: Factory, db: str) -> None:
+@pytest.mark.parametrize("commit_threads", [1, 4])
+def test_crash_between_table_commits_replays_once(factory: Factory, db: str, commit_threads: int) -> None:
     producer = f"crash-{db}"
     a, b = _tables(db)
     first = factory()
@@ -237,7 +243,7 @@ def test_crash_between_table_commits_replays_once(factory: Factory, db: str) -> 
                          contract.change(Op.INSERT, a, after=(2, "b")),
                          contract.change(Op.DELETE, b, before=(1, "x")),
                          contract.change(Op.INSERT, b, after=(2, "y"))], s2)
-    crashing = factory(cls=CrashingTarget)
+    crashing = factory(cls=CrashingTarget, spark={"commit_threads": commit_threads})
     with pytest.raises(Crash):
         crashing.apply(fl)
     crashing.close()
@@ -268,7 +274,7 @@ def test_crash_then_replay_cut_differently(factory: Factory, db: str) -> None:
     changes = [contract.change(Op.DELETE, b, before=(1, "x")), contract.change(Op.INSERT, b, after=(3, "z")),
                contract.change(Op.UPDATE, a, before=(1, "a"), after=(1, "A"))]
     s3 = contract.state(seq=3, pos=300, producer=producer)
-    crashing = factory(cls=CrashingTarget)
+    crashing = factory(cls=CrashingBeforeA)
     with pytest.raises(Crash):
         crashing.apply(contract.flush(changes, s3))  # b committed (one x deleted, z added), a not
     crashing.close()

@@ -68,11 +68,14 @@ replay after a crash between the DDL and the state write changes nothing.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import shutil
 import tempfile
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar, Iterator, Sequence
 
@@ -148,7 +151,8 @@ class SparkTarget(Target):
         self._iceberg: IcebergApi | None = None
         # Tables known to match a schema: (db, table) -> (schema, layout); cleared by DDL and errors.
         self._ready: dict[tuple[str, str], tuple[TableSchema, Layout]] = {}
-        self._views = 0
+        self._views = itertools.count(1)  # source view names
+        self._spool_lock = threading.Lock()
         self.maintenance = Maintenance(cfg.target.spark)
         self._housekeeping: dict[str, Any] | None = None
         self._last_state: AppliedState | None = None  # what the last flush committed (maintenance checks it)
@@ -362,18 +366,22 @@ class SparkTarget(Target):
             # before the first commit: a value the target refuses stops the
             # flush before it has changed anything.
             plans = [p for p in (self._plan(tf) for tf in flush.tables) if p is not None]
+            t_plan = time.monotonic()
             done: list[TablePlan] = []
+            spent: list[str] = []
             try:
-                for plan in plans:
-                    if self._commit(plan, state, recorded):
-                        done.append(plan)
+                self._commit_all(plans, state, recorded, done, spent)
+                t1 = time.monotonic()
                 self.write_state(state)
             except BaseException:
                 self._abort(done, state.producer_id, recorded)
                 raise
         for plan in done:
             self.maintenance.committed(plan.schema.database, plan.schema.table)
-        log.debug("%s: %d rows in %.3fs", what, sum(p.rows for p in plans), time.monotonic() - t0)
+        end = time.monotonic()
+        # Where a flush's time goes (the catch-up profile of issue #11).
+        log.info("flush seq %d: %d net changes in %.2fs (plan %.2fs; %s; state %.2fs)", state.seq,
+                 sum(p.rows for p in plans), end - t0, t_plan - t0, "; ".join(spent) or "no rows", end - t1)
         self._last_state = state
         # Maintenance runs when the applier is idle (``idle``); an applier
         # that is never idle still maintains a table once it is overdue.
@@ -496,6 +504,41 @@ class SparkTarget(Target):
             hint="fix the value on the source (it does not fit the column's MySQL type), or the column type; "
                  "nothing of this flush was committed and it will be retried from the same position")
 
+    def _commit_all(self, plans: list[TablePlan], state: AppliedState, recorded: AppliedState | None,
+                    done: list[TablePlan], spent: list[str]) -> None:
+        """Commit every table of a flush, several at once (``commit_threads``):
+        each is its own Iceberg commit carrying the flush marker, so the
+        order does not matter, and a crash between them leaves tables ahead
+        of the state exactly as one after another would (rolled back or
+        skipped at the next flush).  Every commit runs to its end before a
+        failure is raised, so ``done`` names all that committed (``_abort``
+        rolls them back).  The marker reaches the commit because PySpark
+        pins each Python thread to its own JVM thread (checked in _commit)."""
+        def one(plan: TablePlan) -> tuple[bool, float]:
+            t0 = time.monotonic()
+            return self._commit(plan, state, recorded), time.monotonic() - t0
+
+        def record(plan: TablePlan, committed: bool, seconds: float) -> None:
+            if committed:
+                done.append(plan)
+            spent.append(f"{plan.schema.table} {plan.data.num_rows} rows {seconds:.2f}s")
+
+        threads = min(self.cfg.target.spark.commit_threads, len(plans))
+        if threads <= 1:
+            for plan in plans:
+                record(plan, *one(plan))
+            return
+        errors: list[BaseException] = []
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="cynomys-commit") as pool:
+            futures: list[tuple[TablePlan, Future[tuple[bool, float]]]] = [(p, pool.submit(one, p)) for p in plans]
+            for plan, fut in futures:
+                try:
+                    record(plan, *fut.result())
+                except BaseException as exc:  # the others still finish; raised below
+                    errors.append(exc)
+        if errors:
+            raise errors[0]
+
     def _commit(self, plan: TablePlan, state: AppliedState, recorded: AppliedState | None) -> bool:
         """Commit one table's plan; False when the table already holds it."""
         db, table = plan.schema.database, plan.schema.table
@@ -507,9 +550,9 @@ class SparkTarget(Target):
         if ahead:
             self._undo(db, table, ahead, recorded)
             current = self.iceberg.current(db, table)
-        self._views += 1
-        view = f"cynomys_src_{self._views}"
-        spool = self._spool(plan)
+        n = next(self._views)  # atomic: tables commit from several threads
+        view = f"cynomys_src_{n}"
+        spool = self._spool(plan, n)
         if spool is not None:
             # CORRECTED: pyarrow writes proleptic Gregorian dates, as Spark 3
             # does (the default refuses dates before 1582 in a foreign file).
@@ -533,7 +576,7 @@ class SparkTarget(Target):
                                       hint="run the applier with PYSPARK_PIN_THREAD unset or 'true'")
         return True
 
-    def _spool(self, plan: TablePlan) -> Path | None:
+    def _spool(self, plan: TablePlan, n: int) -> Path | None:
         """Large sources on a local master go to Spark as a Parquet file
         written by pyarrow (Spark's own reader) instead of an Arrow stream
         through Py4J: 2.7x the rows/s (DESIGN.md, measured on this box).  A
@@ -541,9 +584,10 @@ class SparkTarget(Target):
         if not self.parquet_handoff_rows or plan.data.num_rows < self.parquet_handoff_rows \
                 or not self.conf["spark.master"].startswith("local"):
             return None
-        if self._spool_dir is None:
-            self._spool_dir = Path(tempfile.mkdtemp(prefix="cynomys-spark-src-"))
-        path = self._spool_dir / f"src-{self._views}.parquet"
+        with self._spool_lock:
+            if self._spool_dir is None:
+                self._spool_dir = Path(tempfile.mkdtemp(prefix="cynomys-spark-src-"))
+        path = self._spool_dir / f"src-{n}.parquet"
         pq.write_table(plan.data, path, compression="none")  # read once, at once: compression is wasted work
         return path
 
