@@ -58,7 +58,7 @@ def _decimal(arr: Any, col: ColumnDef) -> Any:
     # the same text unless str() chose an exponent ('0E-10', '1E+3').
     if not pc.any(pc.match_substring(arr, "E")).as_py():
         return arr
-    return pa.array([None if v is None or "E" not in v else format(decimal.Decimal(v), "f")
+    return pa.array([v if v is None or "E" not in v else format(decimal.Decimal(v), "f")
                      for v in arr.to_pylist()], pa.string())
 
 
