@@ -1116,12 +1116,392 @@ done:
     return out;
 }
 
+/* ======================================================================
+ * decode_columns(payload, op_insert): the applier's compiled reader
+ * (issue #12, applier side).  Twin of schemas/codec.py decode (fastavro),
+ * for the common envelope: row INSERTs only.  Instead of a Python object
+ * per value it returns each image column in Arrow's memory layout (a
+ * validity bitmap, fixed-width values or int32 offsets + data), which
+ * cynomys/core/columnar.py wraps into pyarrow arrays without a copy, and
+ * the records as runs of consecutive inserts of one transaction.  Anything
+ * else (an UPDATE/DELETE/DDL record, a MixedColumn, malformed input) raises
+ * Fallback: the caller then decodes the payload with the reference.
+ * ====================================================================== */
+typedef struct { const unsigned char *p, *end; } Rd;
+
+static int rd_long(Rd *r, int64_t *out) {
+    uint64_t z = 0;
+    int shift = 0;
+    for (;;) {
+        if (r->p >= r->end) return fallback("truncated Avro");
+        unsigned char c = *r->p++;
+        z |= (uint64_t)(c & 0x7F) << shift;
+        if (!(c & 0x80)) break;
+        shift += 7;
+        if (shift > 63) return fallback("Avro varint too long");
+    }
+    *out = (int64_t)(z >> 1) ^ -(int64_t)(z & 1);
+    return 0;
+}
+
+static int rd_raw(Rd *r, const char **s, Py_ssize_t *n) {
+    int64_t len;
+    if (rd_long(r, &len) < 0) return -1;
+    if (len < 0 || len > r->end - r->p) return fallback("bad Avro length");
+    *s = (const char *)r->p;
+    *n = (Py_ssize_t)len;
+    r->p += len;
+    return 0;
+}
+
+static PyObject *rd_str(Rd *r) {
+    const char *s;
+    Py_ssize_t n;
+    if (rd_raw(r, &s, &n) < 0) return NULL;
+    PyObject *o = PyUnicode_DecodeUTF8(s, n, NULL);
+    if (!o && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+        PyErr_Clear();
+        fallback("string not UTF-8");
+    }
+    return o;
+}
+
+/* An array/map block count (a negative count is followed by its byte size). */
+static int rd_block(Rd *r, int64_t *n) {
+    if (rd_long(r, n) < 0) return -1;
+    if (*n < 0) {
+        int64_t size;
+        *n = -*n;
+        if (rd_long(r, &size) < 0) return -1;
+    }
+    return 0;
+}
+
+/* A Position record as (file, pos, gtid). */
+static PyObject *rd_position(Rd *r) {
+    PyObject *file = rd_str(r), *gtid = NULL;
+    int64_t pos;
+    if (!file) return NULL;
+    if (rd_long(r, &pos) < 0 || !(gtid = rd_str(r))) { Py_DECREF(file); Py_XDECREF(gtid); return NULL; }
+    PyObject *t = Py_BuildValue("(NLN)", file, (long long)pos, gtid);
+    return t;
+}
+
+/* The tables array: [(database, table, [(name, type, nullable)], [key])]. */
+static PyObject *rd_tables(Rd *r) {
+    PyObject *out = PyList_New(0);
+    int64_t n;
+    if (!out) return NULL;
+    for (;;) {
+        if (rd_block(r, &n) < 0) goto fail;
+        if (n == 0) break;
+        for (int64_t i = 0; i < n; i++) {
+            PyObject *db = rd_str(r), *tb = db ? rd_str(r) : NULL, *cols = NULL, *keys = NULL, *t;
+            if (!tb) { Py_XDECREF(db); goto fail; }
+            cols = PyList_New(0);
+            keys = PyList_New(0);
+            if (!cols || !keys) goto tfail;
+            int64_t m;
+            for (;;) {
+                if (rd_block(r, &m) < 0) goto tfail;
+                if (m == 0) break;
+                for (int64_t j = 0; j < m; j++) {
+                    PyObject *name = rd_str(r), *type = name ? rd_str(r) : NULL;
+                    if (!type) { Py_XDECREF(name); goto tfail; }
+                    if (r->p >= r->end) { Py_DECREF(name); Py_DECREF(type); fallback("truncated Avro"); goto tfail; }
+                    PyObject *c = Py_BuildValue("(NNO)", name, type, *r->p++ ? Py_True : Py_False);
+                    if (!c || PyList_Append(cols, c) < 0) { Py_XDECREF(c); goto tfail; }
+                    Py_DECREF(c);
+                }
+            }
+            for (;;) {
+                if (rd_block(r, &m) < 0) goto tfail;
+                if (m == 0) break;
+                for (int64_t j = 0; j < m; j++) {
+                    PyObject *k = rd_str(r);
+                    if (!k || PyList_Append(keys, k) < 0) { Py_XDECREF(k); goto tfail; }
+                    Py_DECREF(k);
+                }
+            }
+            t = Py_BuildValue("(NNNN)", db, tb, cols, keys);
+            if (!t || PyList_Append(out, t) < 0) { Py_XDECREF(t); goto fail; }
+            Py_DECREF(t);
+            continue;
+        tfail:
+            Py_DECREF(db); Py_DECREF(tb); Py_XDECREF(cols); Py_XDECREF(keys);
+            goto fail;
+        }
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* The records array as runs: consecutive INSERT records with the same
+ * header (tid .. table_ref, compared as raw bytes), no before image and
+ * consecutive after images become one run
+ * (tid, database, table, (file, pos, gtid), commit_ts, table_ref, first_after, count). */
+static PyObject *rd_runs(Rd *r, int64_t op_insert) {
+    PyObject *out = PyList_New(0);
+    const unsigned char *head = NULL;   /* raw header of the open run */
+    Py_ssize_t head_len = 0;
+    int64_t first_after = 0, count = 0, next_after = 0;
+    PyObject *tid = NULL, *db = NULL, *tb = NULL, *txn = NULL;
+    int64_t commit_ts = 0, ref = 0;
+    if (!out) return NULL;
+#define CLOSE_RUN() do { if (count) { \
+        PyObject *t_ = Py_BuildValue("(OOOOLLLL)", tid, db, tb, txn, (long long)commit_ts, (long long)ref, \
+                                     (long long)first_after, (long long)count); \
+        if (!t_ || PyList_Append(out, t_) < 0) { Py_XDECREF(t_); goto fail; } \
+        Py_DECREF(t_); } \
+        Py_CLEAR(tid); Py_CLEAR(db); Py_CLEAR(tb); Py_CLEAR(txn); count = 0; } while (0)
+    for (;;) {
+        int64_t n;
+        if (rd_block(r, &n) < 0) goto fail;
+        if (n == 0) break;
+        for (int64_t i = 0; i < n; i++) {
+            const unsigned char *start = r->p;
+            const char *s;
+            Py_ssize_t sn;
+            int64_t v, op, ts, tref, before, after;
+            /* tid, database_name, table_name: skipped for now, read again if a run starts here */
+            for (int f = 0; f < 3; f++)
+                if (rd_raw(r, &s, &sn) < 0) goto fail;
+            if (rd_long(r, &v) < 0) goto fail;              /* sql: union index */
+            if (v != 0) { fallback("a record with SQL text"); goto fail; }
+            if (rd_long(r, &op) < 0) goto fail;
+            if (op != op_insert) { fallback("a record other than INSERT"); goto fail; }
+            if (rd_raw(r, &s, &sn) < 0 || rd_long(r, &v) < 0 || rd_raw(r, &s, &sn) < 0) goto fail;  /* txn */
+            if (rd_long(r, &ts) < 0 || rd_long(r, &tref) < 0) goto fail;
+            Py_ssize_t hlen = (Py_ssize_t)(r->p - start);
+            if (rd_long(r, &before) < 0 || rd_long(r, &after) < 0) goto fail;
+            if (tref < 0 || before != -1 || after < 0) { fallback("a record without a plain insert image"); goto fail; }
+            if (count && hlen == head_len && memcmp(start, head, (size_t)hlen) == 0 && after == next_after) {
+                count++;
+                next_after++;
+                continue;
+            }
+            CLOSE_RUN();
+            Rd h = {start, r->end};
+            if (!(tid = rd_str(&h)) || !(db = rd_str(&h)) || !(tb = rd_str(&h))) goto fail;
+            if (rd_long(&h, &v) < 0 || rd_long(&h, &v) < 0) goto fail;
+            if (!(txn = rd_position(&h))) goto fail;
+            head = start;
+            head_len = hlen;
+            commit_ts = ts;
+            ref = tref;
+            first_after = after;
+            next_after = after + 1;
+            count = 1;
+        }
+    }
+    CLOSE_RUN();
+#undef CLOSE_RUN
+    return out;
+fail:
+    Py_XDECREF(tid); Py_XDECREF(db); Py_XDECREF(tb); Py_XDECREF(txn);
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* Column kinds of the image union, in the schema's order. */
+enum { IK_LONG, IK_DOUBLE, IK_STRING, IK_BYTES, IK_DECIMAL, IK_BIGINT, IK_DATE, IK_DATETIME, IK_TIMESTAMP,
+       IK_TIME, IK_MIXED };
+
+/* One column of a block -> (kind, null_count, validity bytes | None, values | (offsets, data)). */
+static PyObject *rd_column(Rd *r, int64_t rows) {
+    int64_t kind, n;
+    PyObject *validity = NULL, *values = NULL, *offsets = NULL, *out = NULL;
+    Buf data = {0};
+    int64_t nnull = 0, last = -1;
+    if (rd_long(r, &kind) < 0) return NULL;
+    if (kind < 0 || kind >= IK_MIXED) { fallback("a mixed column"); return NULL; }
+    unsigned char *bits = NULL;
+    for (;;) {
+        if (rd_block(r, &n) < 0) goto done;
+        if (n == 0) break;
+        for (int64_t i = 0; i < n; i++) {
+            int64_t idx;
+            if (rd_long(r, &idx) < 0) goto done;
+            if (idx <= last || idx >= rows) { fallback("NULL indexes out of order"); goto done; }
+            last = idx;
+            if (!validity) {
+                validity = PyBytes_FromStringAndSize(NULL, (rows + 7) / 8);
+                if (!validity) goto done;
+                bits = (unsigned char *)PyBytes_AS_STRING(validity);
+                memset(bits, 0xFF, (size_t)((rows + 7) / 8));
+            }
+            bits[idx >> 3] &= (unsigned char)~(1u << (idx & 7));
+            nnull++;
+        }
+    }
+    int fixed = kind == IK_LONG || kind == IK_DOUBLE || kind == IK_DATETIME || kind == IK_TIMESTAMP
+                || kind == IK_TIME ? 8 : kind == IK_DATE ? 4 : 0;
+    int32_t *offs = NULL;
+    char *vals = NULL;
+    if (fixed) {
+        values = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(rows * fixed));
+        if (!values) goto done;
+        vals = PyBytes_AS_STRING(values);
+        memset(vals, 0, (size_t)(rows * fixed));
+    } else {
+        offsets = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((rows + 1) * 4));
+        if (!offsets) goto done;
+        offs = (int32_t *)PyBytes_AS_STRING(offsets);
+        offs[0] = 0;
+    }
+    int64_t row = 0;
+#define IS_NULL(x) (bits && !(bits[(x) >> 3] & (1u << ((x) & 7))))
+    for (;;) {
+        if (rd_block(r, &n) < 0) goto done;
+        if (n == 0) break;
+        for (int64_t i = 0; i < n; i++) {
+            while (row < rows && IS_NULL(row)) {
+                if (offs) offs[row + 1] = (int32_t)data.len;
+                row++;
+            }
+            if (row >= rows) { fallback("more values than rows"); goto done; }
+            if (fixed == 8 && kind != IK_DOUBLE) {
+                int64_t x;
+                if (rd_long(r, &x) < 0) goto done;
+                memcpy(vals + row * 8, &x, 8);
+            } else if (kind == IK_DOUBLE) {
+                if (r->end - r->p < 8) { fallback("truncated Avro"); goto done; }
+                memcpy(vals + row * 8, r->p, 8);
+                r->p += 8;
+            } else if (fixed == 4) {
+                int64_t x;
+                if (rd_long(r, &x) < 0) goto done;
+                if (x < INT32_MIN || x > INT32_MAX) { fallback("date out of range"); goto done; }
+                int32_t d = (int32_t)x;
+                memcpy(vals + row * 4, &d, 4);
+            } else {
+                const char *s;
+                Py_ssize_t sn;
+                if (rd_raw(r, &s, &sn) < 0) goto done;
+                if (data.len + sn > INT32_MAX) { fallback("column too large for int32 offsets"); goto done; }
+                if (sn) {  /* plain bytes: put_raw would write Avro's length prefix */
+                    if (buf_grow(&data, sn) < 0) goto done;
+                    memcpy(data.p + data.len, s, (size_t)sn);
+                    data.len += sn;
+                }
+                offs[row + 1] = (int32_t)data.len;
+            }
+            row++;
+        }
+    }
+    while (row < rows && IS_NULL(row)) {
+        if (offs) offs[row + 1] = (int32_t)data.len;
+        row++;
+    }
+#undef IS_NULL
+    if (row != rows) { fallback("fewer values than rows"); goto done; }
+    if (!fixed) {
+        PyObject *d = PyBytes_FromStringAndSize(data.p ? data.p : "", data.len);
+        if (!d) goto done;
+        values = Py_BuildValue("(ON)", offsets, d);
+        if (!values) goto done;
+    }
+    out = Py_BuildValue("(LLOO)", (long long)kind, (long long)nnull, validity ? validity : Py_None, values);
+done:
+    PyMem_Free(data.p);
+    Py_XDECREF(validity);
+    Py_XDECREF(values);
+    Py_XDECREF(offsets);
+    return out;
+}
+
+/* images: [(table_ref, rows, [column])] */
+static PyObject *rd_images(Rd *r) {
+    PyObject *out = PyList_New(0);
+    if (!out) return NULL;
+    for (;;) {
+        int64_t n;
+        if (rd_block(r, &n) < 0) goto fail;
+        if (n == 0) break;
+        for (int64_t i = 0; i < n; i++) {
+            int64_t ref, rows, m;
+            if (rd_long(r, &ref) < 0 || rd_long(r, &rows) < 0) goto fail;
+            if (rows < 0 || rows > INT32_MAX) { fallback("bad row count"); goto fail; }
+            PyObject *cols = PyList_New(0);
+            if (!cols) goto fail;
+            for (;;) {
+                if (rd_block(r, &m) < 0) { Py_DECREF(cols); goto fail; }
+                if (m == 0) break;
+                for (int64_t j = 0; j < m; j++) {
+                    PyObject *c = rd_column(r, rows);
+                    if (!c || PyList_Append(cols, c) < 0) { Py_XDECREF(c); Py_DECREF(cols); goto fail; }
+                    Py_DECREF(c);
+                }
+            }
+            PyObject *t = Py_BuildValue("(LLN)", (long long)ref, (long long)rows, cols);
+            if (!t || PyList_Append(out, t) < 0) { Py_XDECREF(t); goto fail; }
+            Py_DECREF(t);
+        }
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* decode_columns(payload: bytes-like (the Avro after MAGIC+version), op_insert: int)
+ *   -> (producer_id, end, complete, first_txn | None, created_us, last_commit_ts, meta, tables, runs, images) */
+static PyObject *decode_columns(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    long long op_insert;
+    PyObject *producer = NULL, *end = NULL, *first = NULL, *meta = NULL, *tables = NULL, *runs = NULL,
+             *images = NULL, *out = NULL;
+    if (!PyArg_ParseTuple(args, "y*L:decode_columns", &view, &op_insert)) return NULL;
+    Rd r = {(const unsigned char *)view.buf, (const unsigned char *)view.buf + view.len};
+    int64_t v, created, last_ts;
+    int complete;
+    if (!(producer = rd_str(&r)) || !(end = rd_position(&r))) goto done;
+    if (r.p >= r.end) { fallback("truncated Avro"); goto done; }
+    complete = *r.p++ != 0;
+    if (rd_long(&r, &v) < 0) goto done;
+    if (v == 1) {
+        if (!(first = rd_position(&r))) goto done;
+    } else if (v == 0) {
+        first = Py_NewRef(Py_None);
+    } else {
+        fallback("bad union index");
+        goto done;
+    }
+    if (rd_long(&r, &created) < 0 || rd_long(&r, &last_ts) < 0) goto done;
+    if (!(meta = PyDict_New())) goto done;
+    for (;;) {
+        int64_t n;
+        if (rd_block(&r, &n) < 0) goto done;
+        if (n == 0) break;
+        for (int64_t i = 0; i < n; i++) {
+            PyObject *k = rd_str(&r), *val = k ? rd_str(&r) : NULL;
+            int rc = val ? PyDict_SetItem(meta, k, val) : -1;
+            Py_XDECREF(k);
+            Py_XDECREF(val);
+            if (rc < 0) goto done;
+        }
+    }
+    if (!(tables = rd_tables(&r)) || !(runs = rd_runs(&r, op_insert)) || !(images = rd_images(&r))) goto done;
+    out = Py_BuildValue("(OOOOLLOOOO)", producer, end, complete ? Py_True : Py_False, first, (long long)created,
+                        (long long)last_ts, meta, tables, runs, images);
+done:
+    PyBuffer_Release(&view);
+    Py_XDECREF(producer); Py_XDECREF(end); Py_XDECREF(first); Py_XDECREF(meta);
+    Py_XDECREF(tables); Py_XDECREF(runs); Py_XDECREF(images);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"decode_rows", decode_rows, METH_VARARGS,
      "decode_rows(body, plan: Plan, pairs) -> [(row, row|None)]: every row image of a ROWS event body"},
     {"encode_batch", encode_batch, METH_VARARGS,
      "encode_batch(prefix, producer_id, end, complete, first_txn, created_us, last_commit_ts, meta, changes, "
      "op_index) -> bytes: a Batch as codec.encode writes it"},
+    {"decode_columns", decode_columns, METH_VARARGS,
+     "decode_columns(avro, op_insert) -> (producer_id, end, complete, first_txn, created_us, last_commit_ts, meta, "
+     "tables, runs, images): an insert-only batch with its image columns in Arrow layout (see codec.decode_columnar)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from cynomys.core.columnar import row_count
 from cynomys.core.model import Batch, Change, Position
 from cynomys.reducer.fold import Folder
 
@@ -93,7 +94,7 @@ class DelayBuffer:
 
     def add(self, changes: list[Change] | tuple[Change, ...]) -> None:
         self.folder.extend(changes)
-        self.raw_rows += len(changes)
+        self.raw_rows += row_count(changes)  # an InsertRun is many rows
 
     def seal(self) -> None:
         """What is buffered is whole transactions: keep it apart from what comes next."""

@@ -24,6 +24,7 @@ from cynomys.applier.batcher import DelayBuffer, Span
 from cynomys.applier.partition import Partitioning, PartitionTarget
 from cynomys.core.checkpoint import write_json_atomic
 from cynomys.applier.targets.base import AppliedState, Target, build_flush, open_target
+from cynomys.core.columnar import row_count
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, CynomysError, EnvelopeRejected, SchemaError, TerminalError
 from cynomys.core.model import Batch, Change, Op, Position
@@ -157,7 +158,7 @@ class Applier:
         self.monitor.envelope(len(d.envelope))
         try:
             opened = self.opener.open(d.envelope)
-            batch = codec.decode(opened.payload)
+            batch = codec.decode_columnar(opened.payload)  # INSERT runs stay column-wise
         except (EnvelopeRejected, SchemaError) as exc:
             reason = getattr(exc, "reason", "undecodable")
             self.stats.rejected[reason] += 1
@@ -275,7 +276,7 @@ class Applier:
             else:
                 segment.append(c)
         self.buffer.add(segment)
-        self.stats.rows_in += len(batch.changes)
+        self.stats.rows_in += row_count(batch.changes)
         self.buffer.mark(batch.end, batch.complete, batch.last_commit_ts)
         if span is not None:
             self.buffer.cover(span)
@@ -336,11 +337,11 @@ class Applier:
     def _flush_with(self, state: AppliedState) -> None:
         changes = self.buffer.take()
         if changes or self.applied.get(state.producer_id) != state:
-            flush = build_flush(changes, state)
+            flush = build_flush(changes, state, self.target.capabilities.columnar_inserts)
             t0 = time.monotonic()
             self.target.apply(flush)
             self.stats.flushes += 1
-            self.stats.rows_out += len(changes)
+            self.stats.rows_out += row_count(changes)
             self.monitor.flushed(changes, time.monotonic() - t0)
             log.debug("flushed %d net changes in %.3fs up to %s", len(changes), time.monotonic() - t0, state.position)
         self.applied[state.producer_id] = state

@@ -41,6 +41,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 
 from cynomys.core.checkpoint import write_json_atomic
+from cynomys.core.columnar import InsertRun
 from cynomys.core.config import Config
 from cynomys.core.errors import CynomysError, SourceUnavailableError, TargetUnavailableError
 from cynomys.core.model import Change, Op, Position
@@ -61,6 +62,14 @@ FLUSH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 
 
 def _table(c: Change) -> str:
     return f"{c.database}.{c.table}"
+
+
+def _tally(changes: Iterable[Change]) -> Tally[str]:
+    """Row changes per table (an InsertRun counts its rows)."""
+    out: Tally[str] = Tally()
+    for c in changes:
+        out[_table(c)] += c.rows if type(c) is InsertRun else 1
+    return out
 
 
 # The producer's loop turns once per binlog event (tens of thousands a
@@ -377,13 +386,13 @@ class ApplierMonitor(_Monitor):
         self.bytes_in.inc(size)
 
     def taken(self, batch: Batch) -> None:
-        for table, n in Tally(_table(c) for c in batch.changes).items():
+        for table, n in _tally(batch.changes).items():
             self.rows_in.labels(table).inc(n)
         self._newest = batch.end
 
     def flushed(self, changes: Iterable[Change], seconds: float) -> None:
         self.flush_s.observe(seconds)
-        for table, n in Tally(_table(c) for c in changes if c.op is not Op.DDL).items():
+        for table, n in _tally(c for c in changes if c.op is not Op.DDL).items():
             self.rows_out.labels(table).inc(n)
 
     def turn(self, app: Applier, delivered: int) -> None:

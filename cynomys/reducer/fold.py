@@ -8,6 +8,12 @@ An UPDATE that changes the primary key is split first into DELETE(old key) +
 INSERT(new key): treating it as an upsert of the new key would leave the old
 row behind in the target (a classic CDC bug).
 
+The applier also folds ``InsertRun`` changes (core.columnar: many
+INSERTs whose images stay column-wise).  A run takes one slot; its keys are
+indexed like any other (as ``_run_code(slot, row)``), and when a later
+change meets one of them, that row leaves the run as a plain Change and
+folds as usual, so the result is the reference's, row for row.
+
 Tables without a primary key are never folded: their changes keep their
 order, because two identical rows cannot be told apart.
 
@@ -23,6 +29,7 @@ import operator
 from dataclasses import replace
 from typing import Callable, Iterable
 
+from cynomys.core.columnar import InsertRun
 from cynomys.core.model import Change, Op, Row, TableSchema, Value
 
 log = logging.getLogger(__name__)
@@ -107,6 +114,8 @@ class Folder:
 
     def __init__(self) -> None:
         self._slots: list[Change | None] = []
+        # slot of an InsertRun -> offsets of its rows taken out since (folded)
+        self._out_of_run: dict[int, set[int]] = {}
         # (database, table) -> primary-key values -> slot of its net change
         self._index: dict[tuple[str, str], dict[tuple[object, ...], int]] = {}
         self.folded = 0
@@ -122,6 +131,8 @@ class Folder:
         if change.op is U:
             for c in split_key_change(change):
                 self._add_one(c)
+        elif type(change) is InsertRun:
+            self._add_run(change)
         else:
             self._add_one(change)
 
@@ -164,6 +175,8 @@ class Folder:
             keys[k] = len(self._slots)
             self._slots.append(c)
             return
+        if at < 0:  # the key is a row of an InsertRun: take it out as a plain Change
+            at = self._take_out_of_run(at, k, keys)
         prev = self._slots[at]
         if prev is None:  # vanished earlier (insert + delete): start over
             self._slots[at] = c
@@ -179,8 +192,73 @@ class Folder:
         self._slots[at] = rule(prev, c)
         self.folded += 1
 
+    def _add_run(self, run: InsertRun) -> None:
+        schema = run.schema
+        assert schema is not None and schema.key, "InsertRuns are made for keyed tables only"
+        entry = self._tables.get(id(schema))
+        if entry is None or entry[1] != run.database or entry[2] != run.table:
+            entry = self._table(run, schema)
+        keys = entry[4]
+        slot = len(self._slots)
+        ks = list(zip(*run.key_columns()))
+        if not run.excluded and keys.keys().isdisjoint(ks):
+            # The common case, without a Python loop: every key is new.
+            size = len(keys)
+            first = _run_code(slot, 0)
+            keys.update(zip(ks, range(first, first - len(ks), -1)))
+            if len(keys) == size + len(ks):
+                self._slots.append(run)
+                return
+            for k in ks:  # a key repeats inside the run: undo, then row by row
+                keys.pop(k, None)
+        # Some keys are known (or repeat): rows with new keys stay in the run,
+        # the others fold one by one as plain Changes, in the run's order.
+        self._slots.append(run)
+        taken = self._out_of_run.setdefault(slot, set(run.excluded))
+        for i, k in enumerate(ks):
+            if i in taken:
+                continue
+            if k in keys:
+                taken.add(i)
+                self._add_one(run.change(run.image(i)))
+            else:
+                keys[k] = _run_code(slot, i)
+
+    def _take_out_of_run(self, code: int, k: tuple[object, ...], keys: dict[tuple[object, ...], int]) -> int:
+        slot, i = _run_slot(code)
+        run = self._slots[slot]
+        assert type(run) is InsertRun
+        self._out_of_run.setdefault(slot, set(run.excluded)).add(i)
+        keys[k] = len(self._slots)
+        self._slots.append(run.change(run.image(i)))
+        return keys[k]
+
     def changes(self) -> list[Change]:
-        return [c for c in self._slots if c is not None]
+        out: list[Change] = []
+        for slot, c in enumerate(self._slots):
+            if c is None:
+                continue
+            if type(c) is InsertRun:
+                run: InsertRun = c
+                taken = self._out_of_run.get(slot)
+                if taken:
+                    if len(taken) == run.count:
+                        continue
+                    c = replace(run, excluded=frozenset(taken))
+            out.append(c)
+        return out
+
+
+# A row of an InsertRun in a key index: a negative number (slots are >= 0).
+_RUN_ROWS = 1 << 32
+
+
+def _run_code(slot: int, row: int) -> int:
+    return -1 - (slot * _RUN_ROWS + row)
+
+
+def _run_slot(code: int) -> tuple[int, int]:
+    return divmod(-1 - code, _RUN_ROWS)
 
 
 def fold(changes: Iterable[Change]) -> list[Change]:

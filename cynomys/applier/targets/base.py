@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, TargetRejectedError
+from cynomys.core.columnar import InsertRun
 from cynomys.core.model import Change, Op, Position, Row, TableSchema, Value
 from cynomys.applier.ddl import SKIP_HINT, DdlOp, UnsupportedDdl, parse_ddl
 from cynomys.core.targets import TARGETS
@@ -60,6 +61,9 @@ class Capabilities:
     # than its rows (Iceberg); 1 where it does not (measured on lineitem:
     # ColumnStore-on-MariaDB got no faster, only bigger).
     backlog_factor: int = 1
+    # The target loads ``TableFlush.runs`` (InsertRuns, column-wise) itself;
+    # otherwise build_flush turns them into row images in ``inserts``.
+    columnar_inserts: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,16 +83,33 @@ class TableFlush:
     Keyed tables: ``delete_keys`` are primary-key tuples to remove, then
     ``inserts`` are final images to add (an update is delete + insert).
     Keyless tables: changes fold as a multiset of whole rows;
-    ``delete_rows`` maps a row image to how many copies to remove."""
+    ``delete_rows`` maps a row image to how many copies to remove.
+    ``runs``: more final images to add, column-wise (core.columnar), for
+    targets with ``Capabilities.columnar_inserts``."""
 
     schema: TableSchema
     delete_keys: list[tuple[Value, ...]] = field(default_factory=list)
     delete_rows: Counter[Row] = field(default_factory=Counter)
     inserts: list[Row] = field(default_factory=list)
+    runs: list[InsertRun] = field(default_factory=list)
 
     @property
     def rows(self) -> int:
-        return len(self.delete_keys) + sum(self.delete_rows.values()) + len(self.inserts)
+        return (len(self.delete_keys) + sum(self.delete_rows.values()) + len(self.inserts)
+                + sum(r.rows for r in self.runs))
+
+    def insert_keys(self) -> list[tuple[Value, ...]]:
+        """Primary-key values of every row to insert (``inserts``, then ``runs``)."""
+        idx = self.schema.key_indexes()
+        keys = [tuple(r[i] for i in idx) for r in self.inserts]
+        for run in self.runs:
+            ks = list(zip(*run.key_columns()))
+            keys += [k for i, k in enumerate(ks) if i not in run.excluded] if run.excluded else ks
+        return keys
+
+    def all_inserts(self) -> list[Row]:
+        """Every row to insert as a row image (``inserts``, then the runs')."""
+        return self.inserts + [row for run in self.runs for row in run.images()]
 
 
 @dataclass
@@ -97,8 +118,10 @@ class Flush:
     state: AppliedState
 
 
-def build_flush(changes: list[Change], state: AppliedState) -> Flush:
-    """Net row changes (already folded per key) -> per-table deletes/inserts."""
+def build_flush(changes: list[Change], state: AppliedState, columnar: bool = False) -> Flush:
+    """Net row changes (already folded per key) -> per-table deletes/inserts.
+    ``columnar``: keep InsertRuns column-wise in ``TableFlush.runs`` (the
+    target's ``Capabilities.columnar_inserts``), else as row images."""
     by_table: dict[tuple[str, str], TableFlush] = {}
     keyless: dict[tuple[str, str], Counter[Row]] = {}
     for c in changes:
@@ -106,11 +129,16 @@ def build_flush(changes: list[Change], state: AppliedState) -> Flush:
             raise ValueError("build_flush takes row changes only")
         ident = (c.database, c.table)
         tf = by_table.get(ident)
-        if tf is None or tf.schema != c.schema:
+        if tf is None or (tf.schema is not c.schema and tf.schema != c.schema):
             if tf is not None:
                 raise ValueError(f"table {c.database}.{c.table} changed shape inside one flush")
             tf = by_table[ident] = TableFlush(c.schema)
-        if c.schema.key:
+        if type(c) is InsertRun:  # inserts of new keys (runs exist for keyed tables only)
+            if columnar:
+                tf.runs.append(c)
+            else:
+                tf.inserts.extend(c.images())
+        elif c.schema.key:
             idx = c.schema.key_indexes()
             if c.op is not Op.INSERT:  # UPDATE/DELETE remove the old key; READ is an upsert
                 image = c.before if c.before is not None else c.after

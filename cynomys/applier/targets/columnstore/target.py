@@ -43,6 +43,7 @@ import pymysql
 from pymysql.cursors import Cursor
 from pymysql.protocol import LoadLocalPacketWrapper
 
+from cynomys.applier.columnar import load_data_text
 from cynomys.applier.targets.base import AppliedState, Capabilities, TableFlush
 from cynomys.applier.targets.columnstore import ddl as columnstore_ddl
 from cynomys.applier.targets.sql import SqlTarget
@@ -55,6 +56,7 @@ from cynomys.applier.targets.columnstore.types import (
     fetch_plan,
     literal,
 )
+from cynomys.core.columnar import InsertRun
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, TargetRejectedError
 from cynomys.core.model import ColumnDef, Row, TableSchema, Value
@@ -175,7 +177,7 @@ class ColumnStoreTarget(SqlTarget):
 
     #: MariaDB DDL commits on its own.  Keys: see ``declares_keys``.
     capabilities: ClassVar[Capabilities] = Capabilities(
-        transactional_ddl=False, max_statement_rows=1000, supports_keys=True)
+        transactional_ddl=False, max_statement_rows=1000, supports_keys=True, columnar_inserts=True)
     ident_quote: ClassVar[str] = "`"
     driver_errors: ClassVar[tuple[type[BaseException], ...]] = (pymysql.err.Error,)
     ddl_handlers = columnstore_ddl.HANDLERS
@@ -372,14 +374,13 @@ class ColumnStoreTarget(SqlTarget):
         schema = tf.schema
         keys = list(tf.delete_keys)
         if self.profile.delete_inserted_keys and schema.key:
-            idx = schema.key_indexes()
-            keys += [tuple(r[i] for i in idx) for r in tf.inserts]
+            keys += tf.insert_keys()
         self._delete_keys(cur, schema, list(dict.fromkeys(keys)))  # one pass, each key once
         inserts = list(tf.inserts)
         for row, n in tf.delete_rows.items():
             inserts.extend(self._delete_row(cur, schema, row, n))
-        if inserts:
-            self._insert(cur, schema, inserts)
+        if inserts or tf.runs:
+            self._insert(cur, schema, inserts, tf.runs)
 
     def _delete_keys(self, cur: Cursor, schema: TableSchema, keys: Sequence[tuple[Value, ...]]) -> None:
         if not keys:
@@ -412,10 +413,11 @@ class ColumnStoreTarget(SqlTarget):
         return [row] * max(int(present) - n, 0)
 
     # -- bulk insert -------------------------------------------------------
-    def _insert(self, cur: Cursor, schema: TableSchema, rows: list[Row]) -> None:
+    def _insert(self, cur: Cursor, schema: TableSchema, rows: list[Row], runs: list[InsertRun] | None = None) -> None:
+        runs = runs or []
         if self.use_load_data:
             try:
-                self._load_data(cur, schema, rows)
+                self._load_data(cur, schema, rows, runs)
                 return
             except pymysql.err.Error as exc:
                 if not (exc.args and exc.args[0] in LOCAL_INFILE_REFUSED):
@@ -423,9 +425,18 @@ class ColumnStoreTarget(SqlTarget):
                 log.warning("%s refuses LOAD DATA LOCAL INFILE (%s); using multi-row INSERT from now on "
                             "(enable local_infile on the server for faster loads)", self.where, exc.args[1])
                 self.use_load_data = False
-        self._insert_values_of(cur, schema, rows)
+        self._insert_values_of(cur, schema, rows + [r for run in runs for r in run.images()])
 
-    def _load_data(self, cur: Cursor, schema: TableSchema, rows: list[Row]) -> None:
+    @staticmethod
+    def load_data_bytes(schema: TableSchema, rows: list[Row], runs: list[InsertRun] | None = None) -> bytes:
+        """The LOAD DATA file: ``rows`` value by value with the reference
+        encoders (types.py), then ``runs`` column-wise (applier/columnar.py,
+        the same bytes for the same values)."""
+        encoders = [FIELD_ENCODERS.get(c.base_type, encode_field) for c in schema.columns]
+        text = b"".join([b"\t".join([enc(v) for enc, v in zip(encoders, row)]) + b"\n" for row in rows])
+        return text + load_data_text(schema, runs) if runs else text
+
+    def _load_data(self, cur: Cursor, schema: TableSchema, rows: list[Row], runs: list[InsertRun]) -> None:
         targets, sets = [], []
         for i, col in enumerate(schema.columns):
             ident = MARIADB.ident(col.name)
@@ -435,12 +446,10 @@ class ColumnStoreTarget(SqlTarget):
                 sets.append(f"{ident} = CAST(@v{i} AS UNSIGNED)")
             else:
                 targets.append(ident)
-        encoders = [FIELD_ENCODERS.get(c.base_type, encode_field) for c in schema.columns]
         fd, path = tempfile.mkstemp(prefix="cynomys-", suffix=".tsv")  # 0600: only we read it
         try:
             with os.fdopen(fd, "wb") as fh:
-                for row in rows:
-                    fh.write(b"\t".join([enc(v) for enc, v in zip(encoders, row)]) + b"\n")
+                fh.write(self.load_data_bytes(schema, rows, runs))
             quoted = path.replace("\\", "\\\\").replace("'", "\\'")
             sql = (f"LOAD DATA LOCAL INFILE '{quoted}' INTO TABLE {MARIADB.table(schema.database, schema.table)}"
                    " CHARACTER SET binary FIELDS TERMINATED BY '\\t' ESCAPED BY '\\\\' LINES TERMINATED BY '\\n'"
@@ -454,12 +463,15 @@ class ColumnStoreTarget(SqlTarget):
                     raise
                 if exc.args and exc.args[0] in LOCAL_INFILE_REFUSED:
                     raise
-                raise self.rejected(schema, rows, self.describe(exc)) from exc
+                raise self.rejected(schema, rows + [r for run in runs for r in run.images()],
+                                    self.describe(exc)) from exc
             finally:
                 conn.allowed_infile = None
             # LOAD DATA LOCAL turns bad values into warnings (the server
             # cannot stop the client's upload), clamping or truncating them.
-            self._check_loaded(cur, schema, rows)
+            # (Row images of the runs are made only to name a refused row.)
+            if cur.warning_count:
+                self._check_loaded(cur, schema, rows + [r for run in runs for r in run.images()])
         finally:
             os.unlink(path)
 

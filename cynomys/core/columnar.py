@@ -1,0 +1,131 @@
+"""Row images kept column-wise from the wire to the bulk load (issue #12).
+
+The applier's common envelope carries INSERTs only (a bulk load, a busy
+insert workload).  Its compiled reader (``codec.decode_columnar``) hands
+the image columns over in Arrow's memory layout, and they stay that way:
+
+- a ``ColumnBlock`` is one table's image block of one envelope: a pyarrow
+  array per column holding the *wire* values (int64 for integers, DATETIME
+  and TIME microseconds, int32 days for DATE, text for DECIMAL and big
+  integers, UTF-8 / binary for strings and bytes), with the functions that
+  turn a wire value into the Python value of ``core.model`` (the codec's);
+- an ``InsertRun`` is a stretch of consecutive INSERTs of one source
+  transaction into one table: a ``Change`` whose rows are ``count`` rows of
+  a block from ``start``, minus ``excluded`` (rows the fold took out because
+  a later change to their key arrived).
+
+Only the key columns become Python objects (the fold needs the keys to see
+collisions); the other values go from the Avro bytes to the target's bulk
+format without a Python object each (``applier/columnar.py``).  Wherever a
+run meets code that needs rows, ``images()``/``as_changes()`` give exactly
+what the reference decoder would have given.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+from cynomys.core.model import Change, Op, Row, TableSchema, Value
+
+#: The image column kinds of the wire format (schemas/batch.v1.avsc), in
+#: its union order; Mixed columns never reach a ColumnBlock.
+KINDS: tuple[str, ...] = ("LongColumn", "DoubleColumn", "StringColumn", "BytesColumn", "DecimalColumn",
+                          "BigIntColumn", "DateColumn", "DateTimeColumn", "TimestampColumn", "TimeColumn")
+
+
+class ColumnBlock:
+    """One table's image block of one envelope, column-wise (pyarrow arrays
+    of wire values, see the module docstring)."""
+
+    __slots__ = ("schema", "kinds", "arrays", "_to_python")
+
+    def __init__(self, schema: TableSchema, kinds: Sequence[str], arrays: Sequence[Any],
+                 to_python: Sequence[Callable[[Any], Value] | None]) -> None:
+        self.schema = schema
+        self.kinds = tuple(kinds)
+        self.arrays = tuple(arrays)
+        self._to_python = tuple(to_python)  # None: the wire value is the Python value
+
+    def __len__(self) -> int:
+        return len(self.arrays[0]) if self.arrays else 0
+
+    def values(self, col: int, start: int, count: int) -> list[Value]:
+        """Python values of column ``col``, rows [start, start + count)."""
+        raw = self.arrays[col].slice(start, count).to_pylist()
+        conv = self._to_python[col]
+        if conv is None:
+            return raw  # type: ignore[no-any-return]
+        return [None if v is None else conv(v) for v in raw]
+
+    def rows(self, start: int, count: int) -> list[Row]:
+        """Row images [start, start + count), exactly as the reference decoder makes them."""
+        if not self.arrays:
+            return [()] * count
+        return list(zip(*[self.values(i, start, count) for i in range(len(self.arrays))]))
+
+
+@dataclass(frozen=True, eq=False)
+class InsertRun(Change):
+    """``count`` INSERTs of one source transaction into one keyed table,
+    rows [start, start + count) of ``block`` minus ``excluded`` (offsets
+    within the run).  ``before``/``after`` are None: the images are in the
+    block.  Identity equality: two runs are never the same change."""
+
+    block: ColumnBlock | None = None
+    start: int = 0
+    count: int = 0
+    excluded: frozenset[int] = frozenset()
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    @property
+    def rows(self) -> int:
+        return self.count - len(self.excluded)
+
+    def _block(self) -> ColumnBlock:
+        assert self.block is not None, "an InsertRun always has its block"
+        return self.block
+
+    def key_columns(self) -> list[list[Value]]:
+        """Python values of the key columns, every row of the run (excluded too)."""
+        block = self._block()
+        return [block.values(i, self.start, self.count) for i in block.schema.key_indexes()]
+
+    def images(self) -> list[Row]:
+        """The run's row images (without the excluded ones)."""
+        rows = self._block().rows(self.start, self.count)
+        if self.excluded:
+            rows = [r for i, r in enumerate(rows) if i not in self.excluded]
+        return rows
+
+    def image(self, i: int) -> Row:
+        return self._block().rows(self.start + i, 1)[0]
+
+    def change(self, image: Row) -> Change:
+        """One of the run's inserts as a plain Change."""
+        return Change(Op.INSERT, self.database, self.table, self.tid, self.txn, self.commit_ts, self.schema,
+                      None, image, None)
+
+    def as_changes(self) -> list[Change]:
+        return [self.change(r) for r in self.images()]
+
+    def arrays(self) -> list[Any]:
+        """The run's columns as pyarrow arrays of wire values (zero-copy
+        slices unless rows are excluded)."""
+        block = self._block()
+        out = [a.slice(self.start, self.count) for a in block.arrays]
+        if self.excluded:
+            import pyarrow as pa
+
+            keep = pa.array([i not in self.excluded for i in range(self.count)], pa.bool_())
+            out = [a.filter(keep) for a in out]
+        return out
+
+
+def row_count(changes: Iterable[Change]) -> int:
+    """How many row changes ``changes`` hold (an InsertRun counts its rows)."""
+    return sum(c.rows if type(c) is InsertRun else 1 for c in changes)  # type: ignore[attr-defined]
