@@ -90,7 +90,7 @@ class DelayBuffer:
         """Net changes held after folding (what the buffer costs in memory and
         what the flush writes); at most ``len(self)``, the raw changes taken.
         Updates of a few hot keys fold into few net changes."""
-        return len(self.folder) + (len(self.sealed) if self.sealed is not None else 0)
+        return self.folder.net_count() + (self.sealed.net_count() if self.sealed is not None else 0)
 
     def add(self, changes: list[Change] | tuple[Change, ...]) -> None:
         self.folder.extend(changes)

@@ -119,6 +119,9 @@ class Folder:
         # (database, table) -> primary-key values -> slot of its net change
         self._index: dict[tuple[str, str], dict[tuple[object, ...], int]] = {}
         self.folded = 0
+        # Rows an InsertRun's one slot stands for beyond the first, minus its
+        # rows taken out since: len(self) + this = net changes held (net_count).
+        self._run_extra = 0
         # id(schema) -> (schema, database, table, key getter, that table's
         # index).  The schema is held so that its id cannot be reused by
         # another object while this Folder lives.
@@ -126,6 +129,11 @@ class Folder:
 
     def __len__(self) -> int:
         return len(self._slots)
+
+    def net_count(self) -> int:
+        """Net changes held, an InsertRun counted by its rows (the backlog
+        cap and memory follow rows, not slots)."""
+        return len(self._slots) + self._run_extra
 
     def add(self, change: Change) -> None:
         if change.op is U:
@@ -200,6 +208,7 @@ class Folder:
             entry = self._table(run, schema)
         keys = entry[4]
         slot = len(self._slots)
+        self._run_extra += run.count - len(run.excluded) - 1
         ks = list(zip(*run.key_columns()))
         if not run.excluded and keys.keys().isdisjoint(ks):
             # The common case, without a Python loop: every key is new.
@@ -220,6 +229,7 @@ class Folder:
                 continue
             if k in keys:
                 taken.add(i)
+                self._run_extra -= 1
                 self._add_one(run.change(run.image(i)))
             else:
                 keys[k] = _run_code(slot, i)
@@ -229,6 +239,7 @@ class Folder:
         run = self._slots[slot]
         assert type(run) is InsertRun
         self._out_of_run.setdefault(slot, set(run.excluded)).add(i)
+        self._run_extra -= 1
         keys[k] = len(self._slots)
         self._slots.append(run.change(run.image(i)))
         return keys[k]

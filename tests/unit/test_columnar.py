@@ -145,3 +145,17 @@ def test_pure_path_decodes_with_the_reference() -> None:
         compiled.use_compiled(was)
     assert batch == codec.decode(payload)
     assert not any(isinstance(c, InsertRun) for c in batch.changes)
+
+
+def test_held_counts_run_rows_like_the_reference(compiled_path: object) -> None:
+    # The backlog cap (Applier._full) reads DelayBuffer.held(): a run must
+    # count as its live rows, also after the fold took some of them out.
+    envelopes = _envelopes(random.Random(4), 40, ops=True)
+    ref, col = DelayBuffer(10**9, 1e9), DelayBuffer(10**9, 1e9)
+    for i, payload in enumerate(envelopes):
+        ref.add(codec.decode(payload).changes)
+        col.add(codec.decode_columnar(payload).changes)
+        if i % 9 == 8:
+            ref.seal()
+            col.seal()
+        assert col.held() == ref.held(), f"after envelope {i}"
