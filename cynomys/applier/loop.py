@@ -23,6 +23,7 @@ from typing import Any
 from cynomys.applier.batcher import DelayBuffer, Span
 from cynomys.core.checkpoint import write_json_atomic
 from cynomys.applier.targets.base import AppliedState, Target, build_flush, open_target
+from cynomys.applier.verify import VERIFY_OPS, Verifier
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, CynomysError, EnvelopeRejected, SchemaError, TerminalError
 from cynomys.core.model import Batch, Change, Op, Position
@@ -89,6 +90,7 @@ class Applier:
         self.pending_state: AppliedState | None = None
         self.last_delivery = time.monotonic()
         self.report_path = cfg.resolve(cfg.applier.state_dir) / "applier.json"
+        self.verifier = Verifier(cfg, target)
 
     # ------------------------------------------------------------------
     def start(self) -> None:
@@ -225,6 +227,10 @@ class Applier:
                 self.buffer.add(segment)
                 segment = []
                 self._apply_ddl(pid, c, batch, seq)
+            elif c.op in VERIFY_OPS:
+                self.buffer.add(segment)
+                segment = []
+                self._verify(pid, c, seq)
             else:
                 segment.append(c)
         self.buffer.add(segment)
@@ -277,6 +283,17 @@ class Applier:
         self.target.apply_ddl(ddl, state)
         self.applied[pid] = state
         self.stats.ddl += 1
+
+    def _verify(self, pid: str, change: Change, seq: int) -> None:
+        """A CHECKSUM or PURGE record (applier/verify.py): commit everything
+        before it first, at its position (a transaction boundary), recorded
+        as the previous envelope, as before a DDL."""
+        state = AppliedState(pid, seq - 1 if seq > 1 else 0, change.txn, change.commit_ts)
+        self.buffer.complete = True
+        if self.buffer.envelopes or len(self.buffer):
+            self._flush_with(state)
+        self.verifier.handle(change, state)
+        self.applied[pid] = state
 
     # ------------------------------------------------------------------
     def flush(self) -> None:

@@ -23,6 +23,7 @@ from cynomys.core.errors import ConfigError, TargetRejectedError
 from cynomys.core.model import Change, Op, Position, Row, TableSchema, Value
 from cynomys.applier.ddl import SKIP_HINT, DdlOp, UnsupportedDdl, parse_ddl
 from cynomys.core.targets import TARGETS
+from cynomys.snapshot.checksum import Checksum, KeyRange, range_checksum
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +209,36 @@ class Target(ABC):
     @abstractmethod
     def fetch_rows(self, database: str, table: str) -> list[Row]:
         """Every row, values in the Python domain of core.model (for checks)."""
+
+    # -- `cynomys verify` (cynomys/applier/verify.py) ----------------------------
+    # The defaults work on every target: the table read back and filtered in
+    # Python.  Targets that can read or hash just the range in SQL override
+    # them (targets/<kind>/verify.py).
+    def range_rows(self, schema: TableSchema, rng: KeyRange) -> list[Row]:
+        """The rows of ``schema``'s table with their key in ``rng``, in the
+        model's value domain and ``schema``'s column order."""
+        if not self.table_exists(schema.database, schema.table):
+            return []
+        rows = self.fetch_rows(schema.database, schema.table)
+        idx = schema.key_indexes()
+        return rows if not idx else [r for r in rows if rng.contains(tuple(r[i] for i in idx))]
+
+    def checksum_range(self, schema: TableSchema, rng: KeyRange) -> Checksum:
+        """The canonical checksum (snapshot/checksum.py) of a key range."""
+        return range_checksum(schema, rng, self.range_rows(schema, rng))
+
+    def purge_range(self, schema: TableSchema, rng: KeyRange, state: AppliedState) -> int:
+        """Delete a key range (a table without a key: every row) in one
+        transaction with ``state``; returns how many rows went."""
+        rows = self.range_rows(schema, rng)
+        tf = TableFlush(schema)
+        idx = schema.key_indexes()
+        if idx:
+            tf.delete_keys = [tuple(r[i] for i in idx) for r in rows]
+        else:
+            tf.delete_rows = Counter(rows)
+        self.apply(Flush([tf] if rows else [], state))
+        return len(rows)
 
 
 _REGISTRY = TARGETS

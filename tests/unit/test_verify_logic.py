@@ -1,0 +1,102 @@
+"""`cynomys verify`, pure parts: the canonical checksum, key ranges, the
+CHECKSUM/PURGE records on the wire (schema v2) and in the fold."""
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import random
+
+import pytest
+
+from cynomys import compiled
+from cynomys.core.model import Batch, Change, ColumnDef, Op, Position, TableSchema
+from cynomys.reducer.fold import fold
+from cynomys.schemas import codec
+from cynomys.snapshot.checksum import MASK, Checksum, KeyRange, RowHasher, range_checksum
+
+COLS = (ColumnDef("id", "int(11)"), ColumnDef("f", "float"), ColumnDef("d", "double"),
+        ColumnDef("m", "decimal(10,2)"), ColumnDef("ts", "timestamp(6)"), ColumnDef("y", "year(4)"),
+        ColumnDef("b", "varbinary(8)"), ColumnDef("s", "varchar(10)"))
+SCHEMA = TableSchema("app", "t", COLS, ("id",))
+POS = Position("mysql-bin.000001", 500)
+
+
+def _row(i: int) -> tuple:
+    return (i, 1.100000023841858, 0.1, decimal.Decimal("3.50"),
+            dt.datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=dt.timezone.utc), 2026, b"\x00a", f"s{i}")
+
+
+def test_checksum_is_order_independent_and_counts_rows() -> None:
+    rows = [_row(i) for i in range(50)]
+    h = RowHasher(COLS)
+    a = h.rows(rows)
+    random.Random(1).shuffle(rows)
+    assert h.rows(rows) == a and a.count == 50
+    assert a.hash == sum(h.row(r) for r in rows) & MASK
+    assert h.rows(rows[:-1]) != a
+    assert h.rows(rows[:-1]) + Checksum(1, h.row(rows[-1])) == a
+
+
+def test_values_render_by_source_type_not_driver_type() -> None:
+    """What another target may return for the same stored values hashes the same."""
+    h = RowHasher(COLS)
+    other = (7, 1.1, 0.1, decimal.Decimal("3.5"), dt.datetime(2026, 1, 2, 3, 4, 5, 6), 2026, bytearray(b"\x00a"), "s7")
+    assert h.row(_row(7)) == h.row(other)
+    assert h.row(_row(7)) != h.row((7, 1.1, 0.1, decimal.Decimal("3.51"), *_row(7)[4:]))
+    # NULL is not the empty string, nor the text of a value
+    assert h.row((None,) * 8) != h.row((0, 0.0, 0.0, 0, _row(1)[4], 0, b"", ""))
+    assert RowHasher((ColumnDef("s", "text"),)).row(("",)) != RowHasher((ColumnDef("s", "text"),)).row((None,))
+    # value boundaries cannot shift between columns
+    two = RowHasher((ColumnDef("a", "text"), ColumnDef("b", "text")))
+    assert two.row(("ab", "c")) != two.row(("a", "bc"))
+
+
+def test_key_ranges() -> None:
+    r = KeyRange((10,), (20,))
+    assert [k for k in range(25) if r.contains((k,))] == list(range(11, 21))
+    assert KeyRange(None, (3,)).contains((-5,)) and not KeyRange((3,), None).contains((3,))
+    assert KeyRange.from_dict(json.loads(json.dumps(r.to_dict()))) == r
+    comp = KeyRange((1, "b"), (2, "a"))
+    assert comp.contains((1, "c")) and comp.contains((2, "a")) and not comp.contains((1, "b"))
+    assert r.describe(("id",)) == "10 < (id) <= 20" and KeyRange().describe() == "whole table"
+    ts = KeyRange((dt.datetime(2026, 1, 1),), None)  # naive UTC (a driver) vs aware (the model)
+    assert ts.contains((dt.datetime(2026, 1, 1, 0, 0, 1, tzinfo=dt.timezone.utc),))
+    rows = [_row(i) for i in range(30)]
+    assert range_checksum(SCHEMA, r, rows) == RowHasher(COLS).rows(rows[11:21])
+
+
+def _verify_batch() -> Batch:
+    payload = json.dumps({"chunk": "j/app.t/0", "range": KeyRange((1,), (9,)).to_dict(), "count": 2, "hash": "00ff"})
+    changes = (
+        Change(Op.INSERT, "app", "t", "0-1-1", POS, 1, SCHEMA, None, _row(1)),
+        Change(Op.PURGE, "app", "t", "verify:x", POS, 2, SCHEMA, sql=payload),
+        Change(Op.READ, "app", "t", "verify:x", POS, 2, SCHEMA, None, _row(2)),
+        Change(Op.CHECKSUM, "app", "t", "verify:x", POS, 2, SCHEMA, sql=payload),
+    )
+    return Batch("p1", changes, POS, True, POS, 1, 2, {})
+
+
+@pytest.mark.parametrize("path", ["pure", "compiled"])
+def test_verification_records_travel_in_schema_v2(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if path == "compiled" and not compiled.available():
+        pytest.skip("cynomys._speedups is not built (copy it from /work/main or build it in place)")
+    encode = codec.encode_pure if path == "pure" else codec.encode
+    b = _verify_batch()
+    data = encode(b)
+    assert data[:4] == b"CYB\x02"
+    assert codec.decode(data) == b
+    # A batch without them stays v1: appliers that predate v2 still read it.
+    plain = Batch("p1", b.changes[:1], POS, True, POS, 1, 2, {})
+    assert encode(plain)[:4] == b"CYB\x01" and codec.decode(encode(plain)) == plain
+    if path == "compiled":
+        assert encode(b) == codec.encode_pure(b)
+
+
+def test_checksum_and_purge_are_fold_barriers() -> None:
+    """A key changed before and after a verification record keeps both
+    changes on their side of it (folding would move one across)."""
+    b = _verify_batch()
+    after = Change(Op.UPDATE, "app", "t", "0-1-2", POS, 3, SCHEMA, _row(2), _row(2)[:7] + ("new",))
+    out = fold([*b.changes, after])
+    assert [c.op for c in out] == [Op.INSERT, Op.PURGE, Op.READ, Op.CHECKSUM, Op.UPDATE]
