@@ -136,8 +136,9 @@ def _run_job(cfg: Config, store: VerifyStore, request: dict[str, Any], out: Text
 
 def run_verify_command(cfg: Config, *, tables: list[str], chunk_size: int = 0, wait: bool = True,
                        repair: bool = False, progress: bool = True, timeout_s: float = 0.0,
-                       out: TextIO = sys.stdout) -> int:
+                       out: TextIO | None = None) -> int:
     """The `cynomys verify` command.  Returns the exit code (0 equal, 1 differ, 2 error)."""
+    out = out or sys.stdout  # at call time: a redirected stdout counts
     store = store_for(cfg)
     chosen = choose_tables(cfg, tables, out)
     if not chosen:
@@ -159,8 +160,9 @@ def run_verify_command(cfg: Config, *, tables: list[str], chunk_size: int = 0, w
     return rc
 
 
-def print_status(cfg: Config, out: TextIO = sys.stdout, recent: int = 5) -> int:
+def print_status(cfg: Config, out: TextIO | None = None, recent: int = 5) -> int:
     """`cynomys verify --status`: recent jobs, their progress and mismatches."""
+    out = out or sys.stdout
     report = status_report(cfg, recent)
     if not report["jobs"]:
         print("no verify jobs", file=out)

@@ -180,7 +180,7 @@ class KeyRange:
     def describe(self, key: Sequence[str] = ()) -> str:
         name = ", ".join(key) if key else "key"
         if self.lo is None and self.hi is None:
-            return "whole table" if not key else f"every {name}"
+            return "whole table" if not key else f"all keys ({name})"
         lo = "" if self.lo is None else f"{_show(self.lo)} < "
         hi = "" if self.hi is None else f" <= {_show(self.hi)}"
         return f"{lo}({name}){hi}"

@@ -405,9 +405,9 @@ class VerifyCoordinator:
             if self._watermarks is None:
                 self._watermarks = WatermarkTable(conn, self.wm_schema, self.cfg.producer.id)
             self._watermarks.ensure()
-            low = self._watermarks.write("verify-low")
+            low = self._watermarks.write("low")
             raw = conn.query(sql, params)
-            high = self._watermarks.write("verify-high")
+            high = self._watermarks.write("high")
             phase = Phase.WAIT_LOW
         convert = row_converter(info.schema.columns)
         rows = [convert(r) for r in raw]
