@@ -24,10 +24,15 @@ everything else        the text itself
 NULL                   a marker no value renders to
 =====================  ============================================
 
-A row hashes to the first 8 bytes of BLAKE2b over its length-prefixed value
-texts; a set of rows to (row count, sum of the row hashes mod 2^64).  The sum
-does not depend on row order (every target returns rows in its own order)
-and is a multiset hash, so it also fits tables without a primary key.
+A row hashes to the first 8 bytes (big-endian) of the MD5 of its value
+texts, each prefixed by its length in bytes as decimal text and ':'
+(``5:hello``), NULL as ``\xff`` without a prefix; a set
+of rows to (row count, sum of the row hashes mod 2^64).  The sum does not
+depend on row order (every target returns rows in its own order) and is a
+multiset hash, so it also fits tables without a primary key.  MD5 (not for
+security: a checksum of data the user owns on both sides) and decimal
+length prefixes because SQL engines have both: a target may compute the
+same value in SQL (targets/<kind>/verify.py).
 """
 from __future__ import annotations
 
@@ -149,12 +154,14 @@ class RowHasher:
         self.render = [renderer(c) for c in columns]
 
     def row(self, row: Sequence[Value]) -> int:
-        h = hashlib.blake2b(digest_size=8)
+        parts = []
         for r, v in zip(self.render, row):
-            b = _NULL if v is None else r(v).encode("utf-8", "surrogateescape")
-            h.update(len(b).to_bytes(4, "little"))
-            h.update(b)
-        return int.from_bytes(h.digest(), "little")
+            if v is None:
+                parts.append(_NULL)
+            else:
+                b = r(v).encode("utf-8", "surrogateescape")
+                parts.append(b"%d:%s" % (len(b), b))
+        return int.from_bytes(hashlib.md5(b"".join(parts), usedforsecurity=False).digest()[:8], "big")
 
     def rows(self, rows: Iterable[Sequence[Value]]) -> Checksum:
         n = total = 0
@@ -191,6 +198,33 @@ class KeyRange:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> KeyRange:
         return cls(decode_key(d.get("lo")), decode_key(d.get("hi")))
+
+
+def key_predicate(key: Sequence[str], rng: KeyRange, quote: Callable[[str], str],
+                  mark: Callable[[int], str]) -> tuple[str, list[Value]]:
+    """``lo < key <= hi`` as portable SQL: ``quote`` quotes a column name,
+    ``mark(i)`` is the placeholder of parameter i; ('', []) for every row.
+    The comparison is written out column by column (``a > x OR (a = x AND
+    b > y)``), which every engine understands."""
+    conds: list[str] = []
+    params: list[Value] = []
+
+    def greater(bound: tuple[Value, ...]) -> str:
+        terms = []
+        for i in range(len(key)):
+            eqs = []
+            for j in range(i):
+                eqs.append(f"{quote(key[j])} = {mark(len(params))}")
+                params.append(bound[j])
+            terms.append(" AND ".join([*eqs, f"{quote(key[i])} > {mark(len(params))}"]))
+            params.append(bound[i])
+        return "(" + " OR ".join(f"({t})" for t in terms) + ")"
+
+    if rng.lo is not None:
+        conds.append(greater(rng.lo))
+    if rng.hi is not None:
+        conds.append("NOT " + greater(rng.hi))
+    return " AND ".join(conds), params
 
 
 def _show(key: tuple[Value, ...]) -> str:

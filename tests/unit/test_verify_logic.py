@@ -100,3 +100,20 @@ def test_checksum_and_purge_are_fold_barriers() -> None:
     after = Change(Op.UPDATE, "app", "t", "0-1-2", POS, 3, SCHEMA, _row(2), _row(2)[:7] + ("new",))
     out = fold([*b.changes, after])
     assert [c.op for c in out] == [Op.INSERT, Op.PURGE, Op.READ, Op.CHECKSUM, Op.UPDATE]
+
+
+def test_key_predicate_selects_what_contains_selects() -> None:
+    """The SQL a target runs and the Python filter agree, composite keys and
+    open ends included (evaluated by sqlite3, which takes the same SQL)."""
+    import sqlite3
+
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE t (a INT, b TEXT, PRIMARY KEY (a, b))")
+    keys = [(a, b) for a in range(6) for b in ("x", "y", "z")]
+    db.executemany("INSERT INTO t VALUES (?, ?)", keys)
+    from cynomys.snapshot.checksum import key_predicate
+
+    for rng in (KeyRange((1, "y"), (4, "x")), KeyRange(None, (2, "z")), KeyRange((3, "x"), None), KeyRange()):
+        where, params = key_predicate(("a", "b"), rng, lambda n: f'"{n}"', lambda i: "?")
+        got = db.execute("SELECT a, b FROM t" + (f" WHERE {where}" if where else ""), params).fetchall()
+        assert sorted(got) == [k for k in keys if rng.contains(k)], (rng, where)

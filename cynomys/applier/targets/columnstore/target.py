@@ -45,6 +45,7 @@ from pymysql.protocol import LoadLocalPacketWrapper
 
 from cynomys.applier.targets.base import AppliedState, Capabilities, TableFlush
 from cynomys.applier.targets.columnstore import ddl as columnstore_ddl
+from cynomys.applier.targets.columnstore import verify as columnstore_verify
 from cynomys.applier.targets.sql import SqlTarget
 from cynomys.applier.targets.columnstore.types import (
     FIELD_ENCODERS,
@@ -57,6 +58,7 @@ from cynomys.applier.targets.columnstore.types import (
 )
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, TargetRejectedError
+from cynomys.snapshot.checksum import KeyRange
 from cynomys.core.model import ColumnDef, Row, TableSchema, Value
 from cynomys.reducer.sql import MARIADB
 
@@ -491,6 +493,11 @@ class ColumnStoreTarget(SqlTarget):
     # ------------------------------------------------------------------
     # Reading back
     # ------------------------------------------------------------------
+    def range_rows(self, schema: TableSchema, rng: KeyRange) -> list[Row]:
+        """`cynomys verify`: the key range read in SQL (columnstore/verify.py)."""
+        rows = columnstore_verify.range_rows(self, schema, rng)
+        return super().range_rows(schema, rng) if rows is None else rows
+
     def fetch_rows(self, database: str, table: str) -> list[Row]:
         with self._transaction(f"reading {database}.{table}") as cur:
             have = self.target_columns(cur, database, table)
