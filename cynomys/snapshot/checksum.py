@@ -66,7 +66,8 @@ def _decimal(scale: int) -> Callable[[Any], str]:
 
     def render(v: Any) -> str:
         d = v if isinstance(v, decimal.Decimal) else decimal.Decimal(str(v))
-        return str(d.quantize(q, context=decimal.Context(prec=100)))
+        # 'f': never an exponent ('0E-30' is '0.000...0' in SQL too)
+        return format(d.quantize(q, context=decimal.Context(prec=100)), "f")
     return render
 
 
@@ -79,16 +80,18 @@ def _double(v: Any) -> str:
 
 
 def _date(v: Any) -> str:
-    return v.isoformat() if isinstance(v, datetime.date) else str(v)
+    return f"{v.year:04d}-{v.month:02d}-{v.day:02d}" if isinstance(v, datetime.date) else str(v)
 
 
 def _datetime(v: Any) -> str:
+    # Written out: strftime('%Y') does not pad years before 1000 on glibc.
     if isinstance(v, datetime.datetime):
         if v.tzinfo is not None:
             v = v.astimezone(datetime.timezone.utc).replace(tzinfo=None)
-        return v.strftime("%Y-%m-%d %H:%M:%S.%f")
+        return (f"{v.year:04d}-{v.month:02d}-{v.day:02d} {v.hour:02d}:{v.minute:02d}:{v.second:02d}."
+                f"{v.microsecond:06d}")
     if isinstance(v, datetime.date):
-        return v.isoformat() + " 00:00:00.000000"
+        return _date(v) + " 00:00:00.000000"
     return str(v)
 
 

@@ -58,7 +58,7 @@ from cynomys.applier.targets.columnstore.types import (
 )
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, TargetRejectedError
-from cynomys.snapshot.checksum import KeyRange
+from cynomys.snapshot.checksum import Checksum, KeyRange
 from cynomys.core.model import ColumnDef, Row, TableSchema, Value
 from cynomys.reducer.sql import MARIADB
 
@@ -493,6 +493,11 @@ class ColumnStoreTarget(SqlTarget):
     # ------------------------------------------------------------------
     # Reading back
     # ------------------------------------------------------------------
+    def checksum_range(self, schema: TableSchema, rng: KeyRange) -> Checksum:
+        """`cynomys verify`: in SQL where the column types allow (columnstore/verify.py)."""
+        got = columnstore_verify.checksum_range(self, schema, rng)
+        return super().checksum_range(schema, rng) if got is None else got
+
     def range_rows(self, schema: TableSchema, rng: KeyRange) -> list[Row]:
         """`cynomys verify`: the key range read in SQL (columnstore/verify.py)."""
         rows = columnstore_verify.range_rows(self, schema, rng)
