@@ -50,8 +50,16 @@ def main() -> None:
                      f"{sn['snapshot']['dblog']['rows_per_s']:,.0f} rows/s, read-only {sn['snapshot']['read_only']['rows_per_s']:,.0f}"
                      f" rows/s; write p50/p99 {lat['baseline']['p50_ms']}/{lat['baseline']['p99_ms']} ms without, "
                      f"{lat['dblog']['p50_ms']}/{lat['dblog']['p99_ms']} ms during | — |")
+    vf = load("verify")
+    if vf:
+        lat, app = vf["write_latency"], vf["applier_side"]
+        lines.append(f"| verify of {vf['rows']:,} rows while a client writes {vf['write_rate_per_s']:.0f}/s | producer "
+                     f"side {vf['producer_side']['rows_per_s']:,.0f} rows/s; applier side (MariaDB) SQL "
+                     f"{app['sql']['rows_per_s']:,.0f} rows/s, read back {app['read_back']['rows_per_s']:,.0f} rows/s; "
+                     f"write p99 {lat['baseline']['p99_ms']} ms without, {lat['verify']['p99_ms']} ms during "
+                     f"(x{vf['writer_p99_ratio_verify_vs_baseline']}) | — |")
     print("\n".join(lines))
-    for name in ("lineitem", "decode", "delay_commit", "seal", "snapshot", "monetdb_lineitem", "spark_merge"):
+    for name in ("lineitem", "decode", "delay_commit", "seal", "snapshot", "verify", "monetdb_lineitem", "spark_merge"):
         d = load(name)
         if d:
             m = d.get("machine", {})

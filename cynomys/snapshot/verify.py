@@ -66,6 +66,7 @@ REQUEST_DIR = "verify-requests"
 RUNNING, DONE, FAILED, CANCELLED = "running", "done", "failed", "cancelled"
 _REQUEST_POLL_S = 0.5
 _KEYLESS_ATTEMPTS = 20
+_KEEP_FINISHED = 20
 
 
 @dataclass(frozen=True)
@@ -514,6 +515,11 @@ class VerifyCoordinator:
             if action == "start":
                 for name in req.get("tables") or []:
                     db, _, t = str(name).partition(".")
+                    if not self.filter(db, t):
+                        tasks.append(VerifyTask(str(name), error=(
+                            "not replicated ([source] include_tables/exclude_tables leave it out): there is no "
+                            "replica of it to verify")))
+                        continue
                     info = conn.describe(db, t)
                     tasks.append(VerifyTask(str(name), estimate=info.rows_estimate))
             else:
@@ -525,7 +531,9 @@ class VerifyCoordinator:
             log.info("verify %s requested: %s", ident, ", ".join(
                 t.name + (" " + KeyRange.from_dict({"lo": t.lo, "hi": t.hi}).describe() if t.repair else "")
                 for t in tasks))
-            self.jobs.append(job)
+            # Keep the running jobs and the last finished ones (the file is rewritten per chunk).
+            done = [j for j in self.jobs if j.status != RUNNING]
+            self.jobs = [j for j in self.jobs if j.status == RUNNING or j in done[-_KEEP_FINISHED:]] + [job]
         elif action == "cancel":
             for job in self.jobs:
                 if ident in ("*", job.id) and job.status == RUNNING:

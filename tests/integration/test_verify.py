@@ -192,7 +192,16 @@ class SparkSide:
             self.target = open_target(c)
             self.target.connect()
         for s in sql:
-            self.target.spark.sql(s.replace("app.", f"{self.target.catalog}.app."))
+            # Iceberg commits optimistically: a statement that meets one of
+            # the applier's commits fails its validation and is run again.
+            for attempt in range(20):
+                try:
+                    self.target.spark.sql(s.replace("app.", f"{self.target.catalog}.app."))
+                    break
+                except Exception as exc:
+                    if "conflict" not in str(exc).lower() and "CommitFailed" not in str(exc) or attempt == 19:
+                        raise
+                    time.sleep(0.5)
 
     def destroy(self) -> None:
         if self.target is not None:

@@ -117,3 +117,11 @@ def test_key_predicate_selects_what_contains_selects() -> None:
         where, params = key_predicate(("a", "b"), rng, lambda n: f'"{n}"', lambda i: "?")
         got = db.execute("SELECT a, b FROM t" + (f" WHERE {where}" if where else ""), params).fetchall()
         assert sorted(got) == [k for k in keys if rng.contains(k)], (rng, where)
+
+
+def test_tail_shows_verification_records_as_comments() -> None:
+    from cynomys.reducer.sql import render
+
+    out = render(list(_verify_batch().changes))
+    assert out[1].startswith("/* PURGE app.t {") and out[-1].startswith("/* CHECKSUM app.t {")
+    assert out[2].startswith("REPLACE INTO")  # the READ row between them (an upsert)
