@@ -125,3 +125,64 @@ def test_tail_shows_verification_records_as_comments() -> None:
     out = render(list(_verify_batch().changes))
     assert out[1].startswith("/* PURGE app.t {") and out[-1].startswith("/* CHECKSUM app.t {")
     assert out[2].startswith("REPLACE INTO")  # the READ row between them (an upsert)
+
+
+def _window(tmp_path, rows: list[tuple], rng: KeyRange):  # type: ignore[no-untyped-def]
+    from cynomys.core.config import Config, ProducerConfig
+    from cynomys.snapshot.columns import TableInfo
+    from cynomys.snapshot.verify import RUNNING, VerifyCoordinator, VerifyJob, VerifyTask, _Active
+    from cynomys.snapshot.window import Phase
+
+    cfg = Config(producer=ProducerConfig(state_dir=str(tmp_path)))
+    co = VerifyCoordinator(cfg, start=POS)
+    co.jobs = [VerifyJob("j", RUNNING, (VerifyTask("app.t"),), chunk_size=5)]
+    a = _Active("j", 0, TableInfo(SCHEMA, "InnoDB", len(rows)), rng, Phase.WAIT_LOW, low_uuid="L", high_uuid="H")
+    a.rows = {(r[0],): r for r in rows}
+    co._active = a
+    return co, a
+
+
+def _wm(uuid: str) -> Change:
+    wm = TableSchema("cynomys_meta", "watermark", (ColumnDef("producer_id", "varchar(64)"),
+                                                   ColumnDef("uuid", "char(36)"), ColumnDef("kind", "varchar(8)")),
+                     ("producer_id",))
+    return Change(Op.UPDATE, "cynomys_meta", "watermark", "t", POS, 1, wm, ("p", "x", "low"), ("p", uuid, "low"))
+
+
+def test_window_brings_the_chunk_to_the_stream_position(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Changes before the low watermark were seen by the select (ignored);
+    inside the window and after the high one they are applied to the chunk,
+    inside its key range only: the same whether the select saw them or not."""
+    from cynomys.snapshot.window import Phase
+
+    rows = [_row(i) for i in range(10, 15)]  # the select's rows: keys 10..14 of the range 9 < id <= 14
+    co, a = _window(tmp_path, rows, KeyRange((9,), (14,)))
+
+    def ch(op: Op, before: tuple | None, after: tuple | None) -> Change:
+        return Change(op, "app", "t", "0-1-9", POS, 1, SCHEMA, before, after)
+
+    co.observe(ch(Op.DELETE, _row(10), None))          # before the low watermark: the select saw it
+    assert (10,) in a.rows
+    co.observe(_wm("L"))
+    assert a.phase is Phase.OPEN
+    changed = _row(11)[:7] + ("changed",)
+    co.observe(ch(Op.UPDATE, _row(11), changed))       # in the window: its image wins
+    co.observe(ch(Op.DELETE, _row(12), None))
+    co.observe(ch(Op.INSERT, None, _row(13)))          # already selected: the same row again
+    co.observe(ch(Op.UPDATE, _row(14), (20,) + _row(14)[1:]))   # key moves out of the range
+    co.observe(ch(Op.INSERT, None, _row(99)))          # outside the range: not this chunk's
+    co.observe(_wm("H"))
+    assert a.phase is Phase.CLOSING
+    co.observe(ch(Op.INSERT, None, (9,) + _row(9)[1:]))  # lo is exclusive
+    co.observe(ch(Op.UPDATE, (20,) + _row(14)[1:], _row(14)))  # after the high watermark: moved back
+    assert sorted(a.rows) == [(10,), (11,), (13,), (14,)]
+    assert a.rows[(11,)] == changed
+    out = co.poll(at_boundary=True)
+    assert [type(x).__name__ for x in out] == ["Change", "Commit"] and out[0].op is Op.CHECKSUM
+    payload = json.loads(out[0].sql or "")
+    assert Checksum.from_dict(payload) == RowHasher(COLS).rows([_row(10), changed, _row(13), _row(14)])
+    assert KeyRange.from_dict(payload["range"]) == KeyRange((9,), (14,))
+    # Recorded as done only once the producer's checkpoint passes it.
+    assert co.jobs[0].chunks == ()
+    co.checkpointed(POS)
+    assert [c["id"] for c in co.jobs[0].chunks] == ["j/app.t/0"] and co.jobs[0].tasks[0].lo == [["int", "14"]]
