@@ -12,10 +12,19 @@ checksums must be equal.
   appended to ``<applier state_dir>/verify-results.jsonl``, one JSON object
   per line (the last line of a chunk id wins), which `cynomys verify` and
   `cynomys status` read without a target connection.
-- PURGE: the key range is deleted on the target in one transaction with the
-  applier state; the range's READ rows follow in the stream and are applied
-  like any snapshot rows.  Replayed after a crash it deletes again and the
-  READ rows come again: the same end state.
+- PURGE (a repair): the range's READ rows follow it, then its CHECKSUM.
+  The rows the target holds in the range are deleted in the same target
+  transaction that inserts those READ rows and records the applier state,
+  committed when the CHECKSUM comes; then the range is checked.
+
+The producer ends an envelope with each CHECKSUM record, so that commit
+records the envelope's own state (its sequence number, its end): a state
+later than any flush before it, which matters to targets that recognise a
+flush they already hold by its state (Spark/Iceberg).  Replayed after a
+crash, everything from the PURGE on comes again: the same end state.  A
+crash after that commit but before the result is written leaves the chunk
+without a result (the envelope is then a duplicate): `cynomys verify`
+reports it as unchecked once ``--timeout`` passes; run it again.
 """
 from __future__ import annotations
 
@@ -25,10 +34,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cynomys.applier.targets.base import AppliedState, Target
+from cynomys.applier.targets.base import Flush, Target
 from cynomys.core.config import Config
 from cynomys.core.errors import TerminalError
-from cynomys.core.model import Change, Op
+from cynomys.core.model import Change, Op, TableSchema
 from cynomys.snapshot.checksum import Checksum, KeyRange
 
 log = logging.getLogger(__name__)
@@ -58,6 +67,13 @@ def read_results(path: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _schema(change: Change) -> TableSchema:
+    if change.schema is None:
+        raise TerminalError(f"a {change.op.value} record ({change.tid}) carries no table definition",
+                            hint="producer and applier must run the same Cynomys version")
+    return change.schema
+
+
 def _payload(change: Change) -> dict[str, Any]:
     try:
         d = json.loads(change.sql or "")
@@ -74,21 +90,30 @@ class Verifier:
         self.target = target
         self.path = results_path(cfg)
         self.stats = {"checked": 0, "mismatched": 0, "purged": 0}
+        self.purges: list[Change] = []   # PURGE records waiting for their CHECKSUM's flush
 
-    def handle(self, change: Change, state: AppliedState) -> None:
-        """One CHECKSUM or PURGE record; everything before it is committed."""
-        schema = change.schema
-        if schema is None:
-            raise TerminalError(f"a {change.op.value} record ({change.tid}) carries no table definition",
-                                hint="producer and applier must run the same Cynomys version")
+    def purge_later(self, change: Change) -> None:
+        _schema(change)
+        _payload(change)
+        self.purges.append(change)
+
+    def amend(self, flush: Flush) -> None:
+        """Add the waiting purges' deletions to ``flush`` (the one holding
+        the ranges' READ rows)."""
+        for change in self.purges:
+            schema = _schema(change)
+            rng = KeyRange.from_dict(_payload(change)["range"])
+            n = self.target.purge_into(flush, schema, rng)
+            self.stats["purged"] += n
+            log.info("verify repair: %s (%s): replacing %d target rows with the source's", schema.name,
+                     rng.describe(schema.key), n)
+        self.purges = []
+
+    def check(self, change: Change) -> None:
+        """One CHECKSUM record; everything before it is committed."""
+        schema = _schema(change)
         d = _payload(change)
         rng = KeyRange.from_dict(d["range"])
-        if change.op is Op.PURGE:
-            n = self.target.purge_range(schema, rng, state)
-            self.stats["purged"] += n
-            log.info("verify repair: deleted %d rows of %s (%s) before reading them again", n, schema.name,
-                     rng.describe(schema.key))
-            return
         t0 = time.monotonic()
         got = self.target.checksum_range(schema, rng)
         want = Checksum.from_dict(d)

@@ -396,9 +396,12 @@ def check_verify_checksum(factory: TargetFactory, db: str) -> None:
     middle = KeyRange((1,), (3,))
     assert target.checksum_range(schema, middle) == hasher.rows(rows[1:3])
     assert target.checksum_range(schema, middle) != hasher.rows(rows[1:2])
-    assert target.purge_range(schema, middle, state(seq=2)) == 2
-    assert_rows(target, schema, [rows[0], *rows[3:]])
-    assert target.applied(PRODUCER) == state(seq=2)
+    # A repair: the range's target rows go and the source's come, in one flush with the state.
+    fl = flush([change(Op.READ, schema, after=rows[2])])
+    assert target.purge_into(fl, schema, middle) == 2
+    target.apply(fl)
+    assert_rows(target, schema, [rows[0], rows[2], *rows[3:]])
+    assert target.applied(PRODUCER) == fl.state
 
 
 CONTRACT: dict[str, Callable[[TargetFactory, str], None]] = {

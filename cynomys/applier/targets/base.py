@@ -227,17 +227,20 @@ class Target(ABC):
         """The canonical checksum (snapshot/checksum.py) of a key range."""
         return range_checksum(schema, rng, self.range_rows(schema, rng))
 
-    def purge_range(self, schema: TableSchema, rng: KeyRange, state: AppliedState) -> int:
-        """Delete a key range (a table without a key: every row) in one
-        transaction with ``state``; returns how many rows went."""
+    def purge_into(self, flush: Flush, schema: TableSchema, rng: KeyRange) -> int:
+        """Add to ``flush`` the deletion of every row the target holds in a
+        key range (a table without a key: every row), before the flush's own
+        inserts; returns how many rows that is."""
         rows = self.range_rows(schema, rng)
-        tf = TableFlush(schema)
+        tf = next((t for t in flush.tables if t.schema == schema), None)
+        if tf is None:
+            tf = TableFlush(schema)
+            flush.tables.append(tf)
         idx = schema.key_indexes()
         if idx:
-            tf.delete_keys = [tuple(r[i] for i in idx) for r in rows]
+            tf.delete_keys.extend(tuple(r[i] for i in idx) for r in rows)
         else:
-            tf.delete_rows = Counter(rows)
-        self.apply(Flush([tf] if rows else [], state))
+            tf.delete_rows.update(rows)
         return len(rows)
 
 
