@@ -68,9 +68,17 @@ def main() -> None:
                          f"flushes of {gr['rows_per_flush']:,}, {v} | first {r['first_median_s']} s, last "
                          f"{r['last_median_s']} s, **last/first {r['last_over_first']}**; live files at most "
                          f"{r['max_files']} (data + deletes) | — |")
+    vf = load("verify")
+    if vf:
+        lat, app = vf["write_latency"], vf["applier_side"]
+        lines.append(f"| verify of {vf['rows']:,} rows while a client writes {vf['write_rate_per_s']:.0f}/s | producer "
+                     f"side {vf['producer_side']['rows_per_s']:,.0f} rows/s; applier side (MariaDB) SQL "
+                     f"{app['sql']['rows_per_s']:,.0f} rows/s, read back {app['read_back']['rows_per_s']:,.0f} rows/s; "
+                     f"write p99 {lat['baseline']['p99_ms']} ms without, {lat['verify']['p99_ms']} ms during "
+                     f"(x{vf['writer_p99_ratio_verify_vs_baseline']}) | — |")
     print("\n".join(lines))
-    for name in ("lineitem", "decode", "delay_commit", "seal", "snapshot", "monetdb_lineitem", "spark_merge",
-                 "spark_catchup", "spark_flush_growth_2m"):
+    for name in ("lineitem", "decode", "delay_commit", "seal", "snapshot", "verify", "monetdb_lineitem", "spark_merge",
+                 "spark_catchup", "spark_flush_growth_2m", "applier_decode"):
         d = load(name)
         if d:
             m = d.get("machine", {})

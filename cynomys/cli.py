@@ -7,6 +7,7 @@
     cynomys tail -c FILE           (decode records and print them as SQL)
     cynomys status -c FILE [--json]
     cynomys snapshot -c FILE [--tables db.t1,db.t2] [--where SQL]   (full-state capture via the producer)
+    cynomys verify -c FILE [--tables PATTERN] [--chunk-size N] [--repair] [--no-wait] [--status]
     cynomys sql -c FILE "SELECT"   (Spark SQL on the Iceberg target)
     cynomys demo                   (the sample job: throwaway MariaDB + Redis + keys)
 
@@ -150,6 +151,23 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
                                 wait=not args.no_wait, progress=not args.no_progress)
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Exits like diff: 0 equal, 1 a mismatch remains, 2 on error."""
+    from cynomys.verify_command import ERROR, print_status, run_verify_command
+
+    try:
+        cfg = _config(args)
+        if args.status:
+            return print_status(cfg)
+        tables = [t.strip() for t in args.tables.split(",") if t.strip()]
+        return run_verify_command(cfg, tables=tables, chunk_size=args.chunk_size, wait=not args.no_wait,
+                                  repair=args.repair, progress=not args.no_progress, timeout_s=args.timeout)
+    except CynomysError as exc:
+        kind = "configuration" if isinstance(exc, ConfigError) else ("transient" if exc.transient else "terminal")
+        print(f"cynomys: {kind} error: {_one_line(exc)}", file=sys.stderr)
+        return ERROR
+
+
 def cmd_sql(args: argparse.Namespace) -> int:
     """Run SQL on a Spark target's session (the Iceberg catalog is the default one)."""
     from cynomys.applier.targets.base import open_target
@@ -224,6 +242,17 @@ def build_parser() -> argparse.ArgumentParser:
     sn.add_argument("--no-wait", action="store_true", help="return once the request is written")
     sn.add_argument("--no-progress", action="store_true", help="no progress bar while waiting")
     sn.set_defaults(func=cmd_snapshot)
+
+    vf = with_config(sub.add_parser("verify", help="compare source and target chunk by chunk through the running "
+                                                   "daemons (exit 0 equal, 1 differ, 2 error)"))
+    vf.add_argument("--tables", default="", help="db.t1,db.* (default: every replicated table)")
+    vf.add_argument("--chunk-size", type=int, default=0, help="rows per checksum (default: [snapshot] chunk_size)")
+    vf.add_argument("--repair", action="store_true", help="re-read mismatching ranges into the target, verify again")
+    vf.add_argument("--no-wait", action="store_true", help="return once the request is written")
+    vf.add_argument("--no-progress", action="store_true", help="no progress bar while waiting")
+    vf.add_argument("--timeout", type=float, default=0.0, help="give up waiting after S seconds (exit 2; 0: wait)")
+    vf.add_argument("--status", action="store_true", help="show verify jobs, progress and mismatches")
+    vf.set_defaults(func=cmd_verify)
 
     sq = with_config(sub.add_parser("sql", help="run Spark SQL against the Iceberg target"))
     sq.add_argument("query")

@@ -51,6 +51,7 @@ from cynomys.parser.txn import Assembler, Commit, Item, Progress
 from cynomys.reducer.fold import Folder
 from cynomys.reducer.sql import MARIADB, render_one
 from cynomys.snapshot.coordinator import SnapshotCoordinator
+from cynomys.snapshot.verify import VerifyCoordinator
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +168,7 @@ class Producer:
         self.max_delay = cfg.producer.batch_max_delay_ms / 1000.0
         self.stats = {"batches": 0, "changes_in": 0, "changes_out": 0, "transactions": 0}
         self.snap: SnapshotCoordinator | None = None
+        self.verify: VerifyCoordinator | None = None
 
     # ------------------------------------------------------------------
     def _start_position(self, inspector: SourceInspector) -> Position:
@@ -242,6 +244,7 @@ class Producer:
         # Snapshot chunks need the log to go on past their high watermark, so
         # a non-blocking run (--once) only records snapshot requests.
         self.snap = SnapshotCoordinator(self.cfg, start=start, first_start=first_start, enabled=self.blocking)
+        self.verify = VerifyCoordinator(self.cfg, start=start, enabled=self.blocking)
         table_filter = TableFilter(self.cfg.source.include_tables, self.cfg.source.exclude_tables)
         source = BinlogSource(self.cfg.source, start, blocking=self.blocking, is_mariadb=mariadb,
                               table_filter=self.snap.table_filter(table_filter))
@@ -259,6 +262,7 @@ class Producer:
             source.close()
             reader.join(timeout=5)
             self.snap.close()
+            self.verify.close()
 
     def _read(self, source: BinlogSource, events: queue.Queue[Any], halt: threading.Event) -> None:
         try:
@@ -281,8 +285,12 @@ class Producer:
         self.state.checkpoint = pos
         if self.snap is not None:
             self.snap.checkpointed(pos)
+        if self.verify is not None:
+            self.verify.checkpointed(pos)
 
     def _loop(self, events: queue.Queue[Any], snap: SnapshotCoordinator, start: Position) -> None:
+        verify = self.verify
+        assert verify is not None
         asm = Assembler(start.gtid)
         run = _Batching(self, start)
         last_save = 0.0
@@ -299,7 +307,15 @@ class Producer:
             # a closed chunk's READ rows (only between source transactions).
             for out in snap.poll(at_boundary=not run.in_txn(asm)):
                 run.handle(out, asm)
-            timeout = snap.wait_s()
+            # A verification record ends its batch: the applier checks it
+            # once it has committed everything up to it, so it should not
+            # wait in a batch for more changes.
+            checks = verify.poll(at_boundary=not run.in_txn(asm))
+            for out in checks:
+                run.handle(out, asm)
+            if checks:
+                run.flush_if_idle(asm)
+            timeout = min(snap.wait_s(), verify.wait_s())
             if run.at_boundary(asm):
                 timeout = min(timeout, max(0.0, run.started + self.max_delay - time.monotonic()))
             try:
@@ -321,6 +337,7 @@ class Producer:
             if ev.timestamp:
                 self.state.last_event_ts = ev.timestamp
             for out in asm.feed(ev):
+                verify.observe(out)  # first: the snapshot coordinator swallows watermark events
                 seen = snap.observe(out)  # None: a watermark-table event, never shipped
                 if seen is not None:
                     run.handle(seen, asm)

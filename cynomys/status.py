@@ -187,6 +187,7 @@ def collect(cfg: Config) -> dict[str, Any]:
     except CynomysError as exc:
         report["transport"] = {"reachable": False, "error": str(exc)}
     report["snapshot"] = _snapshot_section(cfg)
+    report["verify"] = _verify_section(cfg)
     return report
 
 
@@ -215,6 +216,16 @@ def _ha_section(cfg: Config, mirror: Any) -> tuple[Any, dict[str, Any]]:
 
 def lease_key(cfg: Config) -> str:
     return f"{cfg.transport.stream}:lease:{cfg.producer.id}"
+
+
+def _verify_section(cfg: Config) -> dict[str, Any]:
+    """Verify jobs (producer's verify.json) and their results (applier's verify-results.jsonl)."""
+    from cynomys.verify_command import status_report
+
+    try:
+        return status_report(cfg)
+    except (CynomysError, OSError, ValueError) as exc:
+        return {"error": str(exc)}
 
 
 def _snapshot_section(cfg: Config) -> dict[str, Any]:
@@ -252,4 +263,12 @@ def render_text(report: dict[str, Any]) -> str:
                      f"{job['rows_read']}/{job['rows_estimate']} rows ({job['progress']})"
                      + (f", at {job['current_table']}" if job["current_table"] else "")
                      + (f", errors: {job['errors']}" if job["errors"] else ""))
+    ver = report.get("verify", {})
+    lines.append("verify:")
+    if "error" in ver:
+        lines.append(f"  error: {ver['error']}")
+    for ident, j in ver.get("jobs", {}).items():
+        lines.append(f"  {ident}: {j['status']}, {j['chunks_checked']}/{j['chunks_emitted']} chunks checked, "
+                     f"{j['rows_checked']} rows, {len(j['mismatches'])} differ")
+        lines += [f"    differs: {m}" for m in j["mismatches"]]
     return "\n".join(lines)

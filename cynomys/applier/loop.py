@@ -18,12 +18,13 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 from cynomys.applier.batcher import DelayBuffer, Span
 from cynomys.applier.partition import Partitioning, PartitionTarget
 from cynomys.core.checkpoint import write_json_atomic
-from cynomys.applier.targets.base import AppliedState, Target, build_flush, open_target
+from cynomys.applier.targets.base import AppliedState, Flush, Target, build_flush, open_target
+from cynomys.applier.verify import VERIFY_OPS, Verifier
 from cynomys.core.columnar import row_count
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, CynomysError, EnvelopeRejected, SchemaError, TerminalError
@@ -103,6 +104,7 @@ class Applier:
         self.pending_state: AppliedState | None = None
         self.last_delivery = time.monotonic()
         self.report_path = cfg.resolve(cfg.applier.state_dir) / self.partitioning.file_name("applier")
+        self.verifier = Verifier(cfg, self.target)
 
     # ------------------------------------------------------------------
     def start(self) -> None:
@@ -273,6 +275,10 @@ class Applier:
                 self.buffer.add(segment)
                 segment = []
                 self._apply_ddl(pid, c, batch, seq)
+            elif c.op in VERIFY_OPS:
+                self.buffer.add(segment)
+                segment = []
+                self._verify(pid, c, batch, seq)
             else:
                 segment.append(c)
         self.buffer.add(segment)
@@ -326,6 +332,27 @@ class Applier:
         self.applied[pid] = state
         self.stats.ddl += 1
 
+    def _verify(self, pid: str, change: Change, batch: Batch, seq: int) -> None:
+        """A CHECKSUM or PURGE record (applier/verify.py): commit everything
+        before it first (with a PURGE's deletions, at its CHECKSUM), then
+        check.  The producer ends the envelope with the CHECKSUM, so that
+        commit records the envelope's own state; a PURGE's flush-before is
+        recorded at its position as the previous envelope, as before a DDL."""
+        self.buffer.complete = True
+        if change.op is Op.PURGE:
+            state = AppliedState(pid, seq - 1 if seq > 1 else 0, change.txn, change.commit_ts)
+            if self.buffer.envelopes or len(self.buffer):
+                self._flush_with(state)
+            self.verifier.purge_later(change)
+            return
+        if batch.complete and change is batch.changes[-1]:
+            state = AppliedState(pid, seq, batch.end, batch.last_commit_ts)
+        else:  # not from this version's producer: at its position, as the previous envelope
+            state = AppliedState(pid, seq - 1 if seq > 1 else 0, change.txn, change.commit_ts)
+        if self.buffer.envelopes or len(self.buffer) or self.verifier.purges:
+            self._flush_with(state, self.verifier.amend)
+        self.verifier.check(change)
+
     # ------------------------------------------------------------------
     def flush(self) -> None:
         state = self.pending_state
@@ -334,10 +361,13 @@ class Applier:
             return
         self._flush_with(state)
 
-    def _flush_with(self, state: AppliedState) -> None:
+    def _flush_with(self, state: AppliedState, amend: Callable[[Flush], None] | None = None) -> None:
+        """``amend``: adds to the flush before it is applied (verify's purges)."""
         changes = self.buffer.take()
-        if changes or self.applied.get(state.producer_id) != state:
+        if changes or amend is not None or self.applied.get(state.producer_id) != state:
             flush = build_flush(changes, state, self.target.capabilities.columnar_inserts)
+            if amend is not None:
+                amend(flush)
             t0 = time.monotonic()
             self.target.apply(flush)
             self.stats.flushes += 1

@@ -76,6 +76,11 @@ FOLD_RULES: dict[tuple[Op, Op], Rule] = {
 }
 
 
+# Verification records see (CHECKSUM) or replace (PURGE) a key range at
+# their place in the stream: a change after one must not fold into a change
+# before it (nor the reverse), or it would move across it.
+_BARRIER_OPS = frozenset({Op.CHECKSUM, Op.PURGE})
+
 KeyOf = Callable[[Row], "tuple[Value, ...]"]
 
 
@@ -161,7 +166,7 @@ class Folder:
         return entry
 
     def _add_one(self, c: Change) -> None:
-        if c.op is Op.DDL:
+        if c.op is Op.DDL or c.op in _BARRIER_OPS:
             self.barrier()
             self._slots.append(c)
             return

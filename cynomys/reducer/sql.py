@@ -151,6 +151,9 @@ def render(changes: Iterable[Change], dialect: Dialect = MARIADB) -> list[str]:
         cs = list(group)
         if op is Op.DDL:
             out.extend(c.sql or "" for c in cs)
+        elif op in (Op.CHECKSUM, Op.PURGE):
+            # Verification records (`cynomys verify`) change nothing by themselves: shown, not run.
+            out.extend(f"/* {op.value} {db}.{tbl} {(c.sql or '').replace('*/', '* /')} */" for c in cs)
         elif op is Op.INSERT:
             out.append(_insert(dialect, cs))
         elif op is Op.READ:

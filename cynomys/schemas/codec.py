@@ -33,7 +33,13 @@ from cynomys.core.errors import SchemaError
 from cynomys.core.model import Batch, Change, ColumnDef, Op, Position, RawTemporal, Row, TableSchema, Value
 
 MAGIC = b"CYB"
+# Writers use the oldest version that can carry the batch: v1 unless it
+# holds a verification record (CHECKSUM, PURGE: the only change in v2, two
+# enum symbols appended, so v1's indexes stay).  An applier that predates
+# v2 thus keeps reading every producer that does not run `cynomys verify`.
 VERSION = 1
+LATEST = 2
+_V2_OPS = frozenset({Op.CHECKSUM, Op.PURGE})
 _HERE = Path(__file__).parent
 _NS = "cynomys.v1."
 
@@ -208,11 +214,16 @@ _OP_INDEX: dict[Op, int] = {}
 def _op_index() -> dict[Op, int]:
     """Op -> its index in the writer schema's enum (for the compiled writer)."""
     if not _OP_INDEX:
-        raw = json.loads((_HERE / f"batch.v{VERSION}.avsc").read_text())
+        raw = json.loads((_HERE / f"batch.v{LATEST}.avsc").read_text())
         records = next(f for f in raw["fields"] if f["name"] == "records")["type"]["items"]
         op_type = next(f for f in records["fields"] if f["name"] == "op")["type"]
         _OP_INDEX.update({Op(sym): i for i, sym in enumerate(op_type["symbols"])})
     return _OP_INDEX
+
+
+def writer_version(batch: Batch) -> int:
+    """The oldest schema version that holds ``batch``."""
+    return LATEST if any(c.op in _V2_OPS for c in batch.changes) else VERSION
 
 
 def encode(batch: Batch) -> bytes:
@@ -222,7 +233,7 @@ def encode(batch: Batch) -> bytes:
     if ext is not None:
         changes = batch.changes if type(batch.changes) is tuple else tuple(batch.changes)
         try:
-            out: bytes = ext.encode_batch(MAGIC + bytes([VERSION]), batch.producer_id, batch.end, batch.complete,
+            out: bytes = ext.encode_batch(MAGIC + bytes([writer_version(batch)]), batch.producer_id, batch.end, batch.complete,
                                           batch.first_txn, batch.created_us, batch.last_commit_ts, dict(batch.meta),
                                           changes, _op_index())
             return out
@@ -285,12 +296,13 @@ def encode_pure(batch: Batch) -> bytes:
         "created_us": batch.created_us, "last_commit_ts": batch.last_commit_ts, "meta": dict(batch.meta),
         "tables": tables, "records": records, "images": blocks,
     }
+    version = writer_version(batch)
     buf = io.BytesIO()
-    buf.write(MAGIC + bytes([VERSION]))
+    buf.write(MAGIC + bytes([version]))
     try:
-        fastavro.schemaless_writer(buf, schema(VERSION), datum)
+        fastavro.schemaless_writer(buf, schema(version), datum)
     except (ValueError, TypeError) as exc:
-        raise SchemaError(f"batch does not fit Avro schema v{VERSION}: {exc}") from None
+        raise SchemaError(f"batch does not fit Avro schema v{version}: {exc}") from None
     return buf.getvalue()
 
 

@@ -24,6 +24,7 @@ from cynomys.core.columnar import InsertRun
 from cynomys.core.model import Change, Op, Position, Row, TableSchema, Value
 from cynomys.applier.ddl import SKIP_HINT, DdlOp, UnsupportedDdl, parse_ddl
 from cynomys.core.targets import TARGETS
+from cynomys.snapshot.checksum import Checksum, KeyRange, range_checksum
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +237,39 @@ class Target(ABC):
     @abstractmethod
     def fetch_rows(self, database: str, table: str) -> list[Row]:
         """Every row, values in the Python domain of core.model (for checks)."""
+
+    # -- `cynomys verify` (cynomys/applier/verify.py) ----------------------------
+    # The defaults work on every target: the table read back and filtered in
+    # Python.  Targets that can read or hash just the range in SQL override
+    # them (targets/<kind>/verify.py).
+    def range_rows(self, schema: TableSchema, rng: KeyRange) -> list[Row]:
+        """The rows of ``schema``'s table with their key in ``rng``, in the
+        model's value domain and ``schema``'s column order."""
+        if not self.table_exists(schema.database, schema.table):
+            return []
+        rows = self.fetch_rows(schema.database, schema.table)
+        idx = schema.key_indexes()
+        return rows if not idx else [r for r in rows if rng.contains(tuple(r[i] for i in idx))]
+
+    def checksum_range(self, schema: TableSchema, rng: KeyRange) -> Checksum:
+        """The canonical checksum (snapshot/checksum.py) of a key range."""
+        return range_checksum(schema, rng, self.range_rows(schema, rng))
+
+    def purge_into(self, flush: Flush, schema: TableSchema, rng: KeyRange) -> int:
+        """Add to ``flush`` the deletion of every row the target holds in a
+        key range (a table without a key: every row), before the flush's own
+        inserts; returns how many rows that is."""
+        rows = self.range_rows(schema, rng)
+        tf = next((t for t in flush.tables if t.schema == schema), None)
+        if tf is None:
+            tf = TableFlush(schema)
+            flush.tables.append(tf)
+        idx = schema.key_indexes()
+        if idx:
+            tf.delete_keys.extend(tuple(r[i] for i in idx) for r in rows)
+        else:
+            tf.delete_rows.update(rows)
+        return len(rows)
 
 
 _REGISTRY = TARGETS

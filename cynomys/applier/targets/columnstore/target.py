@@ -46,6 +46,7 @@ from pymysql.protocol import LoadLocalPacketWrapper
 from cynomys.applier.columnar import load_data_text
 from cynomys.applier.targets.base import AppliedState, Capabilities, TableFlush
 from cynomys.applier.targets.columnstore import ddl as columnstore_ddl
+from cynomys.applier.targets.columnstore import verify as columnstore_verify
 from cynomys.applier.targets.sql import SqlTarget
 from cynomys.applier.targets.columnstore.types import (
     FIELD_ENCODERS,
@@ -59,6 +60,7 @@ from cynomys.applier.targets.columnstore.types import (
 from cynomys.core.columnar import InsertRun
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, TargetRejectedError
+from cynomys.snapshot.checksum import Checksum, KeyRange
 from cynomys.core.model import ColumnDef, Row, TableSchema, Value
 from cynomys.reducer.sql import MARIADB
 
@@ -503,6 +505,16 @@ class ColumnStoreTarget(SqlTarget):
     # ------------------------------------------------------------------
     # Reading back
     # ------------------------------------------------------------------
+    def checksum_range(self, schema: TableSchema, rng: KeyRange) -> Checksum:
+        """`cynomys verify`: in SQL where the column types allow (columnstore/verify.py)."""
+        got = columnstore_verify.checksum_range(self, schema, rng)
+        return super().checksum_range(schema, rng) if got is None else got
+
+    def range_rows(self, schema: TableSchema, rng: KeyRange) -> list[Row]:
+        """`cynomys verify`: the key range read in SQL (columnstore/verify.py)."""
+        rows = columnstore_verify.range_rows(self, schema, rng)
+        return super().range_rows(schema, rng) if rows is None else rows
+
     def fetch_rows(self, database: str, table: str) -> list[Row]:
         with self._transaction(f"reading {database}.{table}") as cur:
             have = self.target_columns(cur, database, table)

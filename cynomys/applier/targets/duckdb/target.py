@@ -30,11 +30,13 @@ import pyarrow as pa
 
 from cynomys.applier.targets.base import AppliedState, Capabilities, TableFlush
 from cynomys.applier.targets.duckdb import ddl as duckdb_ddl
+from cynomys.applier.targets.duckdb import verify as duckdb_verify
 from cynomys.applier.targets.duckdb.types import DuckType, Unstorable, arrow_column, duck_type, native_source_type
 from cynomys.applier.targets.source_types import source_type_comment, source_type_from_comment
 from cynomys.applier.targets.sql import SqlTarget
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, TargetRejectedError
+from cynomys.snapshot.checksum import KeyRange
 from cynomys.core.model import ColumnDef, Row, TableSchema
 
 log = logging.getLogger(__name__)
@@ -230,6 +232,11 @@ class DuckDBTarget(SqlTarget):
     # -- DDL and reading back -----------------------------------------------------
     def ddl_run(self, sql: str, commit_ts: int, cur: Cursor | None) -> duckdb_ddl.Run:
         return duckdb_ddl.Run(self, sql, self.where, self.schemas, commit_ts, cur)
+
+    def range_rows(self, schema: TableSchema, rng: KeyRange) -> list[Row]:
+        """`cynomys verify`: the key range read in SQL (duckdb/verify.py)."""
+        rows = duckdb_verify.range_rows(self, schema, rng)
+        return super().range_rows(schema, rng) if rows is None else rows
 
     def fetch_rows(self, database: str, table: str) -> list[Row]:
         with self._transaction(f"reading {database}.{table}") as cur:

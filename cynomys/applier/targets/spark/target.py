@@ -86,6 +86,7 @@ from pyspark.sql import types as T
 
 from cynomys.applier.targets.spark import ddl as spark_ddl, session as spark_session
 from cynomys.applier.targets.spark import types as st
+from cynomys.applier.targets.spark import verify as spark_verify
 from cynomys.applier.targets.base import short_sql, AppliedState, Capabilities, Flush, TableFlush, Target
 from cynomys.applier.targets.spark.iceberg import IcebergApi, Snapshot
 from cynomys.applier.targets.spark.maintenance import Maintenance
@@ -98,6 +99,7 @@ from cynomys.core.config import Config
 from cynomys.core.errors import CynomysError, TargetRejectedError, TargetUnavailableError
 from cynomys.core.model import Change, ColumnDef, Position, RawTemporal, Row, TableSchema, Value
 from cynomys.applier.ddl import SKIP_HINT
+from cynomys.snapshot.checksum import KeyRange
 
 log = logging.getLogger(__name__)
 
@@ -681,7 +683,12 @@ class SparkTarget(Target):
             out.append((f, st.column_for(f.name, f.dataType, f.metadata.get("comment"))))
         return out
 
-    def fetch_rows(self, database: str, table: str) -> list[Row]:
+    def range_rows(self, schema: TableSchema, rng: KeyRange) -> list[Row]:
+        """`cynomys verify`: only the key range read (spark/verify.py)."""
+        return spark_verify.range_rows(self, schema, rng)
+
+    def fetch_rows(self, database: str, table: str, where: str = "", args: dict[str, Any] | None = None) -> list[Row]:
+        """``where``/``args``: a condition with named parameters (``:p0``)."""
         with self.edge(f"reading {database}.{table} on {self.where}"):
             layout = self.layout(database, table)
             if layout is None:
@@ -700,7 +707,8 @@ class SparkTarget(Target):
                 if companion is not None:
                     exprs.append(q(companion.name))
                 plan.append((dec, len(exprs) - 1 if companion is not None else None))
-            result = self.spark.sql(f"SELECT {', '.join(exprs)} FROM {self.qualified(database, table)}").collect()
+            sql = f"SELECT {', '.join(exprs)} FROM {self.qualified(database, table)}" + (f" WHERE {where}" if where else "")
+            result = self.spark.sql(sql, args=args or None).collect()
         rows: list[Row] = []
         for r in result:
             values: list[Value] = []

@@ -1,0 +1,297 @@
+"""`cynomys verify` throughput on both sides, and what it costs the source's writers.
+
+    python bench/verify_bench.py [--rows 1000000] [--chunk-size 5000] [--phase-s 10] [--quick]
+
+One throwaway MariaDB source with a table of ``--rows`` rows (8 columns:
+bigint key, int, varchar, decimal, datetime(6), decimal, text, int
+unsigned); the real producer (`cynomys produce` in its own process, sealed
+envelopes to a file transport) following the binlog.  A client measures the
+latency of paced single-row autocommit INSERTs into another table of the
+source, side by side, in three phases of one run:
+
+  baseline   no verify (the producer follows the binlog)
+  verify     while `cynomys verify` of the table runs (producer-side checksums)
+  after      no verify again (drift check)
+
+Producer side: rows / seconds from the request being picked up to the last
+chunk's CHECKSUM record being accepted by the transport (checkpointed).
+
+Applier side: a second MariaDB holds the same rows (loaded directly, the
+ColumnStore target code with engine InnoDB); the applier's checksum of every
+chunk range the producer emitted is timed two ways on the same table: the
+aggregate query in SQL (columnstore/verify.py) and the range read back and
+hashed in Python (the path tables with FLOAT/DOUBLE columns take).  Every
+target checksum is compared with the producer's CHECKSUM record of the same
+chunk (decoded from the transport): they must all be equal.
+
+Writes bench/results/verify.json and verify.png.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import RESULTS, daemon, write_result  # noqa: E402
+from bench.snapshot import Latency, _stats  # noqa: E402
+from cynomys.sandbox.mariadb import REPL_PASSWORD, REPL_USER, MariaDBServer  # noqa: E402
+from cynomys.transport.keys import generate_keys  # noqa: E402
+
+DDL = ("CREATE TABLE bench.t (id BIGINT PRIMARY KEY, a INT, b VARCHAR(40), c DECIMAL(12,2), d DATETIME(6), "
+       "e DECIMAL(16,1), f TEXT, g INT UNSIGNED)")
+
+
+def _config(path: Path, srv: MariaDBServer, keys: dict[str, Path], chunk: int) -> Path:
+    f, p = srv.execute("SHOW MASTER STATUS")[0][:2]
+    sec = "\n".join(f'{k} = "{v}"' for k, v in keys.items())
+    path.write_text(f"""
+[source]
+host = "127.0.0.1"
+port = {srv.port}
+user = "{REPL_USER}"
+password = "{REPL_PASSWORD}"
+include_tables = ["bench.*"]
+start = "{f}:{p}"
+heartbeat_s = 1.0
+[producer]
+id = "bench"
+state_dir = "{path.parent / 'state'}"
+[applier]
+state_dir = "{path.parent / 'applier-state'}"
+[transport]
+kind = "file"
+path = "{path.parent / 'transport.bin'}"
+[security]
+{sec}
+[snapshot]
+chunk_size = {chunk}
+initial = false
+""")
+    return path
+
+
+def _load(srv: MariaDBServer, rows: int) -> None:
+    srv.execute("CREATE DATABASE IF NOT EXISTS bench", DDL,
+                "CREATE TABLE IF NOT EXISTS bench.lat (id BIGINT AUTO_INCREMENT PRIMARY KEY, v INT, pad VARCHAR(20))")
+    step = 100_000
+    for lo in range(0, rows, step):
+        hi = min(rows, lo + step) - 1
+        srv.execute(f"INSERT INTO bench.t SELECT seq, seq % 1000, CONCAT('name-', seq), seq / 100, "
+                    f"'2024-01-01' + INTERVAL seq SECOND, seq * 0.5, REPEAT('x', seq % 50), seq * 7 "
+                    f"FROM bench.seq_{lo}_to_{hi}")
+    srv.execute("ANALYZE TABLE bench.t")
+
+
+def _producer_checksums(cfg_path: Path) -> dict[str, dict[str, Any]]:
+    """chunk id -> the CHECKSUM record's payload, read from the file transport."""
+    from cynomys.applier.loop import make_opener
+    from cynomys.core.config import load_config
+    from cynomys.core.model import Op
+    from cynomys.schemas import codec
+    from cynomys.transport.bus import open_subscriber
+
+    cfg = load_config(cfg_path, env={})
+    opener = make_opener(cfg)
+    sub = open_subscriber(dataclasses.replace(cfg.transport, path=str(cfg.resolve(cfg.transport.path))), "bench")
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        while True:
+            got = sub.read(500, 200)
+            if not got:
+                return out
+            for d in got:
+                for c in codec.decode(opener.open(d.envelope).payload).changes:
+                    if c.op is Op.CHECKSUM:
+                        p = json.loads(c.sql or "{}")
+                        out[p["chunk"]] = p
+    finally:
+        sub.close()
+
+
+def _producer_side(cfg: Path, lat: Latency) -> tuple[dict[str, Any], list[float], Any]:
+    from cynomys.snapshot.verify import DONE, RUNNING, store_for
+    from cynomys.core.config import load_config
+
+    c = load_config(cfg, env={})
+    store = store_for(c)
+    log = cfg.parent / "producer.log"
+    proc = daemon(cfg, "produce", log)
+    try:
+        deadline = time.monotonic() + 60
+        while not (cfg.parent / "state" / "producer.json").exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the producer did not start; see {log}")
+            time.sleep(0.1)
+        ident = "bench-verify"
+        done = threading.Event()
+        info: dict[str, Any] = {}
+
+        def watch() -> None:
+            t_pick = None
+            while True:
+                job = next((j for j in store.load_jobs() if j.id == ident), None)
+                if job is not None and t_pick is None:
+                    t_pick = time.monotonic()
+                if job is not None and job.status != RUNNING:
+                    info.update(status=job.status, seconds=round(time.monotonic() - (t_pick or 0), 3),
+                                chunks=len(job.chunks), rows=job.tasks[0].rows, job=job)
+                    done.set()
+                    return
+                if proc.poll() is not None:
+                    info["status"] = f"producer exited {proc.returncode}"
+                    done.set()
+                    return
+                time.sleep(0.02)
+
+        store.submit({"action": "start", "id": ident, "tables": ["bench.t"], "chunk_size": 0})
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        samples = lat.run_until(done, 0)
+        watcher.join()
+        if info.get("status") != DONE:
+            raise RuntimeError(f"verify ended {info}; see {log}")
+        job = info.pop("job")
+        info["rows_per_s"] = round(info["rows"] / info["seconds"], 1)
+        return info, samples, job
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def _applier_side(tgt: MariaDBServer, cfg_path: Path, job: Any, records: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    from cynomys.applier.targets.base import Target
+    from cynomys.applier.targets.columnstore import verify as cs_verify
+    from cynomys.applier.targets.columnstore.target import ColumnStoreTarget
+    from cynomys.core.config import Config, TargetConfig
+    from cynomys.snapshot.checksum import Checksum, KeyRange
+    from cynomys.snapshot.source import SnapshotConnection
+    from cynomys.core.config import load_config
+
+    src_cfg = load_config(cfg_path, env={})
+    conn = SnapshotConnection(src_cfg.source)
+    schema = conn.describe("bench", "t").schema
+    conn.close()
+    target = ColumnStoreTarget(Config(target=TargetConfig(kind="columnstore", url=tgt.url, engine="InnoDB")))
+    target.connect()
+    out: dict[str, Any] = {}
+    try:
+        ranges = [(c["id"], KeyRange.from_dict(c["range"])) for c in job.chunks]
+        for name, compute in (
+                ("sql", lambda r: cs_verify.checksum_range(target, schema, r)),
+                ("read_back", lambda r: Target.checksum_range(target, schema, r))):
+            t0 = time.monotonic()
+            rows = mismatched = 0
+            for cid, rng in ranges:
+                got: Checksum = compute(rng)
+                rows += got.count
+                if got != Checksum.from_dict(records[cid]):
+                    mismatched += 1
+            secs = time.monotonic() - t0
+            out[name] = {"seconds": round(secs, 3), "rows": rows, "rows_per_s": round(rows / secs, 1),
+                         "chunks": len(ranges), "chunks_differing_from_producer": mismatched}
+            print(f"applier side ({name}): {out[name]}", flush=True)
+    finally:
+        target.close()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--chunk-size", type=int, default=5000)
+    ap.add_argument("--phase-s", type=float, default=10.0, help="length of the no-verify phases")
+    ap.add_argument("--write-rate", type=float, default=200.0, help="latency client's INSERTs per second")
+    ap.add_argument("--quick", action="store_true", help="50k rows, 3 s phases")
+    args = ap.parse_args()
+    if args.quick:
+        args.rows, args.phase_s = 50_000, 3.0
+    work = Path(tempfile.mkdtemp(prefix="cynomys-bench-verify-"))
+    srv = MariaDBServer(server_id=1).start()
+    tgt = MariaDBServer(server_id=2).start()
+    try:
+        t0 = time.monotonic()
+        _load(srv, args.rows)
+        _load(tgt, args.rows)
+        print(f"loaded {args.rows} rows on both sides in {time.monotonic() - t0:.1f}s", flush=True)
+        keys = generate_keys(work / "keys", rsa_bits=2048)
+        lat = Latency(srv, args.write_rate)
+        cfg = _config(work / "c.toml", srv, keys, args.chunk_size)
+        samples: dict[str, list[float]] = {}
+        # The producer follows the binlog during the baseline too.
+        base = daemon(cfg, "produce", work / "baseline.log")
+        time.sleep(2.0)
+        lat.run_until(None, min(5.0, args.phase_s))  # warm-up, not counted
+        samples["baseline"] = lat.run_until(None, args.phase_s)
+        base.terminate()
+        base.wait(60)
+        print(f"baseline: {_stats(samples['baseline'])}", flush=True)
+        producer, samples["verify"], job = _producer_side(cfg, lat)
+        print(f"producer side: {producer}, latency {_stats(samples['verify'])}", flush=True)
+        samples["after"] = lat.run_until(None, args.phase_s)
+        print(f"after: {_stats(samples['after'])}", flush=True)
+        records = _producer_checksums(cfg)
+        applier = _applier_side(tgt, cfg, job, records)
+        lat_stats = {k: _stats(v) for k, v in samples.items()}
+        p99_ratio = round(lat_stats["verify"]["p99_ms"] / lat_stats["baseline"]["p99_ms"], 2)
+        result = {
+            "rows": args.rows, "chunk_size": args.chunk_size, "table_columns": 8, "write_rate_per_s": args.write_rate,
+            "producer_side": producer, "applier_side": applier,
+            "write_latency": lat_stats, "writer_p99_ratio_verify_vs_baseline": p99_ratio,
+            "notes": ("producer = `cynomys produce` (own process), sealed envelopes to a file transport; producer "
+                      "rows_per_s from the request being picked up to the last chunk being checkpointed (select "
+                      "between watermarks, canonical hash in Python, envelope); applier side timed in this "
+                      "process against a second MariaDB holding the same rows (InnoDB), every chunk range of the "
+                      "producer's job, compared with the producer's CHECKSUM records; latency client = paced "
+                      "single-row autocommit INSERTs into another table of the source; 2-CPU shared VM: the "
+                      "source, target, producer and client share the CPUs, other jobs ran too (load in machine)"),
+        }
+        out = write_result("verify", result)
+        _plot(samples, producer, applier, RESULTS / "verify.png")
+        print(f"wrote {out} and {RESULTS / 'verify.png'}; writer p99 ratio {p99_ratio}")
+    finally:
+        srv.destroy()
+        tgt.destroy()
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def _plot(samples: dict[str, list[float]], producer: dict[str, Any], applier: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [2, 1]})
+    for name, ms in samples.items():
+        s = sorted(ms)
+        st = _stats(ms)
+        ax1.plot(s, [i / len(s) for i in range(1, len(s) + 1)],
+                 label=f"{name} (p50 {st['p50_ms']:.2f}, p99 {st['p99_ms']:.2f} ms)")
+    ax1.set_xscale("log")
+    ax1.set_xlabel("single-row INSERT latency on the source (ms, log scale)")
+    ax1.set_ylabel("fraction of writes")
+    ax1.set_title("source write latency with and without `cynomys verify`")
+    ax1.grid(True, which="both", alpha=0.3)
+    ax1.legend(fontsize=8)
+    bars = {"producer\n(source chunks)": producer["rows_per_s"], "applier\nSQL aggregate": applier["sql"]["rows_per_s"],
+            "applier\nread back": applier["read_back"]["rows_per_s"]}
+    ax2.bar(list(bars), list(bars.values()), color=["tab:blue", "tab:green", "tab:orange"])
+    for i, v in enumerate(bars.values()):
+        ax2.text(i, v, f"{v:.0f}", ha="center", va="bottom")
+    ax2.set_ylabel("rows/s checksummed")
+    ax2.set_title("verify throughput")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

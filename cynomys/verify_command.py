@@ -1,0 +1,195 @@
+"""`cynomys verify`: compare source and target, chunk by chunk, while writes go on.
+
+Like `cynomys snapshot`, the work happens in the running daemons: this
+command writes a request into the producer's state_dir
+(``verify-requests/``); the producer checksums each key-range chunk inside
+a watermark window and sends the checksum in the stream
+(snapshot/verify.py); the applier computes the same checksum on the target
+once it has committed everything before it and appends the result to
+``<applier state_dir>/verify-results.jsonl`` (applier/verify.py).  This
+command reads both files -- no source lock, no target connection -- and
+exits like diff: 0 when every chunk matches, 1 when a mismatch remains
+(each named by table and key range), 2 on error.
+
+``--repair`` then asks the producer to re-read each mismatching range and
+send, at one point of the stream, "delete the range on the target", the
+range's rows and a new checksum; the repaired ranges are verified again.
+"""
+from __future__ import annotations
+
+import fnmatch
+import sys
+import time
+from typing import Any, TextIO
+
+from cynomys.applier.verify import read_results, results_path
+from cynomys.core.config import Config
+from cynomys.parser.stream import TableFilter
+from cynomys.snapshot.errors import SnapshotRequestError
+from cynomys.snapshot.source import SnapshotConnection
+from cynomys.snapshot.verify import CANCELLED, DONE, FAILED, RUNNING, VerifyJob, VerifyStore, new_job_id, store_for
+
+_NOTICE_AFTER_S = 10.0
+
+OK, MISMATCH, ERROR = 0, 1, 2
+
+
+def choose_tables(cfg: Config, patterns: list[str], out: TextIO) -> list[str]:
+    """Replicated base tables matching ``patterns`` ('db.t', 'db.*'; none: all)."""
+    flt = TableFilter(cfg.source.include_tables, cfg.source.exclude_tables)
+    conn = SnapshotConnection(cfg.source)
+    try:
+        tables = [f"{d}.{t}" for d, t in conn.base_tables() if d != cfg.snapshot.watermark_schema and flt(d, t)]
+    finally:
+        conn.close()
+    if not patterns:
+        return tables
+    chosen = [t for t in tables if any(fnmatch.fnmatchcase(t, p) for p in patterns)]
+    for p in patterns:
+        if not any(fnmatch.fnmatchcase(t, p) for t in tables):
+            raise SnapshotRequestError(
+                f"--tables {p!r} names no replicated table of the source",
+                hint="give db.table names or patterns such as 'app.*' ([source] include_tables limits the choice)")
+    return chosen
+
+
+def job_results(cfg: Config, job: VerifyJob) -> tuple[list[dict[str, Any]], int]:
+    """(results of the job's chunks checked so far, chunks not checked yet)."""
+    results = read_results(results_path(cfg))
+    got = [results[c["id"]] for c in job.chunks if c["id"] in results]
+    return got, len(job.chunks) - len(got)
+
+
+def _finished(job: VerifyJob, missing: int) -> bool:
+    return job.status in (FAILED, CANCELLED) or (job.status == DONE and missing == 0)
+
+
+def _wait(cfg: Config, store: VerifyStore, job_id: str, out: TextIO, progress: bool,
+          timeout_s: float) -> tuple[VerifyJob | None, list[dict[str, Any]]]:
+    from tqdm import tqdm
+
+    started = time.monotonic()
+    noticed = False
+    bar: Any = None
+    try:
+        while True:
+            job = next((j for j in store.load_jobs() if j.id == job_id), None)
+            results: list[dict[str, Any]] = []
+            if job is None:
+                if not noticed and time.monotonic() - started > _NOTICE_AFTER_S:
+                    noticed = True
+                    print(f"waiting for the producer to pick up verify {job_id} (is `cynomys produce` running "
+                          f"with state_dir {store.state_dir}?)", file=out)
+            else:
+                results, missing = job_results(cfg, job)
+                if progress:
+                    done_rows = sum(int(r["source"]["count"]) for r in results)
+                    total = max(sum(max(t.estimate, t.rows) for t in job.tasks), done_rows, 1)
+                    if bar is None:
+                        bar = tqdm(total=total, unit="rows", desc=f"verify {job_id}", file=sys.stderr,
+                                   dynamic_ncols=True)
+                    bar.total = total
+                    bar.update(done_rows - bar.n)
+                    bad = sum(1 for r in results if not r["match"])
+                    bar.set_postfix_str(f"{len(results)} chunks checked, {bad} differ", refresh=False)
+                if _finished(job, missing):
+                    if bar is not None and job.status == DONE:
+                        bar.update(bar.total - bar.n)
+                    return job, results
+            if timeout_s and time.monotonic() - started > timeout_s:
+                return job, results
+            time.sleep(0.3)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _print_mismatches(results: list[dict[str, Any]], out: TextIO) -> None:
+    for r in results:
+        if not r["match"]:
+            s, t = r["source"], r["target"]
+            print(f"differs: {r['table']} {r['describe']}: source {s['count']} rows (hash {s['hash']}), "
+                  f"target {t['count']} rows (hash {t['hash']})", file=out)
+
+
+def _run_job(cfg: Config, store: VerifyStore, request: dict[str, Any], out: TextIO, progress: bool,
+             timeout_s: float) -> tuple[int, list[dict[str, Any]]]:
+    """Submit ``request``, wait for it; (exit code, its results)."""
+    store.submit(request)
+    job, results = _wait(cfg, store, request["id"], out, progress, timeout_s)
+    if job is None:
+        print(f"verify {request['id']}: the producer did not pick up the request within {timeout_s:.0f}s", file=out)
+        return ERROR, []
+    if job.status in (FAILED, CANCELLED):
+        print(f"verify {job.id} {job.status}" + (f": {job.error}" if job.error else ""), file=out)
+        return ERROR, results
+    if not _finished(job, len(job.chunks) - len(results)):
+        print(f"verify {job.id}: gave up waiting after {timeout_s:.0f}s ({len(results)} of {len(job.chunks)} "
+              f"chunks checked so far, producer status {job.status}); see `cynomys verify --status`", file=out)
+        return ERROR, results
+    bad = [r for r in results if not r["match"]]
+    rows = sum(int(r["source"]["count"]) for r in results)
+    print(f"verify {job.id}: {len(results)} chunks, {rows} source rows, {len(bad)} differ", file=out)
+    _print_mismatches(results, out)
+    return (MISMATCH if bad else OK), results
+
+
+def run_verify_command(cfg: Config, *, tables: list[str], chunk_size: int = 0, wait: bool = True,
+                       repair: bool = False, progress: bool = True, timeout_s: float = 0.0,
+                       out: TextIO | None = None) -> int:
+    """The `cynomys verify` command.  Returns the exit code (0 equal, 1 differ, 2 error)."""
+    out = out or sys.stdout  # at call time: a redirected stdout counts
+    store = store_for(cfg)
+    chosen = choose_tables(cfg, tables, out)
+    if not chosen:
+        raise SnapshotRequestError("nothing to verify: no replicated table", hint="name tables with --tables db.t1,db.*")
+    ident = new_job_id()
+    request = {"action": "start", "id": ident, "tables": chosen, "chunk_size": chunk_size}
+    print(f"verify {ident} requested: {', '.join(chosen)}", file=out)
+    if not wait:
+        store.submit(request)
+        return OK
+    rc, results = _run_job(cfg, store, request, out, progress, timeout_s)
+    if rc != MISMATCH or not repair:
+        return rc
+    bad = [r for r in results if not r["match"]]
+    fix = {"action": "repair", "id": new_job_id(), "repair_of": ident,
+           "ranges": [{"table": r["table"], "range": r["range"]} for r in bad]}
+    print(f"repair {fix['id']}: reading {len(bad)} ranges again and verifying them", file=out)
+    rc, _ = _run_job(cfg, store, fix, out, progress, timeout_s)
+    return rc
+
+
+def print_status(cfg: Config, out: TextIO | None = None, recent: int = 5) -> int:
+    """`cynomys verify --status`: recent jobs, their progress and mismatches."""
+    out = out or sys.stdout
+    report = status_report(cfg, recent)
+    if not report["jobs"]:
+        print("no verify jobs", file=out)
+    for ident, j in report["jobs"].items():
+        print(f"{ident}  {j['status']:9}  {j['chunks_checked']}/{j['chunks_emitted']} chunks checked"
+              f"  {j['rows_checked']} rows  {len(j['mismatches'])} differ"
+              + (f"  (repair of {j['repair_of']})" if j["repair_of"] else "")
+              + (f"  error: {j['error']}" if j["error"] else ""), file=out)
+        for m in j["mismatches"]:
+            print(f"  differs: {m}", file=out)
+    return OK
+
+
+def status_report(cfg: Config, recent: int = 5) -> dict[str, Any]:
+    """The verify section of `cynomys status`."""
+    jobs = store_for(cfg).load_jobs()
+    shown = [j for j in jobs if j.status == RUNNING] + [j for j in jobs if j.status != RUNNING][-recent:]
+    out: dict[str, Any] = {"jobs": {}}
+    for j in shown:
+        results, missing = job_results(cfg, j)
+        out["jobs"][j.id] = {
+            "status": j.status if not (j.status == DONE and missing) else "checking",
+            "repair_of": j.repair_of or None, "tables": [t.name for t in j.tasks],
+            "chunks_emitted": len(j.chunks), "chunks_checked": len(results),
+            "rows_checked": sum(int(r["source"]["count"]) for r in results),
+            "mismatches": [f"{r['table']} {r['describe']} (source {r['source']['count']} rows, target "
+                           f"{r['target']['count']})" for r in results if not r["match"]],
+            "error": j.error or None,
+        }
+    return out
