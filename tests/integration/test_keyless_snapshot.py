@@ -66,18 +66,67 @@ def _writer(src: MariaDBServer, stop: threading.Event, seed: int, done: list[int
     _write_loop(src, stop, seed, done, errors, _txn)
 
 
-def _diff(src: MariaDBServer, tgt: MariaDBServer) -> dict[str, Any]:
-    """Per table None when equal as multisets (sorted on every column), else counts."""
-    out: dict[str, Any] = {}
-    for t in TABLES:
-        q = f"SELECT * FROM app.{t} ORDER BY 1, 2, 3, 4"
+class MariaDBSide:
+    """The target as a second MariaDB (the ColumnStore target code, engine InnoDB)."""
+
+    def __init__(self, src: MariaDBServer, tmp_path: Path) -> None:
+        self.src = src
+        self.tgt = MariaDBServer(server_id=2).start()
+        self.config: dict[str, Any] = {"kind": "columnstore", "url": self.tgt.url, "engine": "InnoDB"}
+
+    def diff(self, cfg: Path) -> dict[str, Any]:
+        """Per table None when equal as multisets (sorted on every column), else counts."""
+        out: dict[str, Any] = {}
+        for t in TABLES:
+            q = f"SELECT * FROM app.{t} ORDER BY 1, 2, 3, 4"
+            try:
+                a, b = self.src.execute(q), self.tgt.execute(q)
+            except Exception as exc:  # the target table may not exist yet
+                out[t] = str(exc)
+                continue
+            out[t] = None if a == b else {"source_rows": len(a), "target_rows": len(b)}
+        return out
+
+    def destroy(self) -> None:
+        self.tgt.destroy()
+
+
+class DuckDBSide:
+    """The target as a DuckDB file, read back through the target's own
+    ``fetch_rows`` (values in the model domain) between the applier's flushes."""
+
+    def __init__(self, src: MariaDBServer, tmp_path: Path) -> None:
+        pytest.importorskip("duckdb", reason="the duckdb extra is not installed (pip install 'cynomys[duckdb]')")
+        self.src = src
+        self.config = {"kind": "duckdb", "url": str(tmp_path / "replica.duckdb")}
+
+    def diff(self, cfg: Path) -> dict[str, Any]:
+        from cynomys.applier.targets.base import open_target
+        from cynomys.core.config import load_config
+        from cynomys.core.errors import CynomysError
+        from cynomys.core.model import ColumnDef
+        from tests.helpers import source_rows
+
+        out: dict[str, Any] = {}
+        target = open_target(load_config(cfg, env={}))
         try:
-            a, b = src.execute(q), tgt.execute(q)
-        except Exception as exc:  # the target table may not exist yet
-            out[t] = str(exc)
-            continue
-        out[t] = None if a == b else {"source_rows": len(a), "target_rows": len(b)}
-    return out
+            for t in TABLES:
+                cols = tuple(ColumnDef(n, ty, nl == "YES") for n, ty, nl in self.src.execute(
+                    "SELECT column_name, column_type, is_nullable FROM information_schema.columns "
+                    f"WHERE table_schema = 'app' AND table_name = '{t}' ORDER BY ordinal_position"))
+                want = sorted(source_rows(self.src, "app", t, cols, "1"), key=repr)
+                try:
+                    got = sorted(target.fetch_rows("app", t), key=repr)
+                except CynomysError as exc:  # not created yet, or the file is held by a flush
+                    out[t] = str(exc).splitlines()[0]
+                    continue
+                out[t] = None if got == want else {"source_rows": len(want), "target_rows": len(got)}
+        finally:
+            target.close()
+        return out
+
+    def destroy(self) -> None:
+        pass
 
 
 def _open_read(tmp_path: Path) -> str | None:
@@ -90,11 +139,15 @@ def _open_read(tmp_path: Path) -> str | None:
     return tid if tid.startswith("snapshot:") else None
 
 
-def _run(tmp_path: Path, redis_url: str, *, events: int, batch_max_events: int,
+def _run(tmp_path: Path, redis_url: str, *, events: int, batch_max_events: int, side: Any = MariaDBSide,
          kill: Callable[[Path, dict[str, subprocess.Popen[bytes]], Callable[[str], subprocess.Popen[bytes]]], dict[str, int]]
          | None = None) -> dict[str, Any]:
     src = MariaDBServer(server_id=1).start()
-    tgt = MariaDBServer(server_id=2).start()
+    try:
+        tgt = side(src, tmp_path)
+    except BaseException:
+        src.destroy()
+        raise
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         src.execute("CREATE DATABASE app", *[f"CREATE TABLE app.{t} ({c})" for t, c in TABLES.items()],
@@ -107,7 +160,7 @@ def _run(tmp_path: Path, redis_url: str, *, events: int, batch_max_events: int,
             transport={"url": redis_url, "stream": f"keyless-{tmp_path.name}"},
             security={k: str(v) for k, v in keys.items()}, snapshot={"chunk_size": 200},
             applier={"buffer_rows": 2000, "max_delay_ms": 300, "consumer_name": "a1"},
-            target={"kind": "columnstore", "url": tgt.url, "engine": "InnoDB"})
+            target=tgt.config)
         logs = tmp_path / "logs"
         logs.mkdir()
 
@@ -154,13 +207,13 @@ def _run(tmp_path: Path, redis_url: str, *, events: int, batch_max_events: int,
             if not _reports_caught_up(tmp_path, src):
                 time.sleep(0.3)
                 return False
-            return not any(_diff(src, tgt).values())
+            return not any(tgt.diff(cfg).values())
 
         try:
             wait_for(equal, 120, "the target to equal the source")
         except AssertionError as exc:
             states = {n: (tmp_path / f"{n}-state" / f"{n}.json").read_text()[:600] for n in ("producer", "applier")}
-            raise AssertionError(f"{exc}: {_diff(src, tgt)}\nbinlog end {src.execute('SHOW MASTER STATUS')[0][:2]}, "
+            raise AssertionError(f"{exc}: {tgt.diff(cfg)}\nbinlog end {src.execute('SHOW MASTER STATUS')[0][:2]}, "
                                  f"states {states}\nproducer:\n{tail('producer')}\n"
                                  f"applier:\n{tail('applier')}") from None
         for name, p in procs.items():
@@ -188,7 +241,8 @@ def test_keyless_table_in_initial_snapshot_under_writers(tmp_path: Path, redis_u
     print(f"\nkeyless initial snapshot under 4 writers: { {k: v for k, v in out.items() if k != 'producer_log'} }")
 
 
-def test_keyless_read_survives_sigkill_of_both_daemons(tmp_path: Path, redis_url: str) -> None:
+@pytest.mark.parametrize("side", [MariaDBSide, DuckDBSide], ids=["mariadb", "duckdb"])
+def test_keyless_read_survives_sigkill_of_both_daemons(tmp_path: Path, redis_url: str, side: Any) -> None:
     def kill(tmp: Path, procs: dict[str, subprocess.Popen[bytes]],
              start: Callable[[str], subprocess.Popen[bytes]]) -> dict[str, int]:
         killed: dict[str, int] = {"producer": 0, "applier": 0}
@@ -210,7 +264,7 @@ def test_keyless_read_survives_sigkill_of_both_daemons(tmp_path: Path, redis_url
                 start("applier")
         return killed
 
-    out = _run(tmp_path, redis_url, events=40_000, batch_max_events=300, kill=kill)
+    out = _run(tmp_path, redis_url, events=40_000, batch_max_events=300, kill=kill, side=side)
     assert out["kills"] == {"producer": 2, "applier": 1}
     assert out["producer_log"].count("stopped inside snapshot read") == 2, out["producer_log"][-3000:]
     print(f"\nkeyless read with SIGKILLs: { {k: v for k, v in out.items() if k != 'producer_log'} }")
