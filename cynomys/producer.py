@@ -51,6 +51,7 @@ from cynomys.parser.txn import Assembler, Commit, Item, Progress
 from cynomys.reducer.fold import Folder
 from cynomys.reducer.sql import MARIADB, render_one
 from cynomys.snapshot.coordinator import SnapshotCoordinator
+from cynomys.snapshot.keyless import KeylessRead, abandon_meta, is_snapshot_tid
 from cynomys.snapshot.verify import VerifyCoordinator
 
 log = logging.getLogger(__name__)
@@ -218,6 +219,29 @@ class Producer:
             log.info("new producer incarnation %s", self.state.incarnation)
         self._save()
 
+    def _abandon_snapshot_read(self) -> None:
+        """We stopped inside the fragments of a keyless snapshot read
+        (snapshot/keyless.py).  Nothing of the source lies inside it, so
+        there is nothing to resume: the read is done again later, at a new
+        position.  One empty envelope starting where the attempt started
+        makes the applier drop the fragments it buffered; everything before
+        that start was shipped, so the checkpoint moves there."""
+        assert self.state.open is not None
+        tid, shipped = str(self.state.open["tid"]), int(self.state.open.get("shipped", 0))
+        begin, meta = abandon_meta(self.state.open)
+        end = begin if self.state.checkpoint is None or self.state.checkpoint < begin else self.state.checkpoint
+        seq = self.state.seq + 1
+        self.state.pending = {"seq": seq, "checkpoint": end.to_dict(), "open": None}
+        self._save()
+        batch = Batch(self.cfg.producer.id, (), end, True, None, int(time.time() * 1e6), 0,
+                      {**meta, "incarnation": self.state.incarnation})
+        self.sink.send(seq, batch, self.stop)
+        self._accepted(self.state.pending)
+        self.state.pending = None
+        self._save()
+        log.info("stopped inside snapshot read %s (%d changes sent): abandoned with envelope %d; the table is read "
+                 "again", tid, shipped, seq)
+
     def _accepted(self, pending: dict[str, Any]) -> None:
         """Make the state what it is once batch ``pending`` is accepted."""
         self.state.seq = int(pending["seq"])
@@ -233,6 +257,8 @@ class Producer:
         """Read until stopped (or, non-blocking, until the binlog's end)."""
         compiled.announce()  # which hot path decodes rows (compiled or pure Python), once, at start
         self._recover_pending()
+        if self.state.open is not None and is_snapshot_tid(str(self.state.open.get("tid", ""))):
+            self._abandon_snapshot_read()
         first_start = self.state.checkpoint is None
         inspector = SourceInspector(self.cfg.source)
         try:
@@ -243,7 +269,8 @@ class Producer:
             inspector.close()
         # Snapshot chunks need the log to go on past their high watermark, so
         # a non-blocking run (--once) only records snapshot requests.
-        self.snap = SnapshotCoordinator(self.cfg, start=start, first_start=first_start, enabled=self.blocking)
+        self.snap = SnapshotCoordinator(self.cfg, start=start, first_start=first_start, enabled=self.blocking,
+                                        stop=self.stop)
         self.verify = VerifyCoordinator(self.cfg, start=start, enabled=self.blocking)
         table_filter = TableFilter(self.cfg.source.include_tables, self.cfg.source.exclude_tables)
         source = BinlogSource(self.cfg.source, start, blocking=self.blocking, is_mariadb=mariadb,
@@ -305,8 +332,12 @@ class Producer:
                 return
             # Snapshot work happens here, between events: a chunk select, or
             # a closed chunk's READ rows (only between source transactions).
-            for out in snap.poll(at_boundary=not run.in_txn(asm)):
-                run.handle(out, asm)
+            work = snap.poll(at_boundary=not run.in_txn(asm))
+            if isinstance(work, KeylessRead):
+                run.stream(work, asm)  # a keyless table's whole read, in fragments (snapshot/keyless.py)
+            else:
+                for out in work:
+                    run.handle(out, asm)
             # A verification record ends its batch: the applier checks it
             # once it has committed everything up to it, so it should not
             # wait in a batch for more changes.
@@ -436,6 +467,17 @@ class _Batching:
             self.cur_tid, self.cur_begin, self.txn_seen, self.txn_in_batch = None, None, 0, 0
         elif isinstance(out, Progress) and not self.in_txn(asm) and self.raw_in_batch == 0:
             p._set_checkpoint(out.end)
+
+    def stream(self, read: KeylessRead, asm: Assembler) -> None:
+        """A keyless table's read (snapshot/keyless.py): one transaction of
+        any size, cut into fragments of ``batch_max_events`` changes.  It
+        starts an envelope of its own, so an abandoned attempt can be
+        dropped by the applier from where it starts."""
+        self.flush_if_idle(asm)
+        for out in read:
+            self.handle(out, asm)
+            if isinstance(out, Change) and self.txn_in_batch >= self.p.max_events:
+                self.flush(False, out.txn, asm)
 
     def _enter(self, change: Change) -> None:
         """The first change of another transaction."""

@@ -207,6 +207,9 @@ class SnapshotConfig:
     chunk_size: int = field(default=5000, metadata=_POSITIVE)
     watermark_schema: str = "cynomys_meta"
     read_only: bool = False
+    # A requested snapshot of a keyless table clears the target table and
+    # reloads it (snapshot/keyless.py): only when asked for.  The initial
+    # snapshot reads keyless tables without it (their target tables are new).
     allow_no_primary_key: bool = False
     throttle_ms: int = field(default=0, metadata=_NON_NEGATIVE)
     # On the producer's first start (no checkpoint) with [source] start =

@@ -22,6 +22,7 @@ from cynomys.core.config import Config
 from cynomys.parser.stream import TableFilter
 from cynomys.snapshot.chunker import quote_ident
 from cynomys.snapshot.errors import SnapshotError, SnapshotRequestError
+from cynomys.snapshot.keyless import check_keyless
 from cynomys.snapshot.source import SnapshotConnection
 from cynomys.snapshot.state import FAILED, FINISHED, JOB_OVER, SnapshotJob, SnapshotStore, new_job_id
 
@@ -52,11 +53,8 @@ def check_request(cfg: Config, tables: list[str], where: str, out: TextIO) -> li
                         "leave it out), so the producer cannot keep a snapshot of it consistent",
                         hint=f"add {name} to [source] include_tables")
                 info = conn.describe(db, t)
-                if not info.schema.key and not cfg.snapshot.allow_no_primary_key:
-                    raise SnapshotRequestError(
-                        f"table {name} has no primary key, so it cannot be read in key-ordered chunks",
-                        hint="add a primary key, or set [snapshot] allow_no_primary_key = true to read it whole "
-                             "(into an empty target table)")
+                if not info.schema.key:
+                    check_keyless(info, initial=False, where=where, allowed=cfg.snapshot.allow_no_primary_key)
                 if where:
                     try:
                         conn.query(f"SELECT 1 FROM {quote_ident(db)}.{quote_ident(t)} WHERE ({where}) LIMIT 0")

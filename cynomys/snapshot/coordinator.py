@@ -29,14 +29,19 @@ earlier.  A crash before that loses no row: the chunk is read again.
 
 The in-memory cursor runs ahead of the persisted one, so the next chunk
 starts as soon as the previous one is emitted.
+
+Tables without a primary key are not chunked: they are read whole in one
+consistent read streamed at a boundary (snapshot/keyless.py); ``poll``
+returns that read as a ``KeylessRead`` the producer iterates.
 """
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from cynomys.core.config import Config
 from cynomys.core.model import Change, Op, Position, TableSchema, Value
@@ -45,6 +50,7 @@ from cynomys.parser.txn import Commit, Item, Progress
 from cynomys.snapshot.chunker import build_chunk_query, decode_key, encode_key
 from cynomys.snapshot.columns import TableInfo, row_converter
 from cynomys.snapshot.errors import SnapshotError, SnapshotRequestError
+from cynomys.snapshot.keyless import SNAPSHOT_TID_PREFIX, ConsistentRead, DropRules, KeylessRead, check_keyless
 from cynomys.snapshot.source import SnapshotConnection
 from cynomys.snapshot.state import (
     CANCELLED, DONE, FAILED, JOB_ACTIVE, JOB_OVER, PAUSED, QUEUED, RUNNING, SKIPPED, SnapshotJob, SnapshotStore,
@@ -60,7 +66,6 @@ log = logging.getLogger(__name__)
 INITIAL_JOB_ID = "initial"
 _REQUEST_POLL_S = 0.5
 _STUCK_WARN_S = 120.0
-_KEYLESS_ATTEMPTS = 20
 
 
 class WatermarkAwareFilter(TableFilter):
@@ -112,8 +117,19 @@ class _Emitted:
     dropped: int
 
 
+@dataclass(frozen=True)
+class _KeylessNext:
+    """A keyless table whose read starts at the next transaction boundary."""
+
+    job_id: str
+    tp: TableProgress
+    info: TableInfo
+    where: str
+
+
 class SnapshotCoordinator:
-    def __init__(self, cfg: Config, *, start: Position, first_start: bool, enabled: bool = True) -> None:
+    def __init__(self, cfg: Config, *, start: Position, first_start: bool, enabled: bool = True,
+                 stop: threading.Event | None = None) -> None:
         self.cfg = cfg
         self.scfg = cfg.snapshot
         self.enabled = enabled
@@ -135,7 +151,14 @@ class SnapshotCoordinator:
         self._active: _Active | None = None
         self._emitted: list[_Emitted] = []
         self._schemas: dict[tuple[str, str], TableSchema] = {}
-        self._keyless_attempts: dict[tuple[str, str], int] = {}
+        self._stop = stop
+        self._keyless: _KeylessNext | None = None
+        # Keyless tables read (or being read): their changes before the read's position are in it.
+        self._drops = DropRules()
+        for j in self.jobs:
+            for t in j.tables:
+                if t.read_at:
+                    self._drops.set(t.database, t.table, Position.from_dict(t.read_at))
         self._last_end = start              # end of the last item the producer handled
         self._last_ts = 0
         self._next_chunk_at = 0.0
@@ -162,6 +185,8 @@ class SnapshotCoordinator:
             if item.table == WATERMARK_TABLE and item.database == self.wm_schema:
                 self._on_watermark(item)
                 return None
+            if self._drops.drops(item):
+                return None  # a keyless table's change inside its consistent read
             if item.schema is not None:
                 self._schemas[(item.database, item.table)] = item.schema
             a = self._active
@@ -176,10 +201,12 @@ class SnapshotCoordinator:
             self._check_high("", item.end)
         return item
 
-    def poll(self, at_boundary: bool) -> list[Item]:
+    def poll(self, at_boundary: bool) -> Iterable[Item]:
         """Snapshot work for this loop turn: pick up requests, start a chunk,
         or emit a closed window's rows (only ``at_boundary``: between source
-        transactions).  Returns the items to process, in order."""
+        transactions).  Returns the items to process, in order: a list, or
+        a ``KeylessRead`` streaming a keyless table (to be iterated at once,
+        cut into fragments)."""
         now = time.monotonic()
         if self._want_initial:
             self._create_initial_job()
@@ -189,11 +216,13 @@ class SnapshotCoordinator:
         if not self.enabled:
             return []
         a = self._active
-        if a is None:
+        if a is None and self._keyless is None:
             if now < self._next_chunk_at or not self._start_next_chunk():
                 return []
-            a = self._active
-            assert a is not None
+        if self._keyless is not None:
+            return self._keyless_read() if at_boundary else []
+        a = self._active
+        assert a is not None
         if a.window.phase is Phase.CLOSING:
             return self._emit(a) if at_boundary else []
         if not a.warned and now - a.started > _STUCK_WARN_S:
@@ -209,6 +238,8 @@ class SnapshotCoordinator:
         has something to do."""
         if not self.enabled:
             return _REQUEST_POLL_S
+        if self._keyless is not None:
+            return 0.0
         a = self._active
         if a is not None:
             return 0.0 if a.window.phase is Phase.CLOSING else _REQUEST_POLL_S
@@ -316,12 +347,15 @@ class SnapshotCoordinator:
         try:
             self._start_chunk(job.id, tp, job.where)
         except SnapshotError as exc:
-            log.error("snapshot %s: table %s failed: %s", job.id, tp.name, exc)
-            self._conn_reset()
-            self._set_table(job.id, replace(tp, status=FAILED, error=exc.message + (f" (fix: {exc.hint})" if exc.hint else "")))
-            self._save()
+            self._table_failed(job.id, tp, exc)
             return False
         return True
+
+    def _table_failed(self, job_id: str, tp: TableProgress, exc: SnapshotError) -> None:
+        log.error("snapshot %s: table %s failed: %s", job_id, tp.name, exc)
+        self._conn_reset()
+        self._set_table(job_id, replace(tp, status=FAILED, error=exc.message + (f" (fix: {exc.hint})" if exc.hint else "")))
+        self._save()
 
     def _conn_reset(self) -> None:
         # After an error the session may be inside a transaction: start afresh.
@@ -331,28 +365,28 @@ class SnapshotCoordinator:
         self._watermarks = None
         self._gtid = None
 
-    def _check_table(self, info: TableInfo) -> None:
+    def _check_table(self, info: TableInfo, *, initial: bool, where: str) -> None:
         db, t = info.schema.database, info.schema.table
         if not self.filter(db, t):
             raise SnapshotRequestError(
                 f"table {db}.{t} is not replicated ([source] include_tables/exclude_tables leave it out): its binlog "
                 "events would not be seen, so a snapshot of it cannot be kept consistent",
                 hint=f"add {db}.{t} to [source] include_tables, or leave it out of the snapshot")
-        if not info.schema.key and not self.scfg.allow_no_primary_key:
-            raise SnapshotRequestError(
-                f"table {db}.{t} has no primary key: it cannot be read in key-ordered chunks, and its rows cannot "
-                "be told apart from the changes the log carries meanwhile",
-                hint="add a primary key to the table, or set [snapshot] allow_no_primary_key = true to read it whole "
-                     "in one select (into an empty target table; a change during the read makes it read again)")
+        if not info.schema.key:
+            check_keyless(info, initial=initial, where=where, allowed=self.scfg.allow_no_primary_key)
 
     def _start_chunk(self, job_id: str, tp: TableProgress, where: str) -> None:
         conn = self._connection()
         info = conn.describe(tp.database, tp.table)
-        self._check_table(info)
+        job = self._job(job_id)
+        self._check_table(info, initial=job is not None and job.origin == "initial", where=where)
         if info.engine and info.engine.lower() != "innodb":
             log.warning("snapshot of %s: engine %s has no consistent reads; the watermark guarantee holds for "
                         "InnoDB tables only", tp.name, info.engine)
         key = info.schema.key
+        if not key:
+            self._keyless = _KeylessNext(job_id, tp, info, where)
+            return
         cur = self._cursors.setdefault((job_id, tp.name), _Cursor(None))
         query = build_chunk_query(tp.database, tp.table, info.schema.columns, key,
                                   cur.last_key if key else None, self.scfg.chunk_size if key else None, where)
@@ -389,26 +423,46 @@ class SnapshotCoordinator:
             return seen
         return info.schema
 
+    def _keyless_read(self) -> Iterable[Item]:
+        """Open the consistent read of the pending keyless table at this
+        boundary; its items, streamed (snapshot/keyless.py)."""
+        k, self._keyless = self._keyless, None
+        assert k is not None
+        job = self._job(k.job_id)
+        if job is None or job.status not in JOB_ACTIVE:
+            return []  # paused or cancelled meanwhile
+        try:
+            read = ConsistentRead(self.cfg.source, k.info, k.where)
+        except SnapshotError as exc:
+            self._table_failed(k.job_id, k.tp, exc)
+            return []
+        db, t = k.info.schema.database, k.info.schema.table
+        at, ts = self._last_end, self._last_ts or int(time.time())
+        # Durable before any row is handed over: a log re-read after a crash
+        # must drop the same changes (module docstring of keyless.py).
+        self._drops.set(db, t, read.position)
+        self._set_table(k.job_id, replace(job.table(k.tp.name), read_at=read.position.to_dict()))
+        self._cursors[(k.job_id, k.tp.name)] = _Cursor(None, True)
+        self._save()
+        log.info("snapshot %s: reading %s (no primary key) whole at %s, consistent with binlog %s",
+                 k.job_id, k.tp.name, at, read.position)
+
+        def done(rows: int) -> None:
+            self._emitted.append(_Emitted(k.job_id, k.tp.name, at, None, True, rows, rows, 0))
+            self.stats["chunks"] += 1
+            self.stats["rows"] += rows
+            self._next_chunk_at = time.monotonic() + self.scfg.throttle_ms / 1000.0
+
+        tid = f"{SNAPSHOT_TID_PREFIX}{k.job_id}:{uuid.uuid4().hex[:12]}"
+        return KeylessRead(read, self._schema_for(k.info), row_converter(k.info.schema.columns), at, ts, tid, done,
+                           self._stop)
+
     def _emit(self, a: _Active) -> list[Item]:
         w = a.window
-        if w.dirty:
-            self._abort("keyless table changed in window")
-            n = self._keyless_attempts[(a.job_id, a.table)] = self._keyless_attempts.get((a.job_id, a.table), 0) + 1
-            if n < _KEYLESS_ATTEMPTS:
-                log.info("snapshot of %s (no primary key): the table changed while it was read; reading it again",
-                         a.table)
-            else:
-                job = self._job(a.job_id)
-                if job is not None:
-                    self._set_table(a.job_id, replace(job.table(a.table), status=FAILED, error=(
-                        f"the table (no primary key) changed during each of {n} whole-table reads "
-                        "(fix: pause writes to it during the snapshot, or give it a primary key)")))
-                    self._save()
-            return []
         rows = w.remaining()
         schema = self._schema_for(a.info)
         at, ts = self._last_end, self._last_ts or int(time.time())
-        tid = f"snapshot:{a.job_id}:{uuid.uuid4().hex[:12]}"
+        tid = f"{SNAPSHOT_TID_PREFIX}{a.job_id}:{uuid.uuid4().hex[:12]}"
         out: list[Item] = [Change(Op.READ, w.database, w.table, tid, at, ts, schema, None, r) for r in rows]
         # The rows form a transaction of their own at the boundary ``at``:
         # begin == end, a valid resume point (nothing of the source lies in it).
@@ -480,7 +534,7 @@ class SnapshotCoordinator:
     def _new_job(self, job_id: str, origin: str, tables: Sequence[str], where: str, *, strict: bool) -> SnapshotJob:
         """A job over ``tables``; each is checked now.  ``strict`` (explicit
         requests): a table that cannot be snapshotted fails; otherwise
-        (initial snapshot) a table without a key is skipped with a warning."""
+        (initial snapshot) it is skipped with a warning."""
         conn = self._connection()
         progress = []
         for name in tables:
@@ -489,7 +543,7 @@ class SnapshotCoordinator:
                 if not t:
                     raise SnapshotRequestError(f"{name!r} is not a table name 'db.table'")
                 info = conn.describe(db, t)
-                self._check_table(info)
+                self._check_table(info, initial=origin == "initial", where=where)
                 progress.append(TableProgress(name, estimate=info.rows_estimate))
             except SnapshotError as exc:
                 msg = exc.message + (f" (fix: {exc.hint})" if exc.hint else "")

@@ -47,6 +47,10 @@ class TableProgress:
     dropped: int = 0                   # selected rows dropped because the log changed them in the window
     estimate: int = 0                  # information_schema TABLE_ROWS when the job started
     error: str = ""
+    # Keyless tables (snapshot/keyless.py): the binlog position of the last
+    # consistent read, recorded before its rows are handed over; the
+    # table's changes in transactions beginning before it are dropped.
+    read_at: dict[str, Any] | None = None
 
     @property
     def database(self) -> str:
