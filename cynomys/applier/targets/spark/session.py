@@ -273,6 +273,11 @@ TRANSIENT_MARKERS: tuple[str, ...] = (
     # The commit may or may not have happened: the snapshot markers tell on retry.
     "org.apache.iceberg.exceptions.CommitStateUnknownException",
     "org.apache.iceberg.exceptions.ServiceUnavailableException",
+    # Serializable isolation: another writer committed files that the flush's
+    # MERGE/DELETE would have had to see (an operator's fix, another job's
+    # compaction).  Iceberg refuses the commit without writing anything; the
+    # flush (already rolled back per table by the markers) is redone on top.
+    "ValidationException: Found conflicting", "ValidationException: Found new conflicting",
 )
 
 

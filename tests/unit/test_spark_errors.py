@@ -1,0 +1,33 @@
+"""Which Spark/Iceberg failures the applier retries (pure logic: the text of
+the Java cause chain decides, as it does for a real Py4JJavaError)."""
+from __future__ import annotations
+
+import pytest
+
+from cynomys.applier.targets.spark.session import translate
+from cynomys.core.errors import TargetRejectedError, TargetUnavailableError
+
+
+class _JavaError(Exception):
+    """Stands for a CapturedException: the JVM stack trace in ``_stackTrace``."""
+
+    def __init__(self, trace: str) -> None:
+        super().__init__("An error occurred while calling o42.sql")
+        self._stackTrace = trace
+
+
+@pytest.mark.parametrize("trace", [
+    "org.apache.iceberg.exceptions.ValidationException: Found new conflicting delete files that can apply to "
+    "records matching ((not_null(ref(name=\"id\")) and ref(name=\"id\") >= 5000) and ref(name=\"id\") <= 6000)",
+    "org.apache.iceberg.exceptions.ValidationException: Found conflicting files that can contain records matching true",
+    "org.apache.iceberg.exceptions.CommitFailedException: Cannot commit: stale table metadata",
+])
+def test_a_concurrent_committer_is_transient(trace: str) -> None:
+    err = translate(_JavaError(trace), "applying a flush")
+    assert isinstance(err, TargetUnavailableError), err
+
+
+def test_a_schema_validation_error_is_terminal() -> None:
+    err = translate(_JavaError("org.apache.iceberg.exceptions.ValidationException: Cannot find field 'x' in struct"),
+                    "applying a flush")
+    assert isinstance(err, TargetRejectedError) and not isinstance(err, TargetUnavailableError), err
