@@ -68,6 +68,11 @@ def main() -> None:
                          f"flushes of {gr['rows_per_flush']:,}, {v} | first {r['first_median_s']} s, last "
                          f"{r['last_median_s']} s, **last/first {r['last_over_first']}**; live files at most "
                          f"{r['max_files']} (data + deletes) | — |")
+    ad = load("applier_decode")
+    if ad:
+        rates = "; ".join(f"{k}: {v:,}" for k, v in ad["rows_per_s_best"].items())
+        lines.append(f"| applier decode to LOAD DATA bytes (rows/s, one core, {ad['rows']:,} lineitem rows) | {rates}; "
+                     f"bytes equal: {ad['bytes_equal']} | — |")
     vf = load("verify")
     if vf:
         lat, app = vf["write_latency"], vf["applier_side"]
