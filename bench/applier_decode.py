@@ -108,7 +108,7 @@ def main() -> None:
     ap.add_argument("--cpu", type=int, default=(os.cpu_count() or 1) - 1, help="the one core to run on")
     args = ap.parse_args()
     if not compiled.available():
-        raise SystemExit("cynomys._speedups is not built: python setup.py build_ext --inplace")
+        raise SystemExit("cynomys._speedups is not built: pip install -e . (needs gcc and the Python headers)")
     m = machine()
     print(f"generating {args.rows} lineitem rows ...", flush=True)
     payloads = envelopes(lineitem(args.rows))
