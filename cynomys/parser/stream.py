@@ -27,6 +27,7 @@ from cynomys.core.errors import (
 from cynomys.core.model import Position, Row, TableSchema
 from cynomys.parser.kinds import Basic, classify_query, kind_of
 from cynomys.parser.rows import TableDecoder
+from cynomys.parser.tablemap import CachedTableMapEvent, install as _install_tablemap_cache
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,8 @@ _ALL_EVENT_CLASSES = frozenset(
     c for mod in (rp_event, rp_row) for c in vars(mod).values()
     if isinstance(c, type) and issubclass(c, rp_event.BinLogEvent) and c is not rp_event.BinLogEvent
     and c is not rp_row.RowsEvent
-)
+) | {CachedTableMapEvent}
+_TABLEMAP_CACHED = _install_tablemap_cache()
 
 # Client errors that mean "the server went away": retry later.
 _CONNECTION_ERRORS = {2003, 2006, 2013, 2055, 1053, 1927}
@@ -285,6 +287,10 @@ class BinlogSource:
     def _remember_table(self, ev: Any) -> None:
         if not self.filter(ev.schema, ev.table):
             return
+        body = getattr(ev, "body", None)
+        cached = self.decoders.get(ev.table_id)
+        if body is not None and cached is not None and cached[0] == body:
+            return  # the same TABLE_MAP as last time (every transaction repeats it)
         meta = getattr(ev, "optional_metadata", None)
         pk = list(getattr(meta, "simple_primary_key_list", []) or [])
         if not pk and meta is not None and getattr(meta, "primary_keys_with_prefix", None):
@@ -293,11 +299,13 @@ class BinlogSource:
             raise SourceConfigError(
                 f"TABLE_MAP for {ev.schema}.{ev.table} has no column names",
                 hint="SET GLOBAL binlog_row_metadata=FULL on the source (MariaDB >= 10.5, MySQL >= 8.0.1)")
-        cached = self.decoders.get(ev.table_id)
         # Table ids are reused after DDL and restarts, so a cached decoder
-        # is kept only while the column metadata is byte-for-byte the same.
-        sig = (ev.schema, ev.table, tuple((c.type, c.name, tuple(sorted((k, str(v)) for k, v in vars(c).items())))
-                                          for c in ev.columns), tuple(pk))
+        # is kept only while the column metadata is byte-for-byte the same:
+        # the event's body when the library gives it (parser/tablemap.py),
+        # else what it parsed from it.
+        sig: Any = body if body is not None else (
+            ev.schema, ev.table, tuple((c.type, c.name, tuple(sorted((k, str(v)) for k, v in vars(c).items())))
+                                       for c in ev.columns), tuple(pk))
         if cached is None or cached[0] != sig:
             dec = TableDecoder.from_table_map(ev.columns, pk)
             self.decoders[ev.table_id] = (sig, dec, TableSchema(ev.schema, ev.table, dec.columns, dec.key))
