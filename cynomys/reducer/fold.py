@@ -40,18 +40,30 @@ I, U, D, R = Op.INSERT, Op.UPDATE, Op.DELETE, Op.READ
 Rule = Callable[[Change, Change], "Change | None"]
 
 
+def _with(c: Change, op: Op, before: Row | None, after: Row | None) -> Change:
+    """``replace(c, op=..., before=..., after=...)`` for a plain Change,
+    without dataclasses.replace's per-call field introspection (the fold
+    runs once per row change on the producer's hot path)."""
+    return Change(op, c.database, c.table, c.tid, c.txn, c.commit_ts, c.schema, before, after, c.sql)
+
+
 def _op(op: Op, before: str | None, after: str | None) -> Rule:
     """A rule building ``op`` whose images are taken from the earlier change
     ('a.before', 'a.after') or the later one ('b.before', 'b.after')."""
 
-    def image(a: Change, b: Change, src: str | None) -> object:
+    def getter(src: str | None) -> Callable[[Change, Change], Row | None]:
         if src is None:
-            return None
+            return lambda a, b: None
         who, attr = src.split(".")
-        return getattr(a if who == "a" else b, attr)
+        get = operator.attrgetter(attr)
+        return (lambda a, b: get(a)) if who == "a" else (lambda a, b: get(b))
+
+    get_before, get_after = getter(before), getter(after)
 
     def rule(a: Change, b: Change) -> Change:
-        return replace(b, op=op, before=image(a, b, before), after=image(a, b, after))  # type: ignore[arg-type]
+        if type(b) is not Change:  # a subclass (InsertRun) keeps its own fields
+            return replace(b, op=op, before=get_before(a, b), after=get_after(a, b))
+        return _with(b, op, get_before(a, b), get_after(a, b))
 
     return rule
 
@@ -100,6 +112,8 @@ def key_getter(schema: TableSchema) -> KeyOf | None:
 def split_key_change(c: Change) -> list[Change]:
     """UPDATE that moves a row to another key -> DELETE old + INSERT new."""
     if c.op is U and c.schema is not None and c.schema.key and c.key(c.before) != c.key(c.after):
+        if type(c) is Change:
+            return [_with(c, D, c.before, None), _with(c, I, None, c.after)]
         return [replace(c, op=D, after=None), replace(c, op=I, before=None)]
     return [c]
 
