@@ -153,6 +153,10 @@ class FileStateStore:
 _EOF = object()
 
 
+# Events handled per turn of the producer's loop at most (see _loop).
+_EVENTS_PER_TURN = 256
+
+
 class Producer:
     def __init__(self, cfg: Config, sink: BatchSink, stop: threading.Event | None = None,
                  *, blocking: bool = True, monitor: ProducerMonitor | None = None,
@@ -350,35 +354,45 @@ class Producer:
             if run.at_boundary(asm):
                 timeout = min(timeout, max(0.0, run.started + self.max_delay - time.monotonic()))
             try:
-                item = events.get(timeout=timeout)
+                items = [events.get(timeout=timeout)]
             except queue.Empty:
                 run.flush_if_idle(asm)
                 if time.monotonic() - last_save > 1.0:  # idle: keep `cynomys status` current
                     self._save()
                     last_save = time.monotonic()
                 continue
-            if item is _EOF:
-                run.flush_if_idle(asm)
-                self._save()
-                return
-            if isinstance(item, BaseException):
-                raise item
-            ev = item
-            self.state.read = ev.end
-            if ev.timestamp:
-                self.state.last_event_ts = ev.timestamp
-            for out in asm.feed(ev):
-                verify.observe(out)  # first: the snapshot coordinator swallows watermark events
-                seen = snap.observe(out)  # None: a watermark-table event, never shipped
-                if seen is not None:
-                    run.handle(seen, asm)
-            if run.txn_in_batch >= self.max_events and asm.begin is not None:
-                # A large transaction: ship what we have and keep reading, so
-                # memory stays bounded; the checkpoint waits for its commit.
-                # (Only the open transaction's own size cuts it: many small
-                # transactions wait for the next commit, so envelopes end on
-                # commits and the applier can flush after each of them.)
-                run.flush(False, ev.end, asm)
+            # Whatever else the reader has queued is handled in this turn:
+            # the polls above (stop, snapshot, verify, the delay timer) cost
+            # more than an event of a small transaction, and a few hundred
+            # events delay them by a millisecond or two.
+            while len(items) < _EVENTS_PER_TURN:
+                try:
+                    items.append(events.get_nowait())
+                except queue.Empty:
+                    break
+            for item in items:
+                if item is _EOF:
+                    run.flush_if_idle(asm)
+                    self._save()
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                ev = item
+                self.state.read = ev.end
+                if ev.timestamp:
+                    self.state.last_event_ts = ev.timestamp
+                for out in asm.feed(ev):
+                    verify.observe(out)  # first: the snapshot coordinator swallows watermark events
+                    seen = snap.observe(out)  # None: a watermark-table event, never shipped
+                    if seen is not None:
+                        run.handle(seen, asm)
+                if run.txn_in_batch >= self.max_events and asm.begin is not None:
+                    # A large transaction: ship what we have and keep reading, so
+                    # memory stays bounded; the checkpoint waits for its commit.
+                    # (Only the open transaction's own size cuts it: many small
+                    # transactions wait for the next commit, so envelopes end on
+                    # commits and the applier can flush after each of them.)
+                    run.flush(False, ev.end, asm)
             if time.monotonic() - last_save > 1.0:
                 self._save()
                 last_save = time.monotonic()
