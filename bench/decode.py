@@ -145,7 +145,8 @@ def make_sealer() -> Callable[[bytes], bytes]:
     return lambda payload: s.seal(payload, next(seq))
 
 
-def plot(results: dict[str, float], out: Path, machine_note: str) -> None:
+def plot(results: dict[str, float], out: Path, machine_note: str, *, unit: str = "rows/s",
+         title: str = "Reading one binlog of TPC-H lineitem inserts") -> None:
     import matplotlib
 
     import matplotlib.ticker
@@ -160,8 +161,8 @@ def plot(results: dict[str, float], out: Path, machine_note: str) -> None:
     bars = ax.barh(names, [results[n] for n in names], color=colors)
     ax.set_xscale("log")
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # minor labels overlap
-    ax.set_xlabel("rows/s (log scale)")
-    ax.set_title("Reading one binlog of TPC-H lineitem inserts")
+    ax.set_xlabel(f"{unit} (log scale)")
+    ax.set_title(title)
     for b, n in zip(bars, names):
         ax.text(b.get_width(), b.get_y() + b.get_height() / 2, f" {results[n]:,.0f}", va="center")
     ax.invert_yaxis()
