@@ -141,6 +141,8 @@ class Folder:
         # Rows an InsertRun's one slot stands for beyond the first, minus its
         # rows taken out since: len(self) + this = net changes held (net_count).
         self._run_extra = 0
+        # Slots whose changes cancelled out (insert + delete): not net changes.
+        self._vanished = 0
         # id(schema) -> (schema, database, table, key getter, that table's
         # index).  The schema is held so that its id cannot be reused by
         # another object while this Folder lives.
@@ -152,7 +154,7 @@ class Folder:
     def net_count(self) -> int:
         """Net changes held, an InsertRun counted by its rows (the backlog
         cap and memory follow rows, not slots)."""
-        return len(self._slots) + self._run_extra
+        return len(self._slots) - self._vanished + self._run_extra
 
     def add(self, change: Change) -> None:
         if change.op is U:
@@ -207,6 +209,7 @@ class Folder:
         prev = self._slots[at]
         if prev is None:  # vanished earlier (insert + delete): start over
             self._slots[at] = c
+            self._vanished -= 1
             self.folded += 1
             return
         rule = FOLD_RULES.get((prev.op, c.op))
@@ -216,7 +219,9 @@ class Folder:
             keys[k] = len(self._slots)
             self._slots.append(c)
             return
-        self._slots[at] = rule(prev, c)
+        net = self._slots[at] = rule(prev, c)
+        if net is None:
+            self._vanished += 1
         self.folded += 1
 
     def _add_run(self, run: InsertRun) -> None:

@@ -73,3 +73,33 @@ def test_many_updates_of_one_row_collapse() -> None:
     seq = [ch(I, None, (7, "0"))] + [ch(U, (7, str(i)), (7, str(i + 1)), n=i + 1) for i in range(100)]
     out = fold(seq)
     assert [(c.op, c.after) for c in out] == [(I, (7, "100"))]
+
+
+def test_net_count_is_the_number_of_net_changes() -> None:
+    # The applier's backlog cap reads it (DelayBuffer.held): changes that
+    # cancelled out (insert + delete, a key moved away and back) are not
+    # net changes and must not fill the cap.
+    import random
+
+    from cynomys.reducer.fold import Folder
+
+    rnd = random.Random(11)
+    f = Folder()
+    live: dict[int, str] = {}
+    for n in range(3000):
+        k = rnd.randrange(40)
+        if k in live and rnd.random() < 0.5:
+            change = ch(D, (k, live.pop(k)), None, n=n)
+        elif k in live:
+            new = rnd.randrange(40, 80) if rnd.random() < 0.2 else k  # sometimes a key change
+            if new != k and new in live:
+                new = k
+            change = ch(U, (k, live.pop(k)), (new, f"v{n}"), n=n)
+            live[new] = f"v{n}"
+        else:
+            change = ch(I, None, (k, f"v{n}"), n=n)
+            live[k] = f"v{n}"
+        f.add(change)
+        if rnd.random() < 0.05:
+            f.add(ch(I, None, (n, n), KEYLESS, n=n))
+        assert f.net_count() == len(f.changes()), f"after change {n}"
