@@ -23,7 +23,7 @@ from typing import Any, Callable
 from cynomys.applier.batcher import DelayBuffer, Span
 from cynomys.applier.partition import Partitioning, PartitionTarget
 from cynomys.core.checkpoint import write_json_atomic
-from cynomys.applier.targets.base import AppliedState, Flush, Target, build_flush, open_target
+from cynomys.applier.targets.base import AppliedState, Capabilities, Flush, Target, build_flush, open_target
 from cynomys.applier.verify import VERIFY_OPS, Verifier
 from cynomys.core.columnar import row_count
 from cynomys.core.config import Config
@@ -40,6 +40,12 @@ log = logging.getLogger(__name__)
 
 READ_COUNT = 200  # envelopes per transport read
 RAW_FACTOR = 10  # x max_buffer_rows raw changes also end a backlog flush (bounds the replay after a crash)
+
+
+def backlog_cap(caps: Capabilities, buffer_rows: int) -> int:
+    """The default [applier] max_buffer_rows: the target's backlog_factor x
+    buffer_rows, and at least its backlog_rows."""
+    return max(caps.backlog_factor * buffer_rows, caps.backlog_rows)
 
 
 @dataclass
@@ -92,7 +98,7 @@ class Applier:
         self.buffer = DelayBuffer(cfg.applier.buffer_rows, cfg.applier.max_delay_ms / 1000.0,
                                   progress_delay_s=cfg.applier.progress_interval_ms / 1000.0
                                   if self.partitioning.active else None)
-        self.max_buffer_rows = cfg.applier.max_buffer_rows or target.capabilities.backlog_factor * cfg.applier.buffer_rows
+        self.max_buffer_rows = cfg.applier.max_buffer_rows or backlog_cap(target.capabilities, cfg.applier.buffer_rows)
         self.tracker = SequenceTracker()
         self.applied: dict[str, AppliedState] = {}
         self.unacked: list[str] = []

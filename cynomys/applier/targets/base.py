@@ -62,6 +62,10 @@ class Capabilities:
     # than its rows (Iceberg); 1 where it does not (measured on lineitem:
     # ColumnStore-on-MariaDB got no faster, only bigger).
     backlog_factor: int = 1
+    # ... and at least this many net changes, whatever buffer_rows is: a
+    # small buffer_rows (latency on a quiet source) must not multiply a dear
+    # commit while catching up (issue #11: buffer_rows 2000 on Spark).
+    backlog_rows: int = 0
     # The target loads ``TableFlush.runs`` (InsertRuns, column-wise) itself;
     # otherwise build_flush turns them into row images in ``inserts``.
     columnar_inserts: bool = False

@@ -109,7 +109,8 @@ class SparkTarget(Target):
     """Apache Iceberg tables through PySpark (local mode or a Spark cluster)."""
 
     capabilities: ClassVar[Capabilities] = Capabilities(
-        transactional_ddl=False, max_statement_rows=1_000_000, supports_keys=False, backlog_factor=3)
+        transactional_ddl=False, max_statement_rows=1_000_000, supports_keys=False, backlog_factor=3,
+        backlog_rows=30_000)
     #: Where the applier state lives: a table property of this Iceberg table.
     state_database: ClassVar[str] = "cynomys_state"
     state_table: ClassVar[str] = "applied"
