@@ -19,17 +19,16 @@ from __future__ import annotations
 
 import fnmatch
 import sys
-import time
 from typing import Any, TextIO
 
 from cynomys.applier.verify import read_results, results_path
 from cynomys.core.config import Config
 from cynomys.parser.stream import TableFilter
 from cynomys.snapshot.errors import SnapshotRequestError
+from cynomys.snapshot.jobwait import JobView, wait_for_job
 from cynomys.snapshot.source import SnapshotConnection
 from cynomys.snapshot.verify import CANCELLED, DONE, FAILED, RUNNING, VerifyJob, VerifyStore, new_job_id, store_for
 
-_NOTICE_AFTER_S = 10.0
 
 OK, MISMATCH, ERROR = 0, 1, 2
 
@@ -66,42 +65,21 @@ def _finished(job: VerifyJob, missing: int) -> bool:
 
 def _wait(cfg: Config, store: VerifyStore, job_id: str, out: TextIO, progress: bool,
           timeout_s: float) -> tuple[VerifyJob | None, list[dict[str, Any]]]:
-    from tqdm import tqdm
+    results: list[dict[str, Any]] = []
 
-    started = time.monotonic()
-    noticed = False
-    bar: Any = None
-    try:
-        while True:
-            job = next((j for j in store.load_jobs() if j.id == job_id), None)
-            results: list[dict[str, Any]] = []
-            if job is None:
-                if not noticed and time.monotonic() - started > _NOTICE_AFTER_S:
-                    noticed = True
-                    print(f"waiting for the producer to pick up verify {job_id} (is `cynomys produce` running "
-                          f"with state_dir {store.state_dir}?)", file=out)
-            else:
-                results, missing = job_results(cfg, job)
-                if progress:
-                    done_rows = sum(int(r["source"]["count"]) for r in results)
-                    total = max(sum(max(t.estimate, t.rows) for t in job.tasks), done_rows, 1)
-                    if bar is None:
-                        bar = tqdm(total=total, unit="rows", desc=f"verify {job_id}", file=sys.stderr,
-                                   dynamic_ncols=True)
-                    bar.total = total
-                    bar.update(done_rows - bar.n)
-                    bad = sum(1 for r in results if not r["match"])
-                    bar.set_postfix_str(f"{len(results)} chunks checked, {bad} differ", refresh=False)
-                if _finished(job, missing):
-                    if bar is not None and job.status == DONE:
-                        bar.update(bar.total - bar.n)
-                    return job, results
-            if timeout_s and time.monotonic() - started > timeout_s:
-                return job, results
-            time.sleep(0.3)
-    finally:
-        if bar is not None:
-            bar.close()
+    def view(job: VerifyJob) -> JobView:
+        nonlocal results
+        results, missing = job_results(cfg, job)
+        done_rows = sum(int(r["source"]["count"]) for r in results)
+        total = max(sum(max(t.estimate, t.rows) for t in job.tasks), done_rows, 1)
+        bad = sum(1 for r in results if not r["match"])
+        return JobView(done_rows, total, f"{len(results)} chunks checked, {bad} differ", _finished(job, missing),
+                       job.status == DONE)
+
+    job = wait_for_job(f"verify {job_id}", store.state_dir,
+                       lambda: next((j for j in store.load_jobs() if j.id == job_id), None), view, out, progress,
+                       timeout_s=timeout_s, interval_s=0.3)
+    return job, results
 
 
 def _print_mismatches(results: list[dict[str, Any]], out: TextIO) -> None:

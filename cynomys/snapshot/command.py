@@ -22,13 +22,13 @@ from cynomys.core.config import Config
 from cynomys.parser.stream import TableFilter
 from cynomys.snapshot.chunker import quote_ident
 from cynomys.snapshot.errors import SnapshotError, SnapshotRequestError
+from cynomys.snapshot.jobwait import NOTICE_AFTER_S, JobView, wait_for_job
 from cynomys.snapshot.keyless import check_keyless
 from cynomys.snapshot.source import SnapshotConnection
 from cynomys.snapshot.state import FAILED, FINISHED, JOB_OVER, SnapshotJob, SnapshotStore, new_job_id
 
 log = logging.getLogger(__name__)
 
-_NOTICE_AFTER_S = 10.0
 
 
 def check_request(cfg: Config, tables: list[str], where: str, out: TextIO) -> list[str]:
@@ -81,38 +81,14 @@ def _summary(job: SnapshotJob) -> tuple[int, int]:
 
 
 def _wait(store: SnapshotStore, job_id: str, out: TextIO, progress: bool) -> SnapshotJob | None:
-    from tqdm import tqdm
+    def view(job: SnapshotJob) -> JobView:
+        done, total = _summary(job)
+        current = next((t.name for t in job.tables if not t.over), "")
+        return JobView(done, total, f"{job.status} {current}".strip(), job.status in JOB_OVER,
+                       job.status == FINISHED)
 
-    started = time.monotonic()
-    noticed = False
-    bar: Any = None
-    try:
-        while True:
-            job = next((j for j in store.load() if j.id == job_id), None)
-            if job is None:
-                if not noticed and time.monotonic() - started > _NOTICE_AFTER_S:
-                    noticed = True
-                    print(f"waiting for the producer to pick up snapshot {job_id} (is `cynomys produce` running "
-                          f"with state_dir {store.state_dir}?)", file=out)
-            else:
-                done, total = _summary(job)
-                if progress:
-                    if bar is None:
-                        bar = tqdm(total=total, unit="rows", desc=f"snapshot {job_id}", file=sys.stderr,
-                                   dynamic_ncols=True)
-                    if total != bar.total:
-                        bar.total = total
-                    bar.update(done - bar.n)
-                    current = next((t.name for t in job.tables if not t.over), "")
-                    bar.set_postfix_str(f"{job.status} {current}".strip(), refresh=False)
-                if job.status in JOB_OVER:
-                    if bar is not None:
-                        bar.update(bar.total - bar.n if job.status == FINISHED else 0)
-                    return job
-            time.sleep(0.5)
-    finally:
-        if bar is not None:
-            bar.close()
+    return wait_for_job(f"snapshot {job_id}", store.state_dir,
+                        lambda: next((j for j in store.load() if j.id == job_id), None), view, out, progress)
 
 
 def _print_jobs(jobs: list[SnapshotJob], out: TextIO) -> None:
@@ -136,7 +112,7 @@ def run_snapshot_command(cfg: Config, *, tables: list[str], where: str, action: 
     if action in ("pause", "resume", "cancel"):
         path = store.submit({"action": action, "id": job_id})
         print(f"{action} request for snapshot {job_id} written to {path}", file=out)
-        deadline = time.monotonic() + (_NOTICE_AFTER_S if wait else 0)
+        deadline = time.monotonic() + (NOTICE_AFTER_S if wait else 0)
         while path.exists() and time.monotonic() < deadline:
             time.sleep(0.2)
         if path.exists():
