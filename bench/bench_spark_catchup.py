@@ -123,13 +123,15 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--note", default="", help="what this run measures (recorded)")
     ap.add_argument("--out", default=str(common.RESULTS / "spark_catchup.json"))
+    ap.add_argument("--keep", default="", help="a directory to keep each run's logs and state in (default: removed)")
     args = ap.parse_args()
     info = common.machine()
     plan = [("spark", int(n)) for n in args.spark_buffer_rows.split(",")]
     if not args.no_reference:
         plan.insert(1, ("mariadb", 10_000))  # between the Spark runs: the box's load drifts
     runs = []
-    with tempfile.TemporaryDirectory(prefix="cynomys-catchup-") as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = args.keep or stack.enter_context(tempfile.TemporaryDirectory(prefix="cynomys-catchup-"))
         for i in range(args.runs):
             for kind, n in plan:
                 runs.append(run_once(kind, n, Path(tmp) / f"r{i}-{kind}-{n}"))
