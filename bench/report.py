@@ -53,7 +53,8 @@ def main() -> None:
     cu = load("spark_catchup")
     if cu:
         groups: dict[str, list[str]] = {}
-        for key, label in (("runs", ""), ("before_runs", ", main before helper-spark")):
+        for key, label in (("runs", ""), ("previous_runs", ", before the TABLE_MAP cache and the 30k backlog floor"),
+                           ("before_runs", ", main before helper-spark")):
             for r in cu.get(key, []):
                 if r.get("catch_up_s") is not None:
                     groups.setdefault(f"{r['target']}{label}, buffer_rows {r['buffer_rows']}", []).append(
@@ -68,6 +69,11 @@ def main() -> None:
                          f"flushes of {gr['rows_per_flush']:,}, {v} | first {r['first_median_s']} s, last "
                          f"{r['last_median_s']} s, **last/first {r['last_over_first']}**; live files at most "
                          f"{r['max_files']} (data + deletes) | — |")
+    po = load("producer_oltp")
+    if po:
+        rates = "; ".join(f"{k}: {v:,}" for k, v in po["txns_per_s_best"].items())
+        lines.append(f"| producer on an OLTP binlog (source transactions/s, one core; {po['transactions']:,} small "
+                     f"transactions written by 4 writers at {po['source_txns_per_s']:,}/s) | {rates} | — |")
     ad = load("applier_decode")
     if ad:
         rates = "; ".join(f"{k}: {v:,}" for k, v in ad["rows_per_s_best"].items())
@@ -83,7 +89,7 @@ def main() -> None:
                      f"(x{vf['writer_p99_ratio_verify_vs_baseline']}) | — |")
     print("\n".join(lines))
     for name in ("lineitem", "decode", "delay_commit", "seal", "snapshot", "verify", "monetdb_lineitem", "spark_merge",
-                 "spark_catchup", "spark_flush_growth_2m", "applier_decode"):
+                 "spark_catchup", "spark_flush_growth_2m", "applier_decode", "producer_oltp"):
         d = load(name)
         if d:
             m = d.get("machine", {})
