@@ -124,10 +124,12 @@ LOAD_DATA_TEXT: dict[str, Text] = {
 
 def _parts(runs: list[InsertRun], max_rows: int | None = None) -> Iterator[tuple[tuple[str, ...], list[Any]]]:
     """(column kinds, arrays) per stretch of runs: adjacent runs of one block
-    are one slice; blocks with the same kinds are concatenated, up to
-    ``max_rows`` rows (None: no limit); a longer stretch is cut into pieces
-    of ``max_rows``."""
-    held: tuple[tuple[str, ...], list[Any]] | None = None
+    are one slice; stretches with the same kinds are concatenated (once) into
+    parts of ``max_rows`` to ``2 * max_rows`` rows (None: no limit), a longer
+    stretch being cut first: few pyarrow calls per row, bounded memory."""
+    pending: list[list[Any]] = []
+    pending_kinds: tuple[str, ...] = ()
+    pending_rows = 0
     i = 0
     while i < len(runs):
         run = runs[i]
@@ -139,29 +141,32 @@ def _parts(runs: list[InsertRun], max_rows: int | None = None) -> Iterator[tuple
             j += 1
         arrays = [a.slice(run.start, end - run.start) for a in run.block.arrays] if j > i + 1 else run.arrays()
         kinds = run.block.kinds
-        if held is not None and held[0] == kinds and (max_rows is None or _rows(held[1]) < max_rows):
-            held = (kinds, [pa.concat_arrays([a, b]) for a, b in zip(held[1], arrays)])
-        else:
-            if held is not None:
-                yield from _cut(held, max_rows)
-            held = (kinds, arrays)
+        if pending and kinds != pending_kinds:
+            yield pending_kinds, _joined(pending)
+            pending, pending_rows = [], 0
+        pending_kinds = kinds
+        n = _rows(arrays)
+        step = max_rows or max(n, 1)
+        for at in range(0, n, step):
+            pending.append([a.slice(at, step) for a in arrays] if n > step else arrays)
+            pending_rows += min(step, n - at)
+            if max_rows is not None and pending_rows >= max_rows:
+                yield kinds, _joined(pending)
+                pending, pending_rows = [], 0
         i = j
-    if held is not None:
-        yield from _cut(held, max_rows)
+    if pending:
+        yield pending_kinds, _joined(pending)
 
 
 def _rows(arrays: list[Any]) -> int:
     return len(arrays[0]) if arrays else 0
 
 
-def _cut(part: tuple[tuple[str, ...], list[Any]], max_rows: int | None) -> Iterator[tuple[tuple[str, ...], list[Any]]]:
-    kinds, arrays = part
-    n = _rows(arrays)
-    if max_rows is None or n <= max_rows:
-        yield part
-        return
-    for at in range(0, n, max_rows):
-        yield kinds, [a.slice(at, max_rows) for a in arrays]
+def _joined(pieces: list[list[Any]]) -> list[Any]:
+    """Column arrays of several pieces, each column concatenated once."""
+    if len(pieces) == 1:
+        return pieces[0]
+    return [pa.concat_arrays(list(col)) for col in zip(*pieces)]
 
 
 def _lines(schema: TableSchema, kinds: tuple[str, ...], arrays: list[Any]) -> Any:
