@@ -13,12 +13,22 @@ bulk loads and exact.
 
 ``arrow_table`` is the same runs as one typed Arrow table, for targets that
 load Arrow (Spark can adopt it in place of row images).
+
+Memory (issue #12: the applier's peak RSS): the text is written in pieces
+of at most ``PIECE_ROWS`` rows (``write_load_data``), straight from Arrow's
+buffer to the file, so a flush never holds the whole file as one bytes
+object plus its copies.  And no array is made here with ``pa.array`` or
+``pa.scalar`` of Python values: pyarrow probes every such call for pandas
+objects, which imports pandas (~40 MB of RSS) in a process that never uses
+it; ``_text_array`` and ``_NULL`` are built from buffers instead.
 """
 from __future__ import annotations
 
 import datetime
 import decimal
-from typing import Any, Callable
+import io
+from array import array
+from typing import IO, Any, Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,6 +38,41 @@ from cynomys.core.columnar import InsertRun
 from cynomys.core.model import ColumnDef, TableSchema
 
 Text = Callable[[Any, ColumnDef], Any]
+
+#: Rows per piece of LOAD DATA text: bounds the text held at once (about
+#: 1.5 MB for lineitem) while keeping pyarrow's per-call cost negligible.
+PIECE_ROWS = 8192
+
+
+def _text_array(values: list[str | None]) -> Any:
+    """A pa.string() array of ``values``, built from buffers (see the
+    module docstring: ``pa.array`` would import pandas)."""
+    data = [b"" if v is None else v.encode("utf-8") for v in values]
+    offsets = array("i", [0])
+    pos = 0
+    for b in data:
+        pos += len(b)
+        offsets.append(pos)
+    valid = bytearray((len(values) + 7) // 8)
+    nulls = 0
+    for i, v in enumerate(values):
+        if v is None:
+            nulls += 1
+        else:
+            valid[i >> 3] |= 1 << (i & 7)
+    return pa.Array.from_buffers(pa.string(), len(values),
+                                 [pa.py_buffer(valid) if nulls else None, pa.py_buffer(offsets),
+                                  pa.py_buffer(b"".join(data))], null_count=nulls)
+
+
+def _binary_scalar(value: bytes) -> Any:
+    """A pa.binary() scalar made from buffers: pyarrow.compute would turn a
+    bytes argument into one with pa.scalar (see the module docstring)."""
+    return pa.Array.from_buffers(pa.binary(), 1, [None, pa.py_buffer(array("i", [0, len(value)])),
+                                                  pa.py_buffer(value)])[0]
+
+
+_NULL, _TAB, _NEWLINE, _EMPTY = (_binary_scalar(b) for b in (b"\\N", b"\t", b"\n", b""))
 
 
 def _as_text(arr: Any, col: ColumnDef) -> Any:
@@ -49,7 +94,7 @@ def _long(arr: Any, col: ColumnDef) -> Any:
 
 def _per_value(fmt: Callable[[Any], str]) -> Text:
     def text(arr: Any, col: ColumnDef) -> Any:
-        return pa.array([None if v is None else fmt(v) for v in arr.to_pylist()], pa.string())
+        return _text_array([None if v is None else fmt(v) for v in arr.to_pylist()])
     return text
 
 
@@ -58,8 +103,8 @@ def _decimal(arr: Any, col: ColumnDef) -> Any:
     # the same text unless str() chose an exponent ('0E-10', '1E+3').
     if not pc.any(pc.match_substring(arr, "E")).as_py():
         return arr
-    return pa.array([v if v is None or "E" not in v else format(decimal.Decimal(v), "f")
-                     for v in arr.to_pylist()], pa.string())
+    return _text_array([v if v is None or "E" not in v else format(decimal.Decimal(v), "f")
+                        for v in arr.to_pylist()])
 
 
 #: Wire column kind -> its LOAD DATA text (NULLs stay null here).
@@ -77,10 +122,14 @@ LOAD_DATA_TEXT: dict[str, Text] = {
 }
 
 
-def _parts(runs: list[InsertRun]) -> list[tuple[tuple[str, ...], list[Any]]]:
+def _parts(runs: list[InsertRun], max_rows: int | None = None) -> Iterator[tuple[tuple[str, ...], list[Any]]]:
     """(column kinds, arrays) per stretch of runs: adjacent runs of one block
-    are one slice; blocks with the same kinds are concatenated."""
-    out: list[tuple[tuple[str, ...], list[Any]]] = []
+    are one slice; stretches with the same kinds are concatenated (once) into
+    parts of ``max_rows`` to ``2 * max_rows`` rows (None: no limit), a longer
+    stretch being cut first: few pyarrow calls per row, bounded memory."""
+    pending: list[list[Any]] = []
+    pending_kinds: tuple[str, ...] = ()
+    pending_rows = 0
     i = 0
     while i < len(runs):
         run = runs[i]
@@ -92,32 +141,66 @@ def _parts(runs: list[InsertRun]) -> list[tuple[tuple[str, ...], list[Any]]]:
             j += 1
         arrays = [a.slice(run.start, end - run.start) for a in run.block.arrays] if j > i + 1 else run.arrays()
         kinds = run.block.kinds
-        if out and out[-1][0] == kinds:
-            out[-1] = (kinds, [pa.concat_arrays([a, b]) for a, b in zip(out[-1][1], arrays)])
-        else:
-            out.append((kinds, arrays))
+        if pending and kinds != pending_kinds:
+            yield pending_kinds, _joined(pending)
+            pending, pending_rows = [], 0
+        pending_kinds = kinds
+        n = _rows(arrays)
+        step = max_rows or max(n, 1)
+        for at in range(0, n, step):
+            pending.append([a.slice(at, step) for a in arrays] if n > step else arrays)
+            pending_rows += min(step, n - at)
+            if max_rows is not None and pending_rows >= max_rows:
+                yield kinds, _joined(pending)
+                pending, pending_rows = [], 0
         i = j
-    return out
+    if pending:
+        yield pending_kinds, _joined(pending)
+
+
+def _rows(arrays: list[Any]) -> int:
+    return len(arrays[0]) if arrays else 0
+
+
+def _joined(pieces: list[list[Any]]) -> list[Any]:
+    """Column arrays of several pieces, each column concatenated once."""
+    if len(pieces) == 1:
+        return pieces[0]
+    return [pa.concat_arrays(list(col)) for col in zip(*pieces)]
+
+
+def _lines(schema: TableSchema, kinds: tuple[str, ...], arrays: list[Any]) -> Any:
+    """One piece's rows as a binary array of LOAD DATA lines."""
+    texts = [LOAD_DATA_TEXT[kind](arr, col).cast(pa.binary()).fill_null(_NULL)
+             for kind, arr, col in zip(kinds, arrays, schema.columns)]
+    lines = pc.binary_join_element_wise(*texts, _TAB)
+    return pc.binary_join_element_wise(lines, _NEWLINE, _EMPTY)
+
+
+def write_load_data(out: IO[bytes], schema: TableSchema, runs: list[InsertRun]) -> int:
+    """Write the runs' rows as LOAD DATA lines (tab-separated,
+    '\\n'-terminated) to ``out``, piece by piece; returns the bytes written."""
+    if not runs:
+        return 0
+    if not schema.columns:
+        return out.write(b"\n" * sum(r.rows for r in runs))
+    written = 0
+    for kinds, arrays in _parts(runs, PIECE_ROWS):
+        lines = _lines(schema, kinds, arrays)
+        offsets = memoryview(lines.buffers()[1]).cast("i")
+        data = lines.buffers()[2]
+        first, last = offsets[lines.offset], offsets[lines.offset + len(lines)]
+        if data is not None and last > first:
+            written += out.write(memoryview(data)[first:last])  # no copy into a bytes object
+    return written
 
 
 def load_data_text(schema: TableSchema, runs: list[InsertRun]) -> bytes:
-    """The runs' rows as LOAD DATA lines (tab-separated, '\\n'-terminated)."""
-    if not runs:
-        return b""
-    if not schema.columns:
-        return b"\n" * sum(r.rows for r in runs)
-    texts: list[list[Any]] = [[] for _ in schema.columns]
-    for kinds, arrays in _parts(runs):
-        for i, (kind, arr, col) in enumerate(zip(kinds, arrays, schema.columns)):
-            text = LOAD_DATA_TEXT[kind](arr, col)
-            texts[i].append(text.cast(pa.binary()).fill_null(b"\\N"))
-    columns = [pa.concat_arrays(t) if len(t) > 1 else t[0] for t in texts]
-    lines = pc.binary_join_element_wise(*columns, b"\t")
-    lines = pc.binary_join_element_wise(lines, b"\n", b"")
-    offsets = lines.buffers()[1]
-    data = lines.buffers()[2]
-    first, last = memoryview(offsets).cast("i")[lines.offset], memoryview(offsets).cast("i")[lines.offset + len(lines)]
-    return data.to_pybytes()[first:last] if data is not None else b""
+    """The runs' rows as LOAD DATA lines, as one bytes object (what
+    ``write_load_data`` writes)."""
+    buf = io.BytesIO()
+    write_load_data(buf, schema, runs)
+    return buf.getvalue()
 
 
 #: Wire column kind -> Arrow type of ``arrow_table`` (text kinds stay text).

@@ -121,7 +121,12 @@ class InsertRun(Change):
         if self.excluded:
             import pyarrow as pa
 
-            keep = pa.array([i not in self.excluded for i in range(self.count)], pa.bool_())
+            # A bit mask made from a buffer: pa.array(list) would import
+            # pandas (~40 MB), probing its argument for pandas objects.
+            bits = bytearray(b"\xff" * ((self.count + 7) // 8))
+            for i in self.excluded:
+                bits[i >> 3] &= ~(1 << (i & 7)) & 0xFF
+            keep = pa.Array.from_buffers(pa.bool_(), self.count, [None, pa.py_buffer(bits)])
             out = [a.filter(keep) for a in out]
         return out
 

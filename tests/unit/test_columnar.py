@@ -6,6 +6,9 @@ from __future__ import annotations
 import datetime
 import decimal
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -159,3 +162,59 @@ def test_held_counts_run_rows_like_the_reference(compiled_path: object) -> None:
             ref.seal()
             col.seal()
         assert col.held() == ref.held(), f"after envelope {i}"
+
+
+def test_pieces_give_the_same_bytes(compiled_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The LOAD DATA file is written in pieces of PIECE_ROWS rows (the
+    # applier's memory, issue #12): tiny pieces cut runs, blocks and the row
+    # images anywhere, and the file must not change by a byte.
+    from cynomys.applier import columnar
+    from cynomys.applier.targets.columnstore import target
+
+    inserts, mixed = _envelopes(random.Random(5), 30, ops=False), _envelopes(random.Random(6), 40, ops=True)
+    whole = [_bulk(inserts, False, 7)[0], _bulk(inserts, True, 7)[0], _bulk(mixed, True, 5)[0], _bulk(mixed, False, 5)[0]]
+    for rows in (1, 3, 64):
+        monkeypatch.setattr(columnar, "PIECE_ROWS", rows)
+        monkeypatch.setattr(target, "PIECE_ROWS", rows)
+        pieces = [_bulk(inserts, False, 7)[0], _bulk(inserts, True, 7)[0], _bulk(mixed, True, 5)[0],
+                  _bulk(mixed, False, 5)[0]]
+        assert pieces == whole, f"PIECE_ROWS={rows}"
+    assert whole[0] == whole[1]
+
+
+def test_the_columnar_path_never_imports_pandas() -> None:
+    # pyarrow imports pandas (~40 MB of RSS) the first time pa.array or
+    # pa.scalar gets Python values; the applier's LOAD DATA path must not,
+    # for any column kind, with rows taken out of runs (excluded) too.
+    script = (
+        "import sys\n"
+        "from cynomys import compiled\n"
+        "compiled.use_compiled(True)\n"
+        "from tests.unit.test_columnar import _bulk, _envelopes\n"
+        "import random\n"
+        "files, runs = _bulk(_envelopes(random.Random(7), 40, ops=True), True, 5)\n"
+        "assert runs and files\n"
+        "print('pyarrow' in sys.modules, 'pandas' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "False"], out.stdout
+
+
+def test_the_pure_python_columnstore_applier_never_imports_pyarrow() -> None:
+    # Without the compiled reader there are no InsertRuns: the ColumnStore
+    # target writes row images and needs no pyarrow (~50 MB of RSS).
+    script = (
+        "import sys\n"
+        "from cynomys import compiled\n"
+        "compiled.use_compiled(False)\n"
+        "import cynomys.applier.loop\n"
+        "from tests.unit.test_columnar import _bulk, _envelopes\n"
+        "import random\n"
+        "files, runs = _bulk(_envelopes(random.Random(8), 20, ops=True), False, 5)\n"
+        "assert files and not runs\n"
+        "print('pyarrow' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False"], out.stdout

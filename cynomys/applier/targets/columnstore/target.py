@@ -31,19 +31,19 @@ the two changes nothing.
 """
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
 import ssl
 import tempfile
-from typing import Any, ClassVar, Sequence
+from typing import IO, Any, ClassVar, Sequence
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import pymysql
 from pymysql.cursors import Cursor
 from pymysql.protocol import LoadLocalPacketWrapper
 
-from cynomys.applier.columnar import load_data_text
 from cynomys.applier.targets.base import AppliedState, Capabilities, TableFlush
 from cynomys.applier.targets.columnstore import ddl as columnstore_ddl
 from cynomys.applier.targets.columnstore import verify as columnstore_verify
@@ -82,6 +82,9 @@ TRANSIENT_CODES = frozenset({
 LOCAL_INFILE_REFUSED = frozenset({1148, 2068, 3948, 4166})
 
 _MAX_STATEMENT_BYTES = 8 * 1024 * 1024  # keep multi-row INSERTs below max_allowed_packet
+#: Rows per piece of the LOAD DATA file written at once (bounds the
+#: applier's memory, issue #12).
+PIECE_ROWS = 8192
 
 
 #: [target] url query options.
@@ -430,13 +433,30 @@ class ColumnStoreTarget(SqlTarget):
         self._insert_values_of(cur, schema, rows + [r for run in runs for r in run.images()])
 
     @staticmethod
-    def load_data_bytes(schema: TableSchema, rows: list[Row], runs: list[InsertRun] | None = None) -> bytes:
-        """The LOAD DATA file: ``rows`` value by value with the reference
+    def write_load_data(out: IO[bytes], schema: TableSchema, rows: list[Row],
+                        runs: list[InsertRun] | None = None) -> None:
+        """Write the LOAD DATA file: ``rows`` value by value with the reference
         encoders (types.py), then ``runs`` column-wise (applier/columnar.py,
-        the same bytes for the same values)."""
+        the same bytes for the same values).  In pieces of ``PIECE_ROWS``
+        rows: the whole file is never one bytes object (the applier's peak
+        memory, issue #12)."""
         encoders = [FIELD_ENCODERS.get(c.base_type, encode_field) for c in schema.columns]
-        text = b"".join([b"\t".join([enc(v) for enc, v in zip(encoders, row)]) + b"\n" for row in rows])
-        return text + load_data_text(schema, runs) if runs else text
+        for at in range(0, len(rows), PIECE_ROWS):
+            out.write(b"".join([b"\t".join([enc(v) for enc, v in zip(encoders, row)]) + b"\n"
+                                for row in rows[at:at + PIECE_ROWS]]))
+        if runs:
+            # Imported here: pyarrow is needed only by runs, which only the
+            # compiled reader makes; the pure-Python applier never loads it.
+            from cynomys.applier.columnar import write_load_data
+
+            write_load_data(out, schema, runs)
+
+    @classmethod
+    def load_data_bytes(cls, schema: TableSchema, rows: list[Row], runs: list[InsertRun] | None = None) -> bytes:
+        """The LOAD DATA file ``write_load_data`` writes, as bytes (tests, benchmarks)."""
+        buf = io.BytesIO()
+        cls.write_load_data(buf, schema, rows, runs)
+        return buf.getvalue()
 
     def _load_data(self, cur: Cursor, schema: TableSchema, rows: list[Row], runs: list[InsertRun]) -> None:
         targets, sets = [], []
@@ -451,7 +471,7 @@ class ColumnStoreTarget(SqlTarget):
         fd, path = tempfile.mkstemp(prefix="cynomys-", suffix=".tsv")  # 0600: only we read it
         try:
             with os.fdopen(fd, "wb") as fh:
-                fh.write(self.load_data_bytes(schema, rows, runs))
+                self.write_load_data(fh, schema, rows, runs)
             quoted = path.replace("\\", "\\\\").replace("'", "\\'")
             sql = (f"LOAD DATA LOCAL INFILE '{quoted}' INTO TABLE {MARIADB.table(schema.database, schema.table)}"
                    " CHARACTER SET binary FIELDS TERMINATED BY '\\t' ESCAPED BY '\\\\' LINES TERMINATED BY '\\n'"
