@@ -187,6 +187,10 @@ class SparkConfig:
     # (each table is its own Iceberg commit; a small MERGE is mostly driver
     # work, so they overlap); 1 = one table after another.
     commit_threads: int = field(default=4, metadata=_POSITIVE)
+    # At connect, a small append/MERGE/DELETE on a scratch table warms the
+    # JVM's write paths in a thread (spark/warmup.py): a cold JVM's first
+    # flushes took 3-5x a warm one's time.
+    warm_up: bool = True
 
 
 @dataclass(frozen=True)

@@ -512,3 +512,26 @@ def test_jvm_death_is_transient_then_a_new_target_recovers(factory: Factory, db:
     again = factory()
     again.apply(fl)
     contract.assert_rows(again, a, [(1, "a"), (2, "b")])
+
+
+def test_warm_up_uses_a_scratch_table_once_per_session_and_leaves_nothing(factory: Factory, target: SparkTarget,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    from cynomys.applier.targets.spark import warmup
+
+    for made in factory.made:  # the session's own warm-up, started by its first connect, is over first
+        if made._warming is not None:  # type: ignore[attr-defined]
+            made._warming.join()  # type: ignore[attr-defined]
+
+    # The module's first connect warmed this session: a second target of the
+    # same session does not warm it again.
+    assert target._generation in warmup._warmed
+    assert warmup.start(target, target._generation) is None
+    schema = TableSchema("warm_db", "t", (ColumnDef("id", "int"), ColumnDef("v", "varchar(5)")), ("id",))
+    target.create_table("warm_db", "t", schema.columns, schema.key)
+    before = target.fetch_rows("warm_db", "t")
+    with caplog.at_level("INFO", logger="cynomys.applier.targets.spark.warmup"):
+        warmup._run(target)  # what the thread runs, here in the foreground
+    assert any("Spark warm-up (append, MERGE, DELETE" in r.getMessage() for r in caplog.records), caplog.text
+    assert warmup.WARM_TABLE not in target.iceberg.list_tables(target.state_database)  # dropped after
+    assert target.state_table in target.iceberg.list_tables(target.state_database)
+    assert target.fetch_rows("warm_db", "t") == before

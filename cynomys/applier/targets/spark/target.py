@@ -87,6 +87,7 @@ from pyspark.sql import types as T
 from cynomys.applier.targets.spark import ddl as spark_ddl, session as spark_session
 from cynomys.applier.targets.spark import types as st
 from cynomys.applier.targets.spark import verify as spark_verify
+from cynomys.applier.targets.spark import warmup as spark_warmup
 from cynomys.applier.targets.base import short_sql, AppliedState, Capabilities, Flush, TableFlush, Target
 from cynomys.applier.targets.spark.iceberg import IcebergApi, Snapshot
 from cynomys.applier.targets.spark.maintenance import Maintenance
@@ -160,6 +161,7 @@ class SparkTarget(Target):
         self._housekeeping: dict[str, Any] | None = None
         self._last_state: AppliedState | None = None  # what the last flush committed (maintenance checks it)
         self._spool_dir: Path | None = None
+        self._warming: threading.Thread | None = None  # warmup.py, started by connect
 
     @property
     def where(self) -> str:
@@ -219,10 +221,16 @@ class SparkTarget(Target):
             self.close()
             raise
         log.info("connected to %s", self.where)
+        if self.cfg.target.spark.warm_up:
+            self._warming = spark_warmup.start(self, self._generation)
 
     def close(self) -> None:
         if self._spark is None:
             return
+        if self._warming is not None:
+            # Let a warm-up finish its statement (seconds) before the session may go.
+            self._warming.join(timeout=15)
+            self._warming = None
         self._spark, self._iceberg = None, None
         self._ready.clear()
         if self._spool_dir is not None:
