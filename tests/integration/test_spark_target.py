@@ -494,26 +494,6 @@ def test_flush_with_no_tables_moves_only_the_state(target: SparkTarget) -> None:
 
 
 # --------------------------------------------------------------------------
-# Last: kills the module's JVM
-# --------------------------------------------------------------------------
-def test_jvm_death_is_transient_then_a_new_target_recovers(factory: Factory, db: str) -> None:
-    from cynomys.core.errors import TargetUnavailableError
-
-    a, _ = _tables(db)
-    t = factory()
-    t.apply(contract.flush([contract.change(Op.INSERT, a, after=(1, "a"))]))
-    jvm = t.spark.sparkContext._gateway.proc  # type: ignore[attr-defined,union-attr]  # the JVM this process started
-    jvm.kill()
-    jvm.wait()
-    fl = contract.flush([contract.change(Op.INSERT, a, after=(2, "b"))])
-    with pytest.raises(TargetUnavailableError):
-        t.apply(fl)
-    t.close()  # what the applier loop does before it opens the target again
-    again = factory()
-    again.apply(fl)
-    contract.assert_rows(again, a, [(1, "a"), (2, "b")])
-
-
 def test_warm_up_uses_a_scratch_table_once_per_session_and_leaves_nothing(factory: Factory, target: SparkTarget,
                                                                           caplog: pytest.LogCaptureFixture) -> None:
     from cynomys.applier.targets.spark import warmup
@@ -535,3 +515,24 @@ def test_warm_up_uses_a_scratch_table_once_per_session_and_leaves_nothing(factor
     assert warmup.WARM_TABLE not in target.iceberg.list_tables(target.state_database)  # dropped after
     assert target.state_table in target.iceberg.list_tables(target.state_database)
     assert target.fetch_rows("warm_db", "t") == before
+
+
+# Last: kills the module's JVM
+# --------------------------------------------------------------------------
+def test_jvm_death_is_transient_then_a_new_target_recovers(factory: Factory, db: str) -> None:
+    from cynomys.core.errors import TargetUnavailableError
+
+    a, _ = _tables(db)
+    t = factory()
+    t.apply(contract.flush([contract.change(Op.INSERT, a, after=(1, "a"))]))
+    jvm = t.spark.sparkContext._gateway.proc  # type: ignore[attr-defined,union-attr]  # the JVM this process started
+    jvm.kill()
+    jvm.wait()
+    fl = contract.flush([contract.change(Op.INSERT, a, after=(2, "b"))])
+    with pytest.raises(TargetUnavailableError):
+        t.apply(fl)
+    t.close()  # what the applier loop does before it opens the target again
+    again = factory()
+    again.apply(fl)
+    contract.assert_rows(again, a, [(1, "a"), (2, "b")])
+
