@@ -130,13 +130,21 @@ class DuckDBSide:
 
 
 def _open_read(tmp_path: Path) -> str | None:
-    """The tid of the keyless read whose fragments the producer is sending, if any."""
+    """The tid of the keyless read the producer has sent fragments of and
+    must abandon if it stops now, if any.
+
+    Only the committed state counts: a read whose first fragment is still
+    pending is not abandoned after a crash when that fragment never reached
+    the transport (nothing of it was sent), and a read whose last fragment is
+    in flight may complete.  So: committed, and in its first half."""
     try:
         d = json.loads((tmp_path / "producer-state" / "producer.json").read_text())
     except (OSError, ValueError):
         return None
-    tid = str(((d.get("pending") or {}).get("open") or d.get("open") or {}).get("tid", ""))
-    return tid if tid.startswith("snapshot:") else None
+    open_ = d.get("open") or {}
+    tid = str(open_.get("tid", ""))
+    in_first_half = 0 < int(open_.get("shipped", 0)) < 20_000
+    return tid if tid.startswith("snapshot:") and in_first_half else None
 
 
 def _run(tmp_path: Path, redis_url: str, *, events: int, batch_max_events: int, side: Any = MariaDBSide,
