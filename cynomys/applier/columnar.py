@@ -11,8 +11,8 @@ whose text Arrow would write differently (a DOUBLE's shortest repr, TIME
 beyond 24 hours) are written by the reference function, per value: rare in
 bulk loads and exact.
 
-``arrow_table`` is the same runs as one typed Arrow table, for targets that
-load Arrow (Spark can adopt it in place of row images).
+``parts`` hands the runs over as Arrow arrays of wire values, for targets
+that convert them themselves (Spark: targets/spark/runs.py).
 
 Memory (issue #12: the applier's peak RSS): the text is written in pieces
 of at most ``PIECE_ROWS`` rows (``write_load_data``), straight from Arrow's
@@ -122,7 +122,7 @@ LOAD_DATA_TEXT: dict[str, Text] = {
 }
 
 
-def _parts(runs: list[InsertRun], max_rows: int | None = None) -> Iterator[tuple[tuple[str, ...], list[Any]]]:
+def parts(runs: list[InsertRun], max_rows: int | None = None) -> Iterator[tuple[tuple[str, ...], list[Any]]]:
     """(column kinds, arrays) per stretch of runs: adjacent runs of one block
     are one slice; stretches with the same kinds are concatenated (once) into
     parts of ``max_rows`` to ``2 * max_rows`` rows (None: no limit), a longer
@@ -185,7 +185,7 @@ def write_load_data(out: IO[bytes], schema: TableSchema, runs: list[InsertRun]) 
     if not schema.columns:
         return out.write(b"\n" * sum(r.rows for r in runs))
     written = 0
-    for kinds, arrays in _parts(runs, PIECE_ROWS):
+    for kinds, arrays in parts(runs, PIECE_ROWS):
         lines = _lines(schema, kinds, arrays)
         offsets = memoryview(lines.buffers()[1]).cast("i")
         data = lines.buffers()[2]
@@ -201,24 +201,3 @@ def load_data_text(schema: TableSchema, runs: list[InsertRun]) -> bytes:
     buf = io.BytesIO()
     write_load_data(buf, schema, runs)
     return buf.getvalue()
-
-
-#: Wire column kind -> Arrow type of ``arrow_table`` (text kinds stay text).
-_TABLE_TYPES: dict[str, Callable[[Any], Any]] = {
-    "DateColumn": lambda a: a.cast(pa.date32()),
-    "DateTimeColumn": lambda a: a.cast(pa.timestamp("us")),
-    "TimestampColumn": lambda a: a.cast(pa.timestamp("us", tz="UTC")),
-    "TimeColumn": lambda a: a.cast(pa.duration("us")),
-}
-
-
-def arrow_table(schema: TableSchema, runs: list[InsertRun]) -> Any:
-    """The runs' rows as one pyarrow Table named by the schema's columns:
-    int64, float64, string (also DECIMAL and big integers, as exact text),
-    binary, date32, timestamp[us] (TIMESTAMP with tz UTC), duration[us]."""
-    columns: list[list[Any]] = [[] for _ in schema.columns]
-    for kinds, arrays in _parts(runs):
-        for i, (kind, arr) in enumerate(zip(kinds, arrays)):
-            conv = _TABLE_TYPES.get(kind)
-            columns[i].append(conv(arr) if conv else arr)
-    return pa.table([pa.chunked_array(c) for c in columns], names=list(schema.column_names))

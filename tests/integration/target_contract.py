@@ -8,11 +8,12 @@ aware datetime do not pass for each other.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import struct
 from collections import Counter
 from decimal import Decimal
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import pytest
 
@@ -160,6 +161,58 @@ def check_keyless_all_types(factory: TargetFactory, db: str) -> None:
 # --------------------------------------------------------------------------
 # Deletes and updates
 # --------------------------------------------------------------------------
+def column_wise(changes: list[Change]) -> list[Change]:
+    """``changes`` (inserts) as the applier's compiled path decodes them:
+    InsertRuns, one envelope per insert (a zero date makes its column mixed,
+    the reference path, only in its own envelope).  Call inside
+    ``compiled_path()``."""
+    from cynomys.core.model import Batch
+    from cynomys.schemas import codec
+
+    out: list[Change] = []
+    for c in changes:
+        out.extend(codec.decode_columnar(codec.encode(Batch("p", (c,), Position("f", 9)))).changes)
+    return out
+
+
+@contextlib.contextmanager
+def compiled_path() -> Iterator[None]:
+    from cynomys import compiled
+
+    if not compiled.available():
+        pytest.skip("cynomys._speedups is not built: the column-wise path needs it")
+    was = compiled.ext is not None
+    compiled.use_compiled(True)
+    try:
+        yield
+    finally:
+        compiled.use_compiled(was)
+
+
+def check_all_types_column_wise(factory: TargetFactory, db: str) -> None:
+    """The applier's compiled path: envelopes decoded column-wise
+    (InsertRuns) reach the target as ``TableFlush.runs`` where it takes them
+    (``Capabilities.columnar_inserts``), as rows elsewhere; the rows land
+    the same either way -- alone (an append) and beside deletes and
+    updates in one flush (a MERGE on Spark)."""
+    from cynomys.core.columnar import InsertRun
+
+    with compiled_path():
+        target = factory()
+        schema = all_types_schema(db)
+        rows = all_types_rows(factory)
+        first = column_wise([change(Op.INSERT, schema, after=r) for r in rows])
+        assert any(type(c) is InsertRun for c in first)
+        target.apply(build_flush(first, state(), target.capabilities.columnar_inserts))
+        assert_rows(target, schema, rows)
+        more = [(int(r[0]) + 10,) + r[1:] for r in rows]  # type: ignore[arg-type]
+        updated = (rows[1][0],) + rows[2][1:]
+        second = [change(Op.DELETE, schema, before=rows[0]), change(Op.UPDATE, schema, before=rows[1], after=updated)]
+        target.apply(build_flush(second + column_wise([change(Op.INSERT, schema, after=r) for r in more]), state(),
+                                 target.capabilities.columnar_inserts))
+        assert_rows(target, schema, [updated, *rows[2:], *more])
+
+
 def check_delete_by_key(factory: TargetFactory, db: str) -> None:
     target = factory()
     schema = TableSchema(db, "single", (ColumnDef("id", "bigint"), ColumnDef("v", "varchar(20)")), ("id",))
@@ -408,6 +461,7 @@ CONTRACT: dict[str, Callable[[TargetFactory, str], None]] = {
     "verify_checksum": check_verify_checksum,
     "odd_names": check_odd_names,
     "all_types_round_trip": check_all_types_round_trip,
+    "all_types_column_wise": check_all_types_column_wise,
     "keyless_all_types": check_keyless_all_types,
     "delete_by_key": check_delete_by_key,
     "delete_by_composite_key": check_delete_by_composite_key,

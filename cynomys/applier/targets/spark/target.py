@@ -95,7 +95,9 @@ from cynomys.applier.targets.spark.merge import (
     COUNT_COLUMN, OP_COLUMN, Columns, Layout, TablePlan, append, key_range, keyed_merge, keyed_rows, keyless_merge,
     keyless_rows, lit, marker, marker_of, order, q, same_flush,
 )
+from cynomys.applier.targets.spark.runs import run_columns, run_images
 from cynomys.applier.targets.spark.session import CATALOGS, CatalogProfile
+from cynomys.core.columnar import InsertRun
 from cynomys.core.config import Config
 from cynomys.core.errors import CynomysError, TargetRejectedError, TargetUnavailableError
 from cynomys.core.model import Change, ColumnDef, Position, RawTemporal, Row, TableSchema, Value
@@ -111,7 +113,7 @@ class SparkTarget(Target):
 
     capabilities: ClassVar[Capabilities] = Capabilities(
         transactional_ddl=False, max_statement_rows=1_000_000, supports_keys=False, backlog_factor=3,
-        backlog_rows=30_000)
+        backlog_rows=30_000, columnar_inserts=True)
     #: Where the applier state lives: a table property of this Iceberg table.
     state_database: ClassVar[str] = "cynomys_state"
     state_table: ClassVar[str] = "applied"
@@ -446,9 +448,15 @@ class SparkTarget(Target):
             rows, ops, counts = keyed_rows(tf)
         else:
             rows, ops, counts = keyless_rows(tf)
-        if not rows:
+        # InsertRuns (keyed tables only): new keys, unique in the flush (the
+        # fold took out rows a later change replaced), after the rows.
+        runs = tf.runs
+        if not rows and not runs:
             return None
         mappings = [self.mapping(schema.name, c) for c in schema.columns]
+        run_arrays, run_raws = self._run_columns(schema, mappings, runs) if runs else ([], {})
+        n_runs = len(run_arrays[0]) if run_arrays else sum(r.rows for r in runs)
+        ops += ["U"] * n_runs
         cols = Columns()
         raws: dict[str, list[str | None]] = {}
         for i, (col, m) in enumerate(zip(schema.columns, mappings, strict=True)):
@@ -457,16 +465,21 @@ class SparkTarget(Target):
             except st.ValueRejected as exc:
                 raise self._rejected(schema, col, m, rows[exc.row] if exc.row is not None else None,
                                      str(exc)) from None
+            if runs:
+                array = pa.concat_arrays([array, run_arrays[i]]) if rows else run_arrays[i]
+                if raw is not None or i in run_raws:
+                    raw = (raw or [None] * len(rows)) + run_raws.get(i, [None] * n_runs)
             cols.add(col.name, array, m.spark)
             if raw is not None:
                 raws[col.name] = raw
+        rows_total = len(rows) + n_runs
         # Zero/partial dates: companion columns, added to the table on first use.
         needed = [c for c in schema.columns if c.name in raws and not layout.has(c.name + st.COMPANION_SUFFIX)]
         if needed:
             layout = self._add_companions(schema, layout, needed)
         companions = [c for c in schema.columns if layout.has(c.name + st.COMPANION_SUFFIX)]
         for c in companions:
-            texts = raws.get(c.name, [None] * len(rows))
+            texts = raws.get(c.name, [None] * rows_total)
             cols.add(c.name + st.COMPANION_SUFFIX, pa.array(texts, type=pa.string()), T.StringType())
         cols.add(OP_COLUMN, pa.array(ops, type=pa.string()), T.StringType())
         if not schema.key:
@@ -497,6 +510,15 @@ class SparkTarget(Target):
         else:
             sql = append(name, written, absent)
         return TablePlan(schema, name, data, T.StructType(cols.fields), sql, tf.rows)
+
+    def _run_columns(self, schema: TableSchema, mappings: list[st.Mapping], runs: list[InsertRun]
+                     ) -> tuple[list[Any], dict[int, list[str | None]]]:
+        try:
+            return run_columns(schema, mappings, runs)
+        except st.ValueRejected as exc:
+            assert exc.column is not None
+            row = run_images(runs)[exc.row] if exc.row is not None else None
+            raise self._rejected(schema, schema.columns[exc.column], mappings[exc.column], row, str(exc)) from None
 
     def _rejected(self, schema: TableSchema, col: ColumnDef, m: st.Mapping, row: Row | None,
                   message: str) -> TargetRejectedError:

@@ -79,11 +79,13 @@ SOURCE_TYPE_TAG = "mysql:"
 
 class ValueRejected(ValueError):
     """A value does not fit the column (raised by the encoders); ``row`` is
-    its index in the column when known."""
+    its index in the column when known, ``column`` the column's index in
+    its table when the raiser knows it."""
 
-    def __init__(self, message: str, row: int | None = None) -> None:
+    def __init__(self, message: str, row: int | None = None, column: int | None = None) -> None:
         super().__init__(message)
         self.row = row
+        self.column = column
 
 
 def type_params(type_text: str) -> list[int]:
@@ -108,6 +110,7 @@ class Mapping:
     note: str = ""            # said in the column comment
     select: str = "{c}"       # read expression ({c}: the quoted column)
     temporal: bool = False    # may carry RawTemporal values (companion column)
+    bounds: tuple[int, int] | None = None  # integer families: the MySQL type's range (checked)
 
     @property
     def sql(self) -> str:
@@ -276,19 +279,19 @@ def _integer(c: ColumnDef) -> Mapping:
     (lo, hi) = _INT_RANGES[c.base_type][1 if c.unsigned else 0]
     if hi >= 2 ** 63:  # BIGINT UNSIGNED
         return Mapping(_U64, pa.decimal128(20, 0), "uint64", _uint64_as_decimal(hi), _to_int,
-                       note="unsigned 64-bit integer")
+                       note="unsigned 64-bit integer", bounds=(lo, hi))
     if lo >= -2 ** 31 and hi < 2 ** 31:
-        return Mapping(_INT, pa.int32(), "integer", _int(lo, hi), _to_int)
-    return Mapping(_LONG, pa.int64(), "integer", _int(lo, hi), _to_int)
+        return Mapping(_INT, pa.int32(), "integer", _int(lo, hi), _to_int, bounds=(lo, hi))
+    return Mapping(_LONG, pa.int64(), "integer", _int(lo, hi), _to_int, bounds=(lo, hi))
 
 
 def _bit(c: ColumnDef) -> Mapping:
     bits = (type_params(c.type) or [1])[0]
     if bits >= 64:
         return Mapping(_U64, pa.decimal128(20, 0), "uint64", _uint64_as_decimal(2 ** 64 - 1), _to_int,
-                       note="bit field as an unsigned number")
+                       note="bit field as an unsigned number", bounds=(0, 2 ** 64 - 1))
     return Mapping(_LONG, pa.int64(), "integer", _int(0, 2 ** bits - 1), _to_int,
-                   note="bit field as an unsigned number")
+                   note="bit field as an unsigned number", bounds=(0, 2 ** bits - 1))
 
 
 def _decimal(c: ColumnDef) -> Mapping:
@@ -313,7 +316,7 @@ _BINARY = Mapping(T.BinaryType(), pa.binary(), "binary", _bytes, _to_bytes)
 TYPE_RULES: dict[str, Callable[[ColumnDef], Mapping]] = {
     **{t: _integer for t in _INT_RANGES},
     "bit": _bit,
-    "year": _const(Mapping(_INT, pa.int32(), "integer", _int(0, 2155), _to_int)),
+    "year": _const(Mapping(_INT, pa.int32(), "integer", _int(0, 2155), _to_int, bounds=(0, 2155))),
     "decimal": _decimal, "numeric": _decimal, "dec": _decimal, "fixed": _decimal,
     "float": _const(Mapping(T.FloatType(), pa.float32(), "float", _float32, _same)),
     "double": _const(Mapping(T.DoubleType(), pa.float64(), "double", _float64, _same)),
