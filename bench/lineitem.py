@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -142,7 +143,9 @@ def peak_rss(log: Path) -> float | None:
     return float(found[-1]) if found else None
 
 
-def run(kind: str, rows: list[tuple[Any, ...]], monetdb_url: str) -> dict[str, Any]:
+def run(kind: str, rows: list[tuple[Any, ...]], monetdb_url: str, keep: bool = False) -> dict[str, Any]:
+    """One target's run in a fresh work folder (servers, state, logs): removed
+    after a run that ended equal, unless ``keep``; kept (and named) otherwise."""
     from cynomys.transport.keys import generate_keys
 
     work = Path(tempfile.mkdtemp(prefix=f"cynomys-lineitem-{kind}-"))
@@ -189,7 +192,11 @@ def run(kind: str, rows: list[tuple[Any, ...]], monetdb_url: str) -> dict[str, A
             "check": check,
         }
         print(f"[{kind}] {json.dumps(result)}", flush=True)
+        keep = keep or not check.get("equal")
         return result
+    except BaseException:
+        keep = True
+        raise
     finally:
         for p in procs:
             if p.poll() is None:
@@ -198,6 +205,10 @@ def run(kind: str, rows: list[tuple[Any, ...]], monetdb_url: str) -> dict[str, A
         src.destroy()
         if tgt is not None:
             tgt.destroy()
+        if keep:
+            print(f"[{kind}] work folder kept (logs, state): {work}", flush=True)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def plot(results: list[dict[str, Any]], out: Path) -> None:
@@ -229,10 +240,11 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--targets", default="columnstore")
     ap.add_argument("--monetdb-url", default=os.environ.get("CYNOMYS_TEST_MONETDB", ""))
+    ap.add_argument("--keep", action="store_true", help="keep each run's work folder (logs, state) in the temp dir")
     args = ap.parse_args()
     print(f"generating {args.rows} lineitem rows ...", flush=True)
     rows = lineitem(args.rows)
-    results = [run(kind, rows, args.monetdb_url) for kind in args.targets.split(",")]
+    results = [run(kind, rows, args.monetdb_url, args.keep) for kind in args.targets.split(",")]
     out = write_result("lineitem", {"paper": {"rows": 1_000_000, "source_write_s": 5.68, "target_done_s": 6.12,
                                               "ratio": 1.08},
                                     "results": results})
