@@ -53,7 +53,8 @@ def main() -> None:
     cu = load("spark_catchup")
     if cu:
         groups: dict[str, list[str]] = {}
-        for key, label in (("runs", ""), ("previous_runs", ", before the TABLE_MAP cache and the 30k backlog floor"),
+        for key, label in (("runs", ""), ("earlier_round_runs", ", the round before (loaded box)"),
+                           ("previous_runs", ", before the TABLE_MAP cache and the 30k backlog floor"),
                            ("before_runs", ", main before helper-spark")):
             for r in cu.get(key, []):
                 if r.get("catch_up_s") is not None:
