@@ -15,7 +15,7 @@ bulk loads and exact.
 that convert them themselves (Spark: targets/spark/runs.py).
 
 Memory (issue #12: the applier's peak RSS): the text is written in pieces
-of at most ``PIECE_ROWS`` rows (``write_load_data``), straight from Arrow's
+of at most ``core.columnar.PIECE_ROWS`` rows (``write_load_data``), straight from Arrow's
 buffer to the file, so a flush never holds the whole file as one bytes
 object plus its copies.  And no array is made here with ``pa.array`` or
 ``pa.scalar`` of Python values: pyarrow probes every such call for pandas
@@ -34,15 +34,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cynomys.applier.targets.source_types import time_text
+from cynomys.core import columnar as core_columnar
 from cynomys.core.columnar import InsertRun
 from cynomys.core.model import ColumnDef, TableSchema
 
 Text = Callable[[Any, ColumnDef], Any]
-
-#: Rows per piece of LOAD DATA text: bounds the text held at once (about
-#: 1.5 MB for lineitem) while keeping pyarrow's per-call cost negligible.
-PIECE_ROWS = 8192
-
 
 def _text_array(values: list[str | None]) -> Any:
     """A pa.string() array of ``values``, built from buffers (see the
@@ -185,7 +181,7 @@ def write_load_data(out: IO[bytes], schema: TableSchema, runs: list[InsertRun]) 
     if not schema.columns:
         return out.write(b"\n" * sum(r.rows for r in runs))
     written = 0
-    for kinds, arrays in parts(runs, PIECE_ROWS):
+    for kinds, arrays in parts(runs, core_columnar.PIECE_ROWS):
         lines = _lines(schema, kinds, arrays)
         offsets = memoryview(lines.buffers()[1]).cast("i")
         data = lines.buffers()[2]

@@ -27,6 +27,11 @@ from typing import Any, Callable, Iterable, Sequence
 
 from cynomys.core.model import Change, Op, Row, TableSchema, Value
 
+#: Rows per piece of a bulk-load file written at once, row images and runs
+#: alike: bounds what a flush holds in memory (about 1.5 MB of lineitem
+#: text, issue #12) while keeping per-call costs negligible.
+PIECE_ROWS = 8192
+
 #: The image column kinds of the wire format (schemas/batch.v1.avsc), in
 #: its union order; Mixed columns never reach a ColumnBlock.
 KINDS: tuple[str, ...] = ("LongColumn", "DoubleColumn", "StringColumn", "BytesColumn", "DecimalColumn",

@@ -57,6 +57,7 @@ from cynomys.applier.targets.columnstore.types import (
     fetch_plan,
     literal,
 )
+from cynomys.core import columnar as core_columnar
 from cynomys.core.columnar import InsertRun
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, TargetRejectedError
@@ -82,9 +83,6 @@ TRANSIENT_CODES = frozenset({
 LOCAL_INFILE_REFUSED = frozenset({1148, 2068, 3948, 4166})
 
 _MAX_STATEMENT_BYTES = 8 * 1024 * 1024  # keep multi-row INSERTs below max_allowed_packet
-#: Rows per piece of the LOAD DATA file written at once (bounds the
-#: applier's memory, issue #12).
-PIECE_ROWS = 8192
 
 
 #: [target] url query options.
@@ -437,13 +435,14 @@ class ColumnStoreTarget(SqlTarget):
                         runs: list[InsertRun] | None = None) -> None:
         """Write the LOAD DATA file: ``rows`` value by value with the reference
         encoders (types.py), then ``runs`` column-wise (applier/columnar.py,
-        the same bytes for the same values).  In pieces of ``PIECE_ROWS``
+        the same bytes for the same values).  In pieces of ``core.columnar.PIECE_ROWS``
         rows: the whole file is never one bytes object (the applier's peak
         memory, issue #12)."""
         encoders = [FIELD_ENCODERS.get(c.base_type, encode_field) for c in schema.columns]
-        for at in range(0, len(rows), PIECE_ROWS):
+        piece = core_columnar.PIECE_ROWS
+        for at in range(0, len(rows), piece):
             out.write(b"".join([b"\t".join([enc(v) for enc, v in zip(encoders, row)]) + b"\n"
-                                for row in rows[at:at + PIECE_ROWS]]))
+                                for row in rows[at:at + piece]]))
         if runs:
             # Imported here: pyarrow is needed only by runs, which only the
             # compiled reader makes; the pure-Python applier never loads it.
