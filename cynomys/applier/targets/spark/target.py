@@ -455,7 +455,7 @@ class SparkTarget(Target):
             return None
         mappings = [self.mapping(schema.name, c) for c in schema.columns]
         run_arrays, run_raws = self._run_columns(schema, mappings, runs) if runs else ([], {})
-        n_runs = len(run_arrays[0]) if run_arrays else sum(r.rows for r in runs)
+        n_runs = sum(r.rows for r in runs)
         ops += ["U"] * n_runs
         cols = Columns()
         raws: dict[str, list[str | None]] = {}
