@@ -95,6 +95,8 @@ def parse(src: MariaDBServer, start: Position, end: Position) -> int:
 class SealSink:
     """The producer's sink minus the network: Avro, then sealed."""
 
+    fence_token = 0  # no HA lease
+
     def __init__(self) -> None:
         self.seal = make_sealer()
         self.changes = 0

@@ -95,10 +95,10 @@ def cmd_produce(args: argparse.Namespace) -> int:
                 if args.once:
                     raise ConfigError("produce --once reads as a single producer; [producer] ha = true is set",
                                       hint="run `cynomys produce` (leader or standby), or set ha = false")
-                run_ha(cfg, sink, stop, monitor)
+                run_ha(cfg, sink, stop, monitor, fresh_start=args.fresh_start)
             else:
-                run_with_retry(lambda: Producer(cfg, sink, stop, blocking=not args.once, monitor=monitor), stop,
-                               monitor=monitor)
+                run_with_retry(lambda: Producer(cfg, sink, stop, blocking=not args.once, monitor=monitor,
+                                                fresh_start=args.fresh_start), stop, monitor=monitor)
         finally:
             sink.close()
     finally:
@@ -233,6 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     pr = with_config(sub.add_parser("produce", help="run the producer daemon"))
     pr.add_argument("--once", action="store_true", help="stop at the current end of the binlog")
+    pr.add_argument("--fresh-start", action="store_true",
+                    help="start with an empty state although the transport holds this producer's envelopes "
+                         "(after a lost state, with [source] start set to where the target is)")
     pr.set_defaults(func=cmd_produce)
 
     ap = with_config(sub.add_parser("apply", help="run the applier daemon"))

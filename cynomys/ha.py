@@ -190,7 +190,8 @@ def _owner() -> str:
 
 
 def run_ha(cfg: Config, sink: SealedSink, stop: threading.Event, monitor: ProducerMonitor,
-           make: Callable[[threading.Event, StateStore], Producer] | None = None) -> None:
+           make: Callable[[threading.Event, StateStore], Producer] | None = None, *,
+           fresh_start: bool = False) -> None:
     """Stand by, lead when the lease is free, stand by again when it is
     lost; return once ``stop`` is set (releasing the lease if held)."""
     if cfg.transport.kind != "redis":
@@ -199,7 +200,8 @@ def run_ha(cfg: Config, sink: SealedSink, stop: threading.Event, monitor: Produc
                           hint="set [transport] kind = \"redis\", or [producer] ha = false")
     if make is None:
         def make(halt: threading.Event, store: StateStore) -> Producer:
-            return Producer(term_config(cfg, lease.token), sink, halt, monitor=monitor, store=store)
+            return Producer(term_config(cfg, lease.token), sink, halt, monitor=monitor, store=store,
+                            fresh_start=fresh_start)
     lease = RedisLease(cfg.transport, cfg.producer.id, _owner(), cfg.producer.lease_ms)
     mirror = cfg.resolve(cfg.producer.state_dir) / "producer.json"
     poll_s = cfg.producer.lease_ms / 4000.0

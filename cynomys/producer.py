@@ -44,11 +44,11 @@ from cynomys import compiled
 from cynomys.core.checkpoint import read_json, write_json_atomic
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, CynomysError, TerminalError
-from cynomys.core.model import Batch, Change, Op, Position
+from cynomys.core.model import Batch, Change, EnvelopeMeta, Op, Position
 from cynomys.metrics.monitor import ProducerMonitor
 from cynomys.parser.stream import BinlogSource, SourceInspector, TableFilter
 from cynomys.parser.txn import Assembler, Commit, Item, Progress
-from cynomys.reducer.fold import Folder
+from cynomys.reducer.fold import PRODUCER_RULES, Folder
 from cynomys.reducer.sql import MARIADB, render_one
 from cynomys.snapshot.coordinator import SnapshotCoordinator
 from cynomys.snapshot.keyless import KeylessRead, abandon_meta, is_snapshot_tid
@@ -59,6 +59,10 @@ log = logging.getLogger(__name__)
 
 class BatchSink(Protocol):
     def last_sequence(self) -> int: ...
+
+    @property
+    def fence_token(self) -> int:
+        """The HA lease term's fencing token sealed into envelopes (0: no HA)."""
 
     def send(self, seq: int, batch: Batch, stop: threading.Event) -> None:
         """Return once the batch is durably accepted downstream."""
@@ -87,6 +91,13 @@ class ProducerState:
     # producer that lost its state is a new incarnation (the applier refuses
     # a new incarnation that numbers its envelopes from 1 again).
     incarnation: str = ""
+    # The source server the checkpoint's file:pos belongs to
+    # (SourceInspector.server_identity): positions of two servers are never
+    # compared; after a failover the producer resumes by GTID.
+    server: str = ""
+    # The newest HA fencing token this producer worked under: a lease term
+    # with a lower one means the fencing counter in Redis went backwards.
+    fence: int = 0
     read: Position | None = None        # last position read (for status)
     last_event_ts: int = 0              # source time of the last event read
     updated: float = 0.0
@@ -103,7 +114,8 @@ class ProducerState:
         return cls(
             checkpoint=Position.from_dict(d["checkpoint"]) if d.get("checkpoint") else None,
             seq=int(d.get("seq", 0)), pending=d.get("pending"), open=d.get("open"),
-            incarnation=str(d.get("incarnation", "")),
+            incarnation=str(d.get("incarnation", "")), server=str(d.get("server", "")),
+            fence=int(d.get("fence", 0)),
             read=Position.from_dict(d["read"]) if d.get("read") else None,
             last_event_ts=int(d.get("last_event_ts", 0)), updated=float(d.get("updated", 0)),
             stats=dict(d.get("stats", {})),
@@ -116,6 +128,7 @@ class ProducerState:
         return {
             "checkpoint": self.checkpoint.to_dict() if self.checkpoint else None, "seq": self.seq,
             "pending": self.pending, "open": self.open, "incarnation": self.incarnation,
+            "server": self.server, "fence": self.fence,
             "read": self.read.to_dict() if self.read else None, "last_event_ts": self.last_event_ts,
             "updated": time.time(), "stats": self.stats, "hot_path": compiled.status(),
         }
@@ -160,8 +173,11 @@ _EVENTS_PER_TURN = 256
 class Producer:
     def __init__(self, cfg: Config, sink: BatchSink, stop: threading.Event | None = None,
                  *, blocking: bool = True, monitor: ProducerMonitor | None = None,
-                 store: StateStore | None = None) -> None:
+                 store: StateStore | None = None, fresh_start: bool = False) -> None:
         self.cfg = cfg
+        # `produce --fresh-start`: an empty state may start although the
+        # transport shows this producer's history (the operator says so).
+        self.fresh_start = fresh_start
         self.monitor = monitor or ProducerMonitor(cfg)  # metrics/health (cynomys/metrics)
         self.sink = sink
         self.stop = stop or threading.Event()
@@ -177,12 +193,14 @@ class Producer:
 
     # ------------------------------------------------------------------
     def _start_position(self, inspector: SourceInspector) -> Position:
+        server = inspector.server_identity()
         if self.state.checkpoint is not None:
-            pos = self.state.checkpoint
+            pos = self._on_server(self.state.checkpoint, server)
             log.info("resuming from checkpoint %s", pos)
         else:
             pos = inspector.resolve_start(self.cfg.source.start)
             log.info("no checkpoint: starting at %s ([source] start = %r)", pos, self.cfg.source.start)
+        self.state.server = server
         if self.cfg.source.use_gtid and pos.gtid:
             # Resuming by GTID: file names may differ on another server (after
             # a failover); a purged GTID is refused by the server (error 1236),
@@ -190,6 +208,27 @@ class Producer:
             return pos
         inspector.ensure_available(pos)
         return pos
+
+    def _on_server(self, checkpoint: Position, server: str) -> Position:
+        """The checkpoint, as a place on ``server``.  A checkpoint written on
+        another server (a failover moved [source]) holds a file:pos that
+        means nothing here: only its GTID carries over."""
+        was = self.state.server
+        if not was or was == server:
+            return checkpoint
+        if self.cfg.source.use_gtid and checkpoint.gtid:
+            log.warning("the source is another server (%s, the checkpoint was written on %s): resuming by GTID "
+                        "%s; binlog positions of the two servers are never compared", server, was, checkpoint.gtid)
+            # Before every position of the new server: the first commit read
+            # there moves the checkpoint (file names of two servers do not order).
+            rebased = Position("", 0, checkpoint.gtid)
+            self.state.checkpoint = rebased
+            return rebased
+        raise TerminalError(
+            f"the source is another server ({server}) than the one the checkpoint {checkpoint} was written on "
+            f"({was}): binlog positions of two servers cannot be carried over",
+            hint="after a failover, resume by GTID: enable GTIDs and set [source] use_gtid = true (the checkpoint "
+                 "needs a GTID), or point [source] back at the old server; otherwise re-snapshot the target")
 
     def _recover_pending(self) -> None:
         """Settle the batch that was being published when we last stopped.
@@ -202,6 +241,23 @@ class Producer:
         accepted = self.sink.last_sequence()
         pending = self.state.pending
         sent = self.state.seq + (1 if pending is not None else 0)
+        if accepted and not self.state.seq and self.state.checkpoint is None and not self.fresh_start:
+            raise TerminalError(
+                f"the producer state {self.store.describe()} is empty, but the transport {self.sink.describe()} "
+                f"holds envelopes up to {accepted} of producer {self.cfg.producer.id!r}: the state was lost, and "
+                "starting at [source] start would lose or repeat changes",
+                hint="restore the state (HA: the key in Redis, or the last state_dir/producer.json mirror; else "
+                     "state_dir/producer.json from a backup); or, to start over on purpose, set [source] start to "
+                     "the position the target holds (`cynomys status`) and run `cynomys produce --fresh-start`")
+        token = self.sink.fence_token
+        if token and token <= self.state.fence:
+            raise TerminalError(
+                f"this HA lease term has fencing token {token}, but producer {self.cfg.producer.id!r} already "
+                f"worked under token {self.state.fence}: the fencing counter in Redis went backwards (deleted?)",
+                hint=f"set the counter above {self.state.fence} (redis-cli SET <stream>:fence:<producer> "
+                     f"{self.state.fence + 1}); the standby then takes the lease with a larger token")
+        if token:
+            self.state.fence = token
         if accepted > sent and (self.state.seq or self.state.checkpoint is not None):
             raise TerminalError(
                 f"the transport {self.sink.describe()} claims to hold envelope {accepted} of producer "
@@ -238,7 +294,7 @@ class Producer:
         self.state.pending = {"seq": seq, "checkpoint": end.to_dict(), "open": None}
         self._save()
         batch = Batch(self.cfg.producer.id, (), end, True, None, int(time.time() * 1e6), 0,
-                      {**meta, "incarnation": self.state.incarnation})
+                      {**meta, "incarnation": self.state.incarnation, "server": self.state.server})
         self.sink.send(seq, batch, self.stop)
         self._accepted(self.state.pending)
         self.state.pending = None
@@ -409,7 +465,8 @@ class _Batching:
 
     def __init__(self, producer: Producer, start: Position) -> None:
         self.p = producer
-        self.folder = Folder()
+        self.start = start  # where this run began reading
+        self.folder = Folder(PRODUCER_RULES)
         self.raw_in_batch = 0
         self.txn_in_batch = 0         # changes of the open transaction in this batch
         self.started = 0.0
@@ -516,17 +573,19 @@ class _Batching:
         opened = p.state.open
         start = self.batch_from or (
             (Position.from_dict(opened["begin"]), int(opened["shipped"])) if opened else (end, 0))
-        meta = {"from": f"{start[0].file}:{start[0].pos}", "from_n": str(start[1]),
-                "incarnation": p.state.incarnation}
-        if self.frag or not complete:
-            meta["frag"] = str(self.frag)
+        # ``after``: the checkpoint now, before this envelope is accepted --
+        # everything between it and the envelope's first change was nothing
+        # to ship (the checkpoint only moves over such transactions while the
+        # batch is empty), so an applier holding ``after`` misses nothing.
+        meta = EnvelopeMeta(start=start[0], start_n=start[1], incarnation=p.state.incarnation,
+                            server=p.state.server, after=p.state.checkpoint or self.start,
+                            frag=self.frag if self.frag or not complete else None)
         if complete:
             after_open = None
             checkpoint: Position | None = end
         else:
             assert self.cur_begin is not None and self.cur_tid is not None
-            meta["to"] = f"{self.cur_begin.file}:{self.cur_begin.pos}"
-            meta["to_n"] = str(self.txn_seen)
+            meta = replace(meta, stop=self.cur_begin, stop_n=self.txn_seen)
             after_open = {"tid": self.cur_tid, "begin": self.cur_begin.to_dict(), "shipped": self.txn_seen,
                           "frag": self.frag + 1}
             # Every transaction before the open one is in this batch or an
@@ -536,7 +595,7 @@ class _Batching:
                 else None
         first = changes[0].txn if changes else None
         batch = Batch(p.cfg.producer.id, tuple(changes), end, complete, first,
-                      int(time.time() * 1e6), self.last_commit.commit_ts if self.last_commit else 0, meta)
+                      int(time.time() * 1e6), self.last_commit.commit_ts if self.last_commit else 0, meta.to_dict())
         seq = p.state.seq + 1
         p.state.pending = {"seq": seq, "checkpoint": checkpoint.to_dict() if checkpoint else None,
                            "open": after_open}
@@ -549,7 +608,7 @@ class _Batching:
         p.stats["changes_in"] += self.raw_in_batch
         p.stats["changes_out"] += len(changes)
         self.frag = 0 if complete else self.frag + 1
-        self.folder = Folder()
+        self.folder = Folder(PRODUCER_RULES)
         self.raw_in_batch = 0
         self.txn_in_batch = 0
         self.batch_from = None

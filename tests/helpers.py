@@ -53,6 +53,8 @@ def _toml(v: Any) -> str:
 class ListSink:
     """A BatchSink keeping batches in memory, through the real Avro codec."""
 
+    fence_token = 0  # no HA lease
+
     def __init__(self) -> None:
         self.batches: list[tuple[int, Batch]] = []
 

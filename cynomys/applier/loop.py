@@ -2,13 +2,12 @@
 
 Exactly-once effect, by construction:
 - every flush is one target transaction holding the data and, per producer,
-  the applied sequence number and source position (AppliedState);
+  the applied sequence number, source position and the producer's identity
+  (AppliedState);
 - deliveries are acknowledged to the transport only after that commit;
-- at start the state is read back from the target, so envelopes delivered
-  again after a crash are recognised: a sequence at or below the applied one
-  is a duplicate; inside the next envelope, changes of transactions that
-  start before the applied position were applied by a flush that split the
-  envelope at a DDL, and are skipped.
+- at start the state is read back from the target, and every envelope goes
+  through the admit stage (applier/admit.py), which applies exactly the
+  changes whose transactions the target lacks, or stops.
 """
 from __future__ import annotations
 
@@ -20,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+from cynomys.applier.admit import Admission, BufferView, Decision, Verdict
 from cynomys.applier.batcher import DelayBuffer, Span
 from cynomys.applier.partition import Partitioning, PartitionTarget
 from cynomys.core.checkpoint import write_json_atomic
@@ -28,13 +28,12 @@ from cynomys.applier.verify import VERIFY_OPS, Verifier
 from cynomys.core.columnar import row_count
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, CynomysError, EnvelopeRejected, SchemaError, TerminalError
-from cynomys.core.model import Batch, Change, Op, Position
+from cynomys.core.model import Batch, Change, EnvelopeMeta, Op, Position
 from cynomys.metrics.monitor import ApplierMonitor
 from cynomys.schemas import codec
 from cynomys.transport.bus import Delivery, Subscriber, open_subscriber
 from cynomys.transport.envelope import Opener
 from cynomys.transport.keys import load_private_key, load_public_key
-from cynomys.transport.sequence import SequenceTracker
 
 log = logging.getLogger(__name__)
 
@@ -99,13 +98,11 @@ class Applier:
                                   progress_delay_s=cfg.applier.progress_interval_ms / 1000.0
                                   if self.partitioning.active else None)
         self.max_buffer_rows = cfg.applier.max_buffer_rows or backlog_cap(target.capabilities, cfg.applier.buffer_rows)
-        self.tracker = SequenceTracker()
-        self.applied: dict[str, AppliedState] = {}
+        self.admit = Admission()  # the admit stage: what of each envelope the target needs
         self.unacked: list[str] = []
         self.stats = ApplierStats()
         self.producer_id = cfg.producer.id
-        self.incarnations: dict[str, str] = {}  # producer -> incarnation id last seen
-        self.fences: dict[str, int] = {}  # producer -> newest HA fencing token seen (_check_fence)
+        self.buffer_server = ""  # the source server of the buffered envelopes' positions
         # State to commit with the next flush: the last *complete* envelope taken.
         self.pending_state: AppliedState | None = None
         self.last_delivery = time.monotonic()
@@ -117,10 +114,9 @@ class Applier:
         self.target.connect()
         st = self.target.applied(self.producer_id)
         if st is not None:
-            self.applied[st.producer_id] = st
-            if st.seq >= 1:
-                self.tracker.restore({st.producer_id: st.seq})
-            log.info("target holds producer %s up to envelope %d, source position %s", st.producer_id, st.seq, st.position)
+            self.admit.restore(st)
+            log.info("target holds producer %s up to envelope %d, source position %s%s", st.producer_id, st.seq,
+                     st.position, f" on server {st.server}" if st.server else "")
 
     def run(self, until_idle_s: float = 0.0) -> None:
         self.start()
@@ -179,92 +175,48 @@ class Applier:
             self.stats.rejected["producer-mismatch"] += 1
             self.sub.dead_letter(d, f"payload names producer {batch.producer_id!r}, envelope {pid!r}")
             return
-        if not self._check_fence(pid, seq, opened.fence, d):
+        verdict = self.offer(pid, seq, batch, opened.fence)
+        if verdict.verdict is Verdict.DEAD:
+            self.stats.rejected["fenced"] += 1
+            log.error("rejected envelope %s (seq %d of %s): %s; moved to the dead-letter stream", d.id, seq, pid,
+                      verdict.reason)
+            self.sub.dead_letter(d, verdict.reason)
             return
-        self._check_incarnation(pid, seq, batch)
-        # The tracker's high-water mark is the last envelope *taken* (buffered
-        # or committed); at start it is restored from the target's state.
-        if self.tracker.classify(pid, seq) == "duplicate":
-            self._check_duplicate(pid, seq, batch)
-            # Already in the target or in the buffer: its effect is (or will
-            # be) committed by that envelope's own flush.
-            self.stats.duplicates += 1
-            log.info("envelope %d from %s delivered again: skipped", seq, pid)
-            self.unacked.append(d.id)
-            return
-        # A partition takes only its tables' changes, but every envelope's
-        # number and position (cynomys/applier/partition.py).
-        self.take(pid, seq, self.partitioning.select(batch))
         self.unacked.append(d.id)
 
-    def _check_fence(self, pid: str, seq: int, fence: int, d: Delivery) -> bool:
-        """HA producers: an envelope sealed under an older lease term than
-        one already seen comes from a deposed leader (paused past its lease
-        while another took over).  The transport refuses those already; this
-        is the second line, for an envelope that got in anyway (a replay, a
-        transport without the fencing script).  Dead-lettered as ``fenced``,
-        before the duplicate check: its number may be a successor's."""
-        newest = self.fences.get(pid, 0)
-        if fence == 0:
-            return True  # a producer without HA (or HA switched off): nothing to fence
-        if fence >= newest:
-            if fence > newest and newest:
-                log.info("producer %s: new HA lease term (fencing token %d, was %d) from envelope %d",
-                         pid, fence, newest, seq)
-            self.fences[pid] = fence
-            return True
-        self.stats.rejected["fenced"] += 1
-        log.error("rejected envelope %s (seq %d of %s, fencing token %d): a newer lease term (token %d) was "
-                  "seen; it comes from a deposed leader; moved to the dead-letter stream", d.id, seq, pid, fence, newest)
-        self.sub.dead_letter(d, f"fenced: token {fence} < newest {newest} of producer {pid!r}")
-        return False
+    def offer(self, pid: str, seq: int, batch: Batch, fence: int = 0) -> Decision:
+        """Pass one opened envelope through the admit stage, and take what
+        it admits into the buffer."""
+        decision = self.admit.judge(pid, seq, fence, batch, self._view())
+        if decision.verdict is Verdict.FLUSH_FIRST:
+            self.flush()  # what the buffer holds is committed: judge against the target alone
+            decision = self.admit.judge(pid, seq, fence, batch, self._view())
+        if decision.verdict is Verdict.DUPLICATE:
+            self.stats.duplicates += 1
+            log.info("envelope %d from %s delivered again (%s): skipped", seq, pid, decision.reason)
+        elif decision.verdict is Verdict.TAKE:
+            assert decision.batch is not None
+            # A partition takes only its tables' changes, but every envelope's
+            # number and position (cynomys/applier/partition.py).
+            self.take(pid, seq, self.partitioning.select(decision.batch), fence)
+        return decision
 
-    def _check_incarnation(self, pid: str, seq: int, batch: Batch) -> None:
-        """A producer that lost its state starts as a new incarnation.  If it
-        numbers its envelopes from 1 again (the transport was reset too),
-        they would look like envelopes already applied: stop instead."""
-        inc = batch.meta.get("incarnation")
-        if inc is None:
-            return
-        known = self.incarnations.get(pid)
-        self.incarnations[pid] = inc
-        if known is None or known == inc:
-            return
-        if self.tracker.classify(pid, seq) == "duplicate":
-            raise TerminalError(
-                f"producer {pid!r} started anew (incarnation {inc}, was {known}) and numbers its envelopes "
-                f"from {seq} again, at or below what this applier took: its changes would be skipped",
-                hint="the producer lost its state: re-snapshot the target from the new producer (a new "
-                     "[transport] stream, or clear the applier state for this producer on the target)")
-        log.warning("producer %s started anew (incarnation %s, was %s) and numbers on from envelope %d",
-                    pid, inc, known, seq)
+    def _view(self) -> BufferView:
+        return BufferView(self.buffer.envelopes, self.buffer.complete)
 
-    def _check_duplicate(self, pid: str, seq: int, batch: Batch) -> None:
-        """An envelope number already taken must carry changes already taken:
-        one starting past what the target and the buffer hold comes from a
-        producer whose numbering restarted, and skipping it would lose it."""
-        span = Span.of(batch)
-        if span is None:
-            return
-        applied = self.applied.get(pid)
-        holds = [m for m in (self.buffer.covered, (applied.position.sort_key(), 0) if applied else None) if m]
-        if holds and span.start >= max(holds):
-            raise TerminalError(
-                f"envelope {seq} of producer {pid!r} has a number already applied but carries changes from "
-                f"{span.describe_start()}, past what the target holds: the producer's numbering restarted "
-                "(its state was lost or reset); skipping it would lose those changes",
-                hint="re-snapshot the target from this producer (a new [transport] stream, or clear the "
-                     "applier state for this producer on the target), or restore the producer's state_dir")
-
-    def take(self, pid: str, seq: int, batch: Batch) -> None:
-        """Buffer one new envelope; DDL flushes what precedes it and runs alone."""
+    def take(self, pid: str, seq: int, batch: Batch, fence: int = 0) -> None:
+        """Buffer one admitted envelope; DDL flushes what precedes it and runs alone."""
+        meta = EnvelopeMeta.of(batch.meta)
+        if meta.server and self.buffer_server and meta.server != self.buffer_server \
+                and self.buffer.envelopes and self.buffer.complete:
+            self.flush()  # positions of two servers never share a buffer (they cannot be ordered)
         span = Span.of(batch)
         if not batch.complete and self.buffer.complete and self.buffer.envelopes:
             # A transaction cut into fragments starts: set apart the whole
             # transactions before it, so dropping an obsolete attempt of it
             # never drops them.
             self.buffer.seal()
-        if span is not None:
+        if span is not None and (not meta.server or not self.buffer_server or meta.server == self.buffer_server):
             self._check_overlap(pid, seq, span)
         elif batch.meta.get("frag") == "0" and not self.buffer.complete:
             # (Envelopes without a span, from older producers.)  The producer
@@ -272,11 +224,13 @@ class Applier:
             log.warning("producer %s restarted a large transaction at envelope %d: dropping %d buffered "
                         "changes of its earlier attempt", pid, seq, len(self.buffer))
             self.buffer.discard()
-        applied = self.applied.get(pid)
+        # A DDL or verification record below commits states that must name
+        # this envelope's producer identity (the chain moves at the end).
+        self.admit.adopt(pid, meta, fence)
+        if meta.server:
+            self.buffer_server = meta.server
         segment: list[Change] = []
-        for c in batch.changes:
-            if applied is not None and c.txn < applied.position:
-                continue  # applied before a DDL split this envelope
+        for c in batch.changes:  # the admit stage dropped what the target holds
             if c.op is Op.DDL:
                 self.buffer.add(segment)
                 segment = []
@@ -292,10 +246,10 @@ class Applier:
         self.buffer.mark(batch.end, batch.complete, batch.last_commit_ts)
         if span is not None:
             self.buffer.cover(span)
-        self.tracker.advance(pid, seq)
+        self.admit.advance(pid, seq)
         self.monitor.taken(batch)
         if batch.complete:
-            self.pending_state = AppliedState(pid, seq, batch.end, batch.last_commit_ts)
+            self.pending_state = self.admit.state(pid, seq, batch.end, batch.last_commit_ts)
 
     def _check_overlap(self, pid: str, seq: int, span: Span) -> None:
         """Never apply two attempts of the same changes.  Envelopes of one
@@ -330,12 +284,12 @@ class Applier:
         prev_seq = seq - 1 if seq > 1 else 0
         self.buffer.complete = True  # a DDL starts its own transaction: what precedes it is whole
         if self.buffer.envelopes or len(self.buffer):
-            self._flush_with(AppliedState(pid, prev_seq, ddl.txn, ddl.commit_ts))
+            self._flush_with(self.admit.state(pid, prev_seq, ddl.txn, ddl.commit_ts))
         after = _after_ddl(ddl, batch)
-        state = AppliedState(pid, prev_seq, after, ddl.commit_ts)
+        state = self.admit.state(pid, prev_seq, after, ddl.commit_ts)
         log.info("applying DDL at %s: %s", ddl.txn, (ddl.sql or "")[:200])
         self.target.apply_ddl(ddl, state)
-        self.applied[pid] = state
+        self.admit.committed(state)
         self.stats.ddl += 1
 
     def _verify(self, pid: str, change: Change, batch: Batch, seq: int) -> None:
@@ -346,15 +300,15 @@ class Applier:
         recorded at its position as the previous envelope, as before a DDL."""
         self.buffer.complete = True
         if change.op is Op.PURGE:
-            state = AppliedState(pid, seq - 1 if seq > 1 else 0, change.txn, change.commit_ts)
+            state = self.admit.state(pid, seq - 1 if seq > 1 else 0, change.txn, change.commit_ts)
             if self.buffer.envelopes or len(self.buffer):
                 self._flush_with(state)
             self.verifier.purge_later(change)
             return
         if batch.complete and change is batch.changes[-1]:
-            state = AppliedState(pid, seq, batch.end, batch.last_commit_ts)
+            state = self.admit.state(pid, seq, batch.end, batch.last_commit_ts)
         else:  # not from this version's producer: at its position, as the previous envelope
-            state = AppliedState(pid, seq - 1 if seq > 1 else 0, change.txn, change.commit_ts)
+            state = self.admit.state(pid, seq - 1 if seq > 1 else 0, change.txn, change.commit_ts)
         if self.buffer.envelopes or len(self.buffer) or self.verifier.purges:
             self._flush_with(state, self.verifier.amend)
         self.verifier.check(change)
@@ -370,7 +324,7 @@ class Applier:
     def _flush_with(self, state: AppliedState, amend: Callable[[Flush], None] | None = None) -> None:
         """``amend``: adds to the flush before it is applied (verify's purges)."""
         changes = self.buffer.take()
-        if changes or amend is not None or self.applied.get(state.producer_id) != state:
+        if changes or amend is not None or self.admit.held(state.producer_id) != state:
             flush = build_flush(changes, state, self.target.capabilities.columnar_inserts)
             if amend is not None:
                 amend(flush)
@@ -380,7 +334,7 @@ class Applier:
             self.stats.rows_out += row_count(changes)
             self.monitor.flushed(changes, time.monotonic() - t0)
             log.debug("flushed %d net changes in %.3fs up to %s", len(changes), time.monotonic() - t0, state.position)
-        self.applied[state.producer_id] = state
+        self.admit.committed(state)
         self._ack()
         self._report(state)
 

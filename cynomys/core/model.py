@@ -201,3 +201,76 @@ class Batch:
     created_us: int = 0
     last_commit_ts: int = 0
     meta: dict[str, str] = field(default_factory=dict)
+
+
+def _pos_text(p: Position) -> str:
+    return f"{p.file}:{p.pos}"
+
+
+@dataclass(frozen=True)
+class EnvelopeMeta:
+    """What an envelope says about the stretch of the source it covers.
+
+    On the wire it is ``Batch.meta``, a string map inside the signed
+    payload; this is its one typed reading and writing (the producer builds
+    it, the applier's admission reads it).  Keys: ``from``/``from_n`` where
+    the first change is (its transaction's start, and how many changes of
+    that transaction earlier envelopes carried), ``to``/``to_n`` where an
+    incomplete envelope stops, ``frag`` the fragment number inside a
+    transaction cut into fragments, ``incarnation`` the producer's life
+    since its state was created, ``server`` the source server the positions
+    belong to (positions of two servers are never ordered by file name),
+    ``after``/``after_gtid`` the producer's checkpoint when it began this
+    envelope: every change between it and this envelope's first change was
+    nothing to ship, so an applier holding ``after`` misses nothing, and
+    ``abandoned`` the id of a keyless read whose fragments are dropped."""
+
+    start: Position | None = None
+    start_n: int = 0
+    stop: Position | None = None
+    stop_n: int = 0
+    frag: int | None = None
+    incarnation: str = ""
+    server: str = ""
+    after: Position | None = None
+    abandoned: str = ""
+
+    @classmethod
+    def of(cls, meta: dict[str, str]) -> EnvelopeMeta:
+        def pos(key: str, gtid_key: str = "") -> Position | None:
+            text = meta.get(key)
+            if not text:
+                return None
+            # Not Position.parse: a checkpoint rebased onto another server by
+            # GTID has no file yet (":0").
+            file, _, pos_text = text.rpartition(":")
+            if not pos_text.isdigit():
+                raise ValueError(f"envelope meta {key!r} is not a binlog position 'file:pos': {text!r}")
+            return Position(file, int(pos_text), meta.get(gtid_key, "") if gtid_key else "")
+
+        frag = meta.get("frag")
+        return cls(start=pos("from"), start_n=int(meta.get("from_n", "0") or 0), stop=pos("to"),
+                   stop_n=int(meta.get("to_n", "0") or 0), frag=int(frag) if frag is not None else None,
+                   incarnation=meta.get("incarnation", ""), server=meta.get("server", ""),
+                   after=pos("after", "after_gtid"), abandoned=meta.get("abandoned", ""))
+
+    def to_dict(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        if self.start is not None:
+            out["from"], out["from_n"] = _pos_text(self.start), str(self.start_n)
+        if self.stop is not None:
+            out["to"], out["to_n"] = _pos_text(self.stop), str(self.stop_n)
+        if self.frag is not None:
+            out["frag"] = str(self.frag)
+        if self.incarnation:
+            out["incarnation"] = self.incarnation
+        if self.server:
+            out["server"] = self.server
+        if self.after is not None:
+            out["after"] = _pos_text(self.after)
+            if self.after.gtid:
+                out["after_gtid"] = self.after.gtid
+        if self.abandoned:
+            out["abandoned"] = self.abandoned
+        return out
+

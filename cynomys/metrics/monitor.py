@@ -410,7 +410,7 @@ class ApplierMonitor(_Monitor):
                 self.rejected.labels(reason).inc(n - self._rejected.get(key, 0))
                 self._rejected[key] = n
         self.buffer_rows.set(len(app.buffer))
-        applied = app.applied.get(app.producer_id)
+        applied = app.admit.held(app.producer_id)
         lag_s: float | None
         if delivered == 0 and not app.buffer.envelopes:
             lag_s, lag_bytes = 0.0, 0.0  # everything the transport delivered is in the target

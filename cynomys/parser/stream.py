@@ -135,6 +135,16 @@ class SourceInspector:
     def is_mariadb(self) -> bool:
         return "mariadb" in self.conn.get_server_info().lower()
 
+    def server_identity(self) -> str:
+        """Which server this is, for telling binlog positions of two servers
+        apart (a failover): MySQL's ``server_uuid``, else (MariaDB has none)
+        ``server_id``, which replication requires to be unique among the
+        servers of one topology."""
+        have = self.variables("server_uuid", "server_id")
+        if have.get("server_uuid"):
+            return have["server_uuid"]
+        return f"server_id={have.get('server_id', '?')}"
+
     def check_settings(self) -> None:
         """Refuse to start on a source that cannot give full, typed row images."""
         want = {"log_bin": "ON", "binlog_format": "ROW", "binlog_row_image": "FULL", "binlog_row_metadata": "FULL"}

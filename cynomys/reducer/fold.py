@@ -72,6 +72,20 @@ def _vanish(a: Change, b: Change) -> None:
     return None
 
 
+def _tombstone(a: Change, b: Change) -> Change | None:
+    """Insert, then delete in a later transaction: a delete, not nothing.
+
+    What the producer ships must stay exact when an applier holds only part
+    of it: a producer whose state was rolled back re-sends changes batched
+    differently, and the applier applies those of transactions it lacks
+    (applier/admit.py).  Had the insert's transaction been applied and the
+    pair vanished, the row would stay.  Within one transaction they vanish:
+    a transaction is held whole or not at all."""
+    if a.tid == b.tid:
+        return None
+    return _with(b, D, b.before, None) if type(b) is Change else replace(b, op=D, after=None)
+
+
 #: (earlier, later) -> rule.  READ is a snapshot read: an upsert of a full image.
 FOLD_RULES: dict[tuple[Op, Op], Rule] = {
     (I, U): _op(I, None, "b.after"),          # insert + update  -> insert of the final image
@@ -86,6 +100,11 @@ FOLD_RULES: dict[tuple[Op, Op], Rule] = {
     (R, D): _op(D, "a.after", None),          # delete the image that was read
     (R, R): _op(R, None, "b.after"),
 }
+
+
+#: The producer's table: what it ships must be exact for an applier holding
+#: any prefix of the transactions in an envelope (see _tombstone).
+PRODUCER_RULES: dict[tuple[Op, Op], Rule] = {**FOLD_RULES, (I, D): _tombstone}
 
 
 # Verification records see (CHECKSUM) or replace (PURGE) a key range at
@@ -131,7 +150,8 @@ class Folder:
     (database, table), and each table's key getter is made once.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, rules: dict[tuple[Op, Op], Rule] = FOLD_RULES) -> None:
+        self._rules = rules
         self._slots: list[Change | None] = []
         # slot of an InsertRun -> offsets of its rows taken out since (folded)
         self._out_of_run: dict[int, set[int]] = {}
@@ -212,7 +232,7 @@ class Folder:
             self._vanished -= 1
             self.folded += 1
             return
-        rule = FOLD_RULES.get((prev.op, c.op))
+        rule = self._rules.get((prev.op, c.op))
         if rule is None:
             log.warning("no fold rule for %s then %s on %s.%s key %r; keeping both in order",
                         prev.op.value, c.op.value, c.database, c.table, k)

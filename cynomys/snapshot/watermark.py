@@ -26,7 +26,7 @@ from typing import Any
 from cynomys.core.model import Change, Position
 from cynomys.snapshot.chunker import ChunkQuery, quote_ident
 from cynomys.snapshot.errors import SnapshotError
-from cynomys.snapshot.gtid import GtidSet
+from cynomys.core.gtid import GtidSet
 from cynomys.snapshot.source import SnapshotConnection
 from cynomys.snapshot.window import GtidMarks
 

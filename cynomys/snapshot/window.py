@@ -28,7 +28,7 @@ from enum import Enum
 from typing import Sequence
 
 from cynomys.core.model import Change, Position, Row, Value
-from cynomys.snapshot.gtid import GtidSet
+from cynomys.core.gtid import GtidSet
 
 
 class Phase(str, Enum):

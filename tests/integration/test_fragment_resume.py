@@ -206,11 +206,15 @@ def test_transport_claiming_more_than_was_sent_is_terminal(fresh_mariadb: MariaD
     assert target.execute("SELECT id, v FROM w.k ORDER BY id") == [(1, 1), (2, 2)]
 
 
-def test_a_reset_producer_is_refused_not_skipped(fresh_mariadb: MariaDBServer, target: MariaDBServer,
-                                                 redis_url: str, tmp_path: Path) -> None:
-    """The producer's state dir is lost and Redis flushed: the new producer
-    numbers its envelopes from 1 again.  The applier used to skip them as
-    "delivered again" and new rows never arrived; now it stops and says so."""
+def test_a_reset_producer_is_refused_unless_it_resumes_where_the_target_is(
+        fresh_mariadb: MariaDBServer, target: MariaDBServer, redis_url: str, tmp_path: Path) -> None:
+    """The producer's state dir is lost.  With the stream intact the
+    producer refuses to start anew.  With Redis flushed too, the new
+    producer numbers its envelopes from 1 again: the applier used to skip
+    them as "delivered again" (new rows never arrived).  Now the target's
+    state names the producer's incarnation and position: a new incarnation
+    resuming where the target is loses nothing and is applied; one resuming
+    past it stops the applier, naming both positions."""
     import redis
 
     from cynomys.core.errors import TerminalError
@@ -223,18 +227,33 @@ def test_a_reset_producer_is_refused_not_skipped(fresh_mariadb: MariaDBServer, t
     _finish(_applier(cfg))
     assert target.execute("SELECT COUNT(*) FROM w.k") == [(5,)]
 
-    shutil.rmtree(tmp_path / "producer-state")
+    def reset_producer() -> None:
+        shutil.rmtree(tmp_path / "producer-state")
+
+    reset_producer()
+    with pytest.raises(TerminalError, match="state .* is empty, but the transport .* holds envelopes"):
+        _produce(cfg, SealedSink(cfg))
     r = redis.Redis.from_url(redis_url)
     r.delete(cfg.transport.stream, f"{cfg.transport.stream}:seq")
-    here = "{}:{}".format(*src.execute("SHOW MASTER STATUS")[0][:2])
+    here = "{}:{}".format(*src.execute("SHOW MASTER STATUS")[0][:2])  # where the target is
     src.execute("INSERT INTO w.k VALUES (100, 100)", "INSERT INTO w.k VALUES (101, 101)")
     again = _config(tmp_path, src, target, redis_url, start=here)
     _produce(again, SealedSink(again))
     assert [s for s, _ in transport_batches(again)] == [1]
-    app = _applier(again)
-    with pytest.raises(TerminalError, match="numbering restarted"):
-        _finish(app)
-    assert target.execute("SELECT COUNT(*) FROM w.k") == [(5,)]
+    _finish(_applier(again))
+    assert target.execute("SELECT id FROM w.k WHERE id >= 100 ORDER BY id") == [(100,), (101,)]
+
+    # Reset again, and start past what the target holds: row 200 would be lost.
+    reset_producer()
+    r.delete(again.transport.stream, f"{again.transport.stream}:seq")
+    src.execute("INSERT INTO w.k VALUES (200, 200)")
+    past = "{}:{}".format(*src.execute("SHOW MASTER STATUS")[0][:2])
+    src.execute("INSERT INTO w.k VALUES (201, 201)")
+    third = _config(tmp_path, src, target, redis_url, start=past)
+    _produce(third, SealedSink(third))
+    with pytest.raises(TerminalError, match=r"started anew .* resumes at .*, past what the target holds"):
+        _finish(_applier(third))
+    assert target.execute("SELECT id FROM w.k WHERE id >= 100 ORDER BY id") == [(100,), (101,)]
 
 
 def test_an_envelope_the_applier_would_refuse_as_too_large_stops_the_producer(

@@ -12,7 +12,7 @@ from cynomys.core.model import Change, ColumnDef, Op, Position, RawTemporal, Tab
 from cynomys.snapshot.chunker import build_chunk_query, decode_key, encode_key, key_condition
 from cynomys.snapshot.columns import normalize_type, row_converter, table_info
 from cynomys.snapshot.errors import SnapshotError
-from cynomys.snapshot.gtid import GtidSet
+from cynomys.core.gtid import GtidError, GtidSet
 from cynomys.snapshot.state import DONE, FAILED, FINISHED, QUEUED, SnapshotJob, SnapshotStore, TableProgress
 from cynomys.snapshot.watermark import read_watermark, same_statement, watermark_ddl
 from cynomys.snapshot.window import ChunkWindow, GtidMarks, Phase
@@ -105,7 +105,7 @@ def test_mariadb_gtid_positions() -> None:
     assert s.contains("0-1-100") and s.contains("0-9-3") and s.contains("2-1-5")
     assert not s.contains("0-1-101") and not s.contains("1-1-1") and not s.contains("mysql-bin.000001:4")
     assert not GtidSet.parse_mariadb("").contains("0-1-1")
-    with pytest.raises(SnapshotError):
+    with pytest.raises(GtidError):
         GtidSet.parse_mariadb("0-1")
 
 

@@ -12,6 +12,7 @@ changes nothing: the state read back at start says what is already in.
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 from abc import ABC, abstractmethod
 from collections import Counter
@@ -79,6 +80,27 @@ class AppliedState:
     seq: int
     position: Position                   # source position applied up to (a transaction boundary)
     commit_ts: int = 0                   # source time of the last applied transaction
+    # Who wrote what the target holds (applier/admit.py): the source server
+    # ``position`` belongs to, the producer incarnation and the newest HA
+    # fencing token taken.  Kept in the target so an applier restart still
+    # recognises a producer that lost its state.
+    server: str = ""
+    incarnation: str = ""
+    fence: int = 0
+
+    def lineage_json(self) -> str:
+        """The identity fields as one JSON text (one column on SQL targets)."""
+        return json.dumps({"server": self.server, "incarnation": self.incarnation, "fence": self.fence},
+                          sort_keys=True)
+
+    @staticmethod
+    def lineage_of(text: object) -> dict[str, Any]:
+        """``lineage_json``'s fields back ({} for a state written before they existed)."""
+        if not text:
+            return {}
+        data = json.loads(str(text))
+        return {"server": str(data.get("server", "")), "incarnation": str(data.get("incarnation", "")),
+                "fence": int(data.get("fence", 0))}
 
 
 @dataclass

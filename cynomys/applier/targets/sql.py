@@ -307,15 +307,20 @@ class SqlTarget(Target):
 
     @abstractmethod
     def _read_state(self, cur: Cursor, producer_id: str) -> tuple[Any, ...] | None:
-        """(seq, file, pos, gtid, commit_ts) of a producer, or None."""
+        """(seq, file, pos, gtid, commit_ts, lineage) of a producer, or None."""
+
+    #: The state table's column added after its first version: created by
+    #: ``connect`` on a table that lacks it (AppliedState.lineage_json).
+    LINEAGE_COLUMN: ClassVar[str] = "lineage"
 
     def applied(self, producer_id: str) -> AppliedState | None:
         with self._transaction("reading the applier state") as cur:
             row = self._read_state(cur, producer_id)
         if row is None:
             return None
-        seq, file, pos, gtid, commit_ts = row
-        return AppliedState(producer_id, int(seq), Position(str(file), int(pos), str(gtid or "")), int(commit_ts))
+        seq, file, pos, gtid, commit_ts, lineage = row
+        return AppliedState(producer_id, int(seq), Position(str(file), int(pos), str(gtid or "")), int(commit_ts),
+                            **AppliedState.lineage_of(lineage))
 
     def apply_ddl(self, change: Change, state: AppliedState) -> None:
         sql = change.sql or ""

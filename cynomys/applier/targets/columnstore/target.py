@@ -284,16 +284,17 @@ class ColumnStoreTarget(SqlTarget):
             cur.execute(
                 f"CREATE TABLE IF NOT EXISTS {db}.{tbl} ("
                 "producer_id VARCHAR(191) NOT NULL PRIMARY KEY, seq BIGINT NOT NULL, file VARCHAR(255) NOT NULL,"
-                " pos BIGINT NOT NULL, gtid TEXT NOT NULL, commit_ts BIGINT NOT NULL, updated_at TIMESTAMP(6) NULL"
-                ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4")
+                " pos BIGINT NOT NULL, gtid TEXT NOT NULL, commit_ts BIGINT NOT NULL, updated_at TIMESTAMP(6) NULL,"
+                " lineage TEXT NULL) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4")
+            cur.execute(f"ALTER TABLE {db}.{tbl} ADD COLUMN IF NOT EXISTS lineage TEXT NULL")  # older state tables
         log.info("connected to %s (engine %s)", self.where, self.engine)
 
     # ------------------------------------------------------------------
     # State
     # ------------------------------------------------------------------
     def _read_state(self, cur: Cursor, producer_id: str) -> tuple[Any, ...] | None:
-        cur.execute(f"SELECT seq, file, pos, gtid, commit_ts FROM {self._state_name()} WHERE producer_id = %s",
-                    (producer_id,))
+        cur.execute(f"SELECT seq, file, pos, gtid, commit_ts, lineage FROM {self._state_name()} "
+                    "WHERE producer_id = %s", (producer_id,))
         row = cur.fetchone()
         return None if row is None else tuple(row)
 
@@ -307,11 +308,11 @@ class ColumnStoreTarget(SqlTarget):
     def _write_state(self, cur: Cursor, state: AppliedState) -> None:
         p = state.position
         cur.execute(
-            f"INSERT INTO {self._state_name()} (producer_id, seq, file, pos, gtid, commit_ts, updated_at)"
-            " VALUES (%s, %s, %s, %s, %s, %s, CURRENT_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE seq = VALUES(seq),"
+            f"INSERT INTO {self._state_name()} (producer_id, seq, file, pos, gtid, commit_ts, updated_at, lineage)"
+            " VALUES (%s, %s, %s, %s, %s, %s, CURRENT_TIMESTAMP(6), %s) ON DUPLICATE KEY UPDATE seq = VALUES(seq),"
             " file = VALUES(file), pos = VALUES(pos), gtid = VALUES(gtid), commit_ts = VALUES(commit_ts),"
-            " updated_at = VALUES(updated_at)",
-            (state.producer_id, state.seq, p.file, p.pos, p.gtid, state.commit_ts))
+            " updated_at = VALUES(updated_at), lineage = VALUES(lineage)",
+            (state.producer_id, state.seq, p.file, p.pos, p.gtid, state.commit_ts, state.lineage_json()))
 
     # ------------------------------------------------------------------
     # Tables

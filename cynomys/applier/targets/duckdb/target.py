@@ -100,20 +100,22 @@ class DuckDBTarget(SqlTarget):
             cur.execute(f"CREATE SCHEMA IF NOT EXISTS {self.ident(self.state_schema)}")
             cur.execute(f"CREATE TABLE IF NOT EXISTS {self._state_name()} (producer_id VARCHAR NOT NULL, "
                         "seq BIGINT NOT NULL, file VARCHAR NOT NULL, pos BIGINT NOT NULL, gtid VARCHAR NOT NULL, "
-                        "commit_ts BIGINT NOT NULL, updated_at TIMESTAMPTZ)")
+                        "commit_ts BIGINT NOT NULL, updated_at TIMESTAMPTZ, lineage VARCHAR)")
+            cur.execute(f"ALTER TABLE {self._state_name()} ADD COLUMN IF NOT EXISTS lineage VARCHAR")  # older tables
         log.info("connected to %s (DuckDB %s)", self.where, duckdb.__version__)
 
     # -- state ------------------------------------------------------------------
     def _read_state(self, cur: Cursor, producer_id: str) -> tuple[Any, ...] | None:
-        row = cur.execute(f"SELECT seq, file, pos, gtid, commit_ts FROM {self._state_name()} "
+        row = cur.execute(f"SELECT seq, file, pos, gtid, commit_ts, lineage FROM {self._state_name()} "
                           "WHERE producer_id = ?", [producer_id]).fetchone()
         return None if row is None else tuple(row)
 
     def _write_state(self, cur: Cursor, state: AppliedState) -> None:
         p = state.position
         cur.execute(f"DELETE FROM {self._state_name()} WHERE producer_id = ?", [state.producer_id])
-        cur.execute(f"INSERT INTO {self._state_name()} VALUES (?, ?, ?, ?, ?, ?, now())",
-                    [state.producer_id, state.seq, p.file, p.pos, p.gtid, state.commit_ts])
+        cur.execute(f"INSERT INTO {self._state_name()} (producer_id, seq, file, pos, gtid, commit_ts, updated_at, "
+                    "lineage) VALUES (?, ?, ?, ?, ?, ?, now(), ?)",
+                    [state.producer_id, state.seq, p.file, p.pos, p.gtid, state.commit_ts, state.lineage_json()])
 
     # -- catalog ----------------------------------------------------------------
     def check_database(self, database: str) -> None:

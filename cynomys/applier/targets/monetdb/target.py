@@ -259,7 +259,10 @@ class MonetDBTarget(SqlTarget):
                 cur.execute(
                     f"CREATE TABLE {self._state_name()} ("
                     "producer_id VARCHAR(255) NOT NULL PRIMARY KEY, seq BIGINT NOT NULL, file VARCHAR(255) NOT NULL,"
-                    " pos BIGINT NOT NULL, gtid CLOB NOT NULL, commit_ts BIGINT NOT NULL, updated_at TIMESTAMP)")
+                    " pos BIGINT NOT NULL, gtid CLOB NOT NULL, commit_ts BIGINT NOT NULL, updated_at TIMESTAMP,"
+                    " lineage CLOB)")
+            elif "lineage" not in {c.name for c in self.target_columns(cur, self.state_schema, self.state_table)}:
+                cur.execute(f"ALTER TABLE {self._state_name()} ADD COLUMN lineage CLOB")
         log.info("connected to %s (MonetDB %s)", self.where, self.features.version)
 
     # ------------------------------------------------------------------
@@ -385,7 +388,7 @@ class MonetDBTarget(SqlTarget):
     # State
     # ------------------------------------------------------------------
     def _read_state(self, cur: Cursor, producer_id: str) -> tuple[Any, ...] | None:
-        cur.execute(f"SELECT seq, file, pos, gtid, commit_ts FROM {self._state_name()}"
+        cur.execute(f"SELECT seq, file, pos, gtid, commit_ts, lineage FROM {self._state_name()}"
                     f" WHERE producer_id = {self.lit(producer_id)}")
         row = cur.fetchone()
         return None if row is None else tuple(row)
@@ -396,12 +399,14 @@ class MonetDBTarget(SqlTarget):
         tbl = self._state_name()
         p = state.position
         values = (f"seq = {int(state.seq)}, file = {self.lit(p.file)}, pos = {int(p.pos)}, gtid = {self.lit(p.gtid)}, "
-                  f"commit_ts = {int(state.commit_ts)}, updated_at = CURRENT_TIMESTAMP")
+                  f"commit_ts = {int(state.commit_ts)}, updated_at = CURRENT_TIMESTAMP, "
+                  f"lineage = {self.lit(state.lineage_json())}")
         cur.execute(f"UPDATE {tbl} SET {values} WHERE producer_id = {self.lit(state.producer_id)}")
         if cur.rowcount == 0:
-            cur.execute(f"INSERT INTO {tbl} (producer_id, seq, file, pos, gtid, commit_ts, updated_at) VALUES "
-                        f"({self.lit(state.producer_id)}, {int(state.seq)}, {self.lit(p.file)}, {int(p.pos)}, "
-                        f"{self.lit(p.gtid)}, {int(state.commit_ts)}, CURRENT_TIMESTAMP)")
+            cur.execute(f"INSERT INTO {tbl} (producer_id, seq, file, pos, gtid, commit_ts, updated_at, lineage) "
+                        f"VALUES ({self.lit(state.producer_id)}, {int(state.seq)}, {self.lit(p.file)}, {int(p.pos)}, "
+                        f"{self.lit(p.gtid)}, {int(state.commit_ts)}, CURRENT_TIMESTAMP, "
+                        f"{self.lit(state.lineage_json())})")
 
     # ------------------------------------------------------------------
     # Flush

@@ -259,11 +259,12 @@ class SparkTarget(Target):
         if raw is not None:
             d = json.loads(raw)
             state = AppliedState(producer_id, int(d["seq"]), Position.from_dict(d["position"]),
-                                 int(d.get("commit_ts", 0)))
+                                 int(d.get("commit_ts", 0)), **AppliedState.lineage_of(d.get("lineage")))
         return state
 
     def write_state(self, state: AppliedState) -> None:
-        value = json.dumps({"seq": state.seq, "position": state.position.to_dict(), "commit_ts": state.commit_ts})
+        value = json.dumps({"seq": state.seq, "position": state.position.to_dict(), "commit_ts": state.commit_ts,
+                            "lineage": state.lineage_json()})
         with self.edge(f"recording the applier state on {self.where}"):
             self.iceberg.update_properties(self.state_database, self.state_table,
                                            {self.state_property_prefix + state.producer_id: value})

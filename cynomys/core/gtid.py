@@ -1,4 +1,11 @@
-"""Executed-GTID sets, the watermarks of read-only snapshots (Debezium).
+"""Executed-GTID sets: the one order that holds across servers.
+
+Binlog positions (file:pos) mean something on one server only; after a
+failover the new primary numbers its files its own way.  GTIDs are the
+order replication itself keeps across servers, so Cynomys uses them for
+the read-only snapshot watermarks (Debezium) and for admitting changes
+from another server than the one the target's state was written from
+(applier/admit.py).
 
 Two flavours, both answering ``contains(gtid)`` for the GTID a transaction
 carries in the binlog (``SourceEvent.gtid`` on BEGIN, ``Change.tid``):
@@ -16,9 +23,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from cynomys.snapshot.errors import SnapshotError
+from cynomys.core.errors import TerminalError
 
 _MARIADB_GTID = re.compile(r"^(\d+)-(\d+)-(\d+)$")
+_MYSQL_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}:")
+
+
+class GtidError(TerminalError):
+    """A text that should be a GTID position or set is not one."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +60,7 @@ class GtidSet:
                 continue
             m = _MARIADB_GTID.match(part)
             if m is None:
-                raise SnapshotError(f"not a MariaDB GTID position: {text!r} (part {part!r})")
+                raise GtidError(f"not a MariaDB GTID position: {text!r} (part {part!r})")
             domain, seq = int(m.group(1)), int(m.group(3))
             seqs[domain] = max(seq, seqs.get(domain, 0))
         return cls("mariadb", text.strip(), seqs=tuple(sorted(seqs.items())))
@@ -68,7 +80,7 @@ class GtidSet:
                 elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,31}", tok):
                     current = f"{source}:{tok.lower()}"
                 else:
-                    raise SnapshotError(f"not a MySQL GTID set: {text!r} (token {tok!r})")
+                    raise GtidError(f"not a MySQL GTID set: {text!r} (token {tok!r})")
         return cls("mysql", text.strip(), intervals=tuple(
             (k, tuple(sorted(v))) for k, v in sorted(found.items())))
 
@@ -88,5 +100,39 @@ class GtidSet:
         n = int(num)
         return any(lo <= n <= hi for lo, hi in dict(self.intervals).get(source.lower(), ()))
 
+    def covers(self, other: GtidSet) -> bool:
+        """Every transaction of ``other`` is in this set: for MariaDB, each
+        domain of ``other`` is here with at least its sequence; for MySQL,
+        each of ``other``'s intervals lies inside one of ours."""
+        if self.flavor != other.flavor:
+            return False
+        if self.flavor == "mariadb":
+            mine = dict(self.seqs)
+            return all(d in mine and mine[d] >= n for d, n in other.seqs)
+        mine_iv = dict(self.intervals)
+        return all(any(a <= lo and hi <= b for a, b in mine_iv.get(src, ()))
+                   for src, ivs in other.intervals for lo, hi in ivs)
+
+    @property
+    def empty(self) -> bool:
+        return not self.seqs and not self.intervals
+
     def __str__(self) -> str:
         return self.text or "(empty)"
+
+
+def flavor_of(text: str) -> str:
+    """'mariadb' for ``d-s-n[,...]``, 'mysql' for ``uuid:1-5[,...]``, '' when
+    ``text`` is empty or neither."""
+    first = text.split(",")[0].strip()
+    if _MARIADB_GTID.match(first):
+        return "mariadb"
+    if _MYSQL_UUID.match(first):
+        return "mysql"
+    return ""
+
+
+def parse_any(text: str) -> GtidSet | None:
+    """The GTID set ``text`` holds, of whichever flavour; None when empty."""
+    flavor = flavor_of(text)
+    return GtidSet.parse(flavor, text) if flavor else None
