@@ -88,6 +88,8 @@ class Position:
         return self.sort_key() <= other.sort_key()
 
     def __str__(self) -> str:
+        if not self.file:  # a checkpoint carried to another server by its GTID alone
+            return f"gtid {self.gtid}"
         base = f"{self.file}:{self.pos}"
         return f"{base} (gtid {self.gtid})" if self.gtid else base
 

@@ -38,7 +38,8 @@ def test_each_rule(first: Change, second: Change, expect: tuple | None) -> None:
 
 
 def test_rules_table_covers_every_sane_pair() -> None:
-    assert set(FOLD_RULES) == {(I, U), (I, D), (I, R), (U, U), (U, D), (U, R), (D, I), (D, R), (R, U), (R, D), (R, R)}
+    assert set(FOLD_RULES) == {(I, U), (I, D), (I, R), (U, U), (U, D), (U, R), (D, I), (D, R), (D, D), (R, U), (R, D),
+                               (R, R)}
 
 
 def test_key_changing_update_is_delete_plus_insert() -> None:
