@@ -171,6 +171,82 @@ class MariaDBServer:
         finally:
             conn.close()
 
+    # -- replication (GTID) ----------------------------------------------
+    def gtid_binlog_pos(self) -> str:
+        """``@@gtid_binlog_pos``: the last GTID per domain in this server's binlog."""
+        return str(self.execute("SELECT @@GLOBAL.gtid_binlog_pos")[0][0] or "")
+
+    def make_replica_of(self, primary: MariaDBServer, *, user: str = REPL_USER,
+                        password: str = REPL_PASSWORD) -> None:
+        """Replicate ``primary`` by GTID (MASTER_USE_GTID = slave_pos), from
+        the primary's current GTID position.
+
+        Meant for two servers provisioned alike (two fresh sandboxes, or this
+        one restored from a copy of the primary taken at its current GTID):
+        what the primary wrote before is taken to be here already.  This
+        server's own binlog and GTID history are reset first -- each sandbox
+        binlogs its own bootstrap (users, grants) under its own server id,
+        and with gtid_strict_mode those GTIDs would clash with the primary's
+        in domain 0 -- so after this its binlog starts again at file 1."""
+        start = primary.gtid_binlog_pos()
+        conn = self.connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("STOP SLAVE")  # only a warning when none runs
+                cur.execute("RESET SLAVE ALL")
+                cur.execute("RESET MASTER")
+                cur.execute("SET GLOBAL gtid_slave_pos = %s", (start,))
+                cur.execute("CHANGE MASTER TO MASTER_HOST = '127.0.0.1', MASTER_PORT = %s, MASTER_USER = %s, "
+                            "MASTER_PASSWORD = %s, MASTER_USE_GTID = slave_pos, MASTER_CONNECT_RETRY = 1",
+                            (primary.port, user, password))
+                cur.execute("START SLAVE")
+        finally:
+            conn.close()
+
+    def slave_status(self) -> dict[str, Any]:
+        """SHOW SLAVE STATUS as a dict ({} when this server replicates nothing)."""
+        conn = self.connect()
+        try:
+            with conn.cursor(pymysql.cursors.DictCursor) as cur:
+                cur.execute("SHOW SLAVE STATUS")
+                row = cur.fetchone()
+            return dict(row) if row else {}
+        finally:
+            conn.close()
+
+    def wait_caught_up(self, primary: MariaDBServer, timeout: float = 60.0) -> str:
+        """Wait until this replica has applied everything ``primary`` has
+        binlogged so far; returns that GTID position.  Raises when the
+        replica's threads stopped on an error or the timeout passed."""
+        target = primary.gtid_binlog_pos()
+        deadline = time.monotonic() + timeout
+        while True:
+            # MASTER_GTID_WAIT in short slices: a replication thread that
+            # stopped on an error is reported at once, not after the timeout.
+            conn = self.connect()
+            try:
+                with conn.cursor() as cur:
+                    cur.execute("SELECT MASTER_GTID_WAIT(%s, 1)", (target,))
+                    row = cur.fetchone()
+            finally:
+                conn.close()
+            if row is not None and row[0] == 0:
+                return target
+            st = self.slave_status()
+            if st and (st.get("Slave_IO_Running") == "No" or st.get("Slave_SQL_Running") == "No"):
+                raise RuntimeError(f"replica {self.port} stopped replicating from {primary.port}: IO error "
+                                   f"{st.get('Last_IO_Error')!r}, SQL error {st.get('Last_SQL_Error')!r}")
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"replica {self.port} did not reach GTID {target} of {primary.port} in "
+                                   f"{timeout}s (it is at {self.execute('SELECT @@GLOBAL.gtid_slave_pos')[0][0]})")
+
+    def promote(self) -> str:
+        """Make this replica a primary (after its primary died): stop
+        replicating, forget the primary, take writes.  Returns its GTID
+        position, where the writes of its own begin."""
+        self.execute("STOP SLAVE", "RESET SLAVE ALL", "SET GLOBAL read_only = OFF")
+        return self.gtid_binlog_pos()
+
     def source_settings(self) -> dict[str, Any]:
         """[source] keys for a Cynomys config pointing at this server."""
         return {"host": "127.0.0.1", "port": self.port, "user": REPL_USER, "password": REPL_PASSWORD}
