@@ -178,6 +178,7 @@ class Producer:
         # `produce --fresh-start`: an empty state may start although the
         # transport shows this producer's history (the operator says so).
         self.fresh_start = fresh_start
+        self.new_life = False  # this run created the incarnation (_recover_pending)
         self.monitor = monitor or ProducerMonitor(cfg)  # metrics/health (cynomys/metrics)
         self.sink = sink
         self.stop = stop or threading.Event()
@@ -276,6 +277,7 @@ class Producer:
         self.state.seq = max(self.state.seq, accepted)
         if not self.state.incarnation:
             self.state.incarnation = uuid.uuid4().hex[:16]
+            self.new_life = True
             log.info("new producer incarnation %s", self.state.incarnation)
         self._save()
 
@@ -302,6 +304,23 @@ class Producer:
         log.info("stopped inside snapshot read %s (%d changes sent): abandoned with envelope %d; the table is read "
                  "again", tid, shipped, seq)
 
+    def _announce(self, start: Position) -> None:
+        """A new incarnation's first envelope, empty, sent at once: it says
+        where this producer begins (``after`` = ``start``), so an applier
+        that holds an older incarnation's changes checks at once that
+        nothing lies between -- not at the source's next write, which on a
+        quiet source may be hours away."""
+        seq = self.state.seq + 1
+        self.state.pending = {"seq": seq, "checkpoint": start.to_dict(), "open": None}
+        self._save()
+        meta = EnvelopeMeta(start=start, incarnation=self.state.incarnation, server=self.state.server, after=start)
+        self.sink.send(seq, Batch(self.cfg.producer.id, (), start, True, None, int(time.time() * 1e6), 0,
+                                  meta.to_dict()), self.stop)
+        self._accepted(self.state.pending)
+        self.state.pending = None
+        self._save()
+        log.info("incarnation %s announced with envelope %d at %s", self.state.incarnation, seq, start)
+
     def _accepted(self, pending: dict[str, Any]) -> None:
         """Make the state what it is once batch ``pending`` is accepted."""
         self.state.seq = int(pending["seq"])
@@ -327,6 +346,8 @@ class Producer:
             mariadb = inspector.is_mariadb
         finally:
             inspector.close()
+        if self.new_life and self.blocking:
+            self._announce(start)
         # Snapshot chunks need the log to go on past their high watermark, so
         # a non-blocking run (--once) only records snapshot requests.
         self.snap = SnapshotCoordinator(self.cfg, start=start, first_start=first_start, enabled=self.blocking,
