@@ -11,6 +11,14 @@ Delivery semantics by transport (details in FORMAT.md):
 
 Duplicates are possible with every transport; the applier removes them with
 the per-producer sequence numbers (SequenceTracker), not the transport.
+
+Every publisher is idempotent per (producer, seq) and answers "already
+there" for a number it holds.  That answer is never taken on trust: a
+publisher accepts it only when it can show the envelope (``same_envelope``),
+or, in pub/sub where nothing is kept, when it is consistent with what this
+process saw accepted.  Otherwise it raises TransportStateAltered: someone
+raised the transport's sequence state or deleted the entry, and taking the
+answer would make the producer move its checkpoint over changes nobody got.
 """
 from __future__ import annotations
 
@@ -22,7 +30,8 @@ from typing import Protocol, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 from cynomys.core.config import TransportConfig
-from cynomys.core.errors import ConfigError
+from cynomys.core.errors import ConfigError, EnvelopeRejected, TerminalError
+from cynomys.transport.envelope import peek_header
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +46,36 @@ class Delivery:
     redelivered: bool = False
 
 
+class TransportStateAltered(TerminalError):
+    """The transport answers "already holds envelope N of producer P" but
+    cannot show that envelope: its sequence state was raised, or the entry
+    deleted, by a writer other than the publisher.  Terminal: the producer
+    must stop before its checkpoint moves over changes nobody received."""
+
+
+def same_envelope(stored: bytes, ours: bytes) -> bool:
+    """Whether ``stored`` (what the transport holds under our producer and
+    seq) is the envelope ``ours`` stands for.
+
+    The same bytes: a retry whose lost first attempt was written.  Otherwise
+    both headers must name the same producer, stream and seq: the producer
+    re-sealing the same batch after a crash gets other bytes (a fresh data
+    key, nonce and sealing time), so bytes cannot be required.  The header
+    is signed, but the publisher holds no verifying key, so this reads it
+    unverified: a Redis (or file) writer can plant an entry whose forged
+    header names P and N and get it accepted here.  That is not silent: the
+    applier checks the signature, dead-letters the forgery (bad-signature)
+    and stops on the hole at N (SequenceGapError).  What this check rules out
+    is the silent case, a raised sequence state with no entry behind it."""
+    if stored == ours:
+        return True
+    try:
+        a, b = peek_header(stored), peek_header(ours)
+    except EnvelopeRejected:
+        return False
+    return (a.producer_id, a.stream, a.seq) == (b.producer_id, b.stream, b.seq)
+
+
 class Publisher(Protocol):
     def last_sequence(self, producer_id: str) -> int:
         """Highest sequence the transport has accepted from ``producer_id`` (0: none)."""
@@ -44,7 +83,8 @@ class Publisher(Protocol):
 
     def publish(self, producer_id: str, seq: int, envelope: bytes, stop: threading.Event | None = None) -> None:
         """Return once the transport accepted the envelope; retry while it is
-        down; raise TransportUnavailableError only when ``stop`` is set."""
+        down; raise TransportUnavailableError only when ``stop`` is set, and
+        TransportStateAltered when it claims to hold ``seq`` but cannot show it."""
         ...
 
     def close(self) -> None: ...

@@ -15,6 +15,12 @@ it off before appending.  A subscriber keeps its position in
 ``<file>.<consumer>.offset`` and moves it only on ack, so what was read but
 not acknowledged is read again after a restart (at-least-once).
 Used by `cynomys tail`, and by tests that need no Redis.
+
+Publishing is idempotent per (producer, seq): a seq at or below the highest
+record of that producer is not written again.  That "already there" is
+checked against the record itself (``_check_held``): a record appended by
+another writer with a higher seq would otherwise swallow every later
+envelope while the producer moves its checkpoint on.
 """
 from __future__ import annotations
 
@@ -31,7 +37,7 @@ from pathlib import Path
 from typing import Sequence
 
 from cynomys.core.errors import TerminalError, TransportUnavailableError
-from cynomys.transport.bus import Backoff, Delivery
+from cynomys.transport.bus import Backoff, Delivery, TransportStateAltered, same_envelope
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +143,7 @@ class FilePublisher:
             attempt += 1
             try:
                 with self._lock, self._locked():
-                    self._append(producer_id, seq, record)
+                    self._append(producer_id, seq, envelope, record)
                 return
             except OSError as exc:
                 err = TransportUnavailableError(f"transport file {self.path} cannot be written: {exc.strerror}")
@@ -150,10 +156,11 @@ class FilePublisher:
                 elif stop.wait(delay):
                     raise err from exc
 
-    def _append(self, producer_id: str, seq: int, record: bytes) -> None:
+    def _append(self, producer_id: str, seq: int, envelope: bytes, record: bytes) -> None:
         self._scan(repair=True)  # other publishers may have appended
         if seq <= self._last.get(producer_id, 0):
-            log.warning("transport file %s already holds envelope %d of %s (or a later one); not written again",
+            self._check_held(producer_id, seq, envelope)
+            log.warning("transport file %s already holds envelope %d of %s (record checked); not written again",
                         self.path, seq, producer_id)
             return
         start = os.fstat(self._fd).st_size
@@ -168,6 +175,36 @@ class FilePublisher:
             raise
         self._scanned = start + len(record)
         self._last[producer_id] = seq
+
+    def _check_held(self, producer_id: str, seq: int, envelope: bytes) -> None:
+        """Raise TransportStateAltered unless a record (producer, seq) holds
+        ``envelope`` (bus.same_envelope).  The whole file is read (the
+        records only chain forward), as the constructor does anyway; this
+        runs only for a seq already there, which the producer does not send
+        (it settles an envelope in flight at a crash from last_sequence)."""
+        pos, other, below = 0, False, 0
+        while pos < self._scanned:
+            rec = _read_record(self._fd, pos, self.path)
+            if rec is None:
+                break
+            pos, producer, rec_seq, stored = rec
+            if producer != producer_id:
+                continue
+            if rec_seq == seq:
+                if same_envelope(stored, envelope):
+                    return
+                other = True
+            elif rec_seq < seq:
+                below = max(below, rec_seq)
+        last = self._last.get(producer_id, 0)
+        seen = (f"its record numbered {seq} holds another envelope" if other
+                else f"it holds no record numbered {seq} (the highest below is {below or 'none'})")
+        raise TransportStateAltered(
+            f"transport file {self.path} holds records of producer {producer_id!r} up to {last}, so envelope "
+            f"{seq} counts as written, but {seen}: another writer appended to the file or it was edited; "
+            f"nothing was written and the producer stops before skipping changes",
+            hint="find who writes to the file; move it aside (or cut it after the last genuine record) "
+                 "after checking, then restart the producer")
 
     def close(self) -> None:
         os.close(self._fd)

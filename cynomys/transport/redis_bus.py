@@ -19,7 +19,13 @@ deposed leader cannot publish between them.
 
 The publish script is idempotent per (producer, seq): a sequence at or below
 the accepted one is not written again.  That makes the publisher's blind
-retry safe when Redis executed a command but the reply was lost.
+retry safe when Redis executed a command but the reply was lost.  Its
+"already holds" answer rests on ``S:seq`` alone, which any Redis writer can
+raise (``HSET S:seq P 1000000``): taken on trust, every later envelope would
+vanish while the producer moves its checkpoint on.  So the publisher checks
+each such answer (``_check_held``): in stream mode against the entry itself,
+in pub/sub mode against what this process saw accepted; failing that it
+raises TransportStateAltered (terminal) and the producer stops.
 All keys live on one Redis server (no Redis Cluster: the script touches two
 keys that may hash to different slots).
 """
@@ -44,7 +50,7 @@ from cynomys.core.errors import (
     TerminalError,
     TransportUnavailableError,
 )
-from cynomys.transport.bus import Backoff, Delivery, redact_url
+from cynomys.transport.bus import Backoff, Delivery, TransportStateAltered, redact_url, same_envelope
 from cynomys.transport.envelope import peek_header
 
 log = logging.getLogger(__name__)
@@ -66,6 +72,17 @@ TRIM_EVERY = 128
 # XREVRANGE page size when scanning the stream tail for a producer's last
 # entry (entries carry whole envelopes, so pages stay small).
 _TAIL_PAGE = 32
+# How far back from the tail the entry behind an "already holds (P, N)"
+# answer is looked for.  A genuine answer concerns the envelope P has in
+# flight -- a retry whose lost first attempt was written -- which is P's
+# newest entry: only entries other producers sharing the stream appended
+# since lie above it (none with one producer).  The scan stops at once at an
+# older entry of P; this bound only caps it when P's entries are far back
+# (or gone).  Beyond it the answer counts as unproven: a false alarm there
+# stops the producer, and its restart settles the in-flight envelope from
+# S:seq (Producer._recover_pending), while a bigger bound would read that
+# many whole envelopes (up to max_envelope_bytes each) on every such answer.
+_HELD_SCAN_LIMIT = 1024
 
 # Compare two decimal strings as unsigned integers (Lua numbers are doubles
 # and would round sequences above 2**53).
@@ -220,6 +237,8 @@ def _parse_id(v: Any) -> tuple[int, int]:
 
 class _RedisPublisherBase:
     _script_text = ""
+    # The script's "already holds this (producer, seq)" answer.
+    _ALREADY = 0
 
     def __init__(self, cfg: TransportConfig) -> None:
         self._cfg = cfg
@@ -253,6 +272,10 @@ class _RedisPublisherBase:
             attempt += 1
             try:
                 result = int(self._call(producer_id, seq, envelope))
+                if result == self._ALREADY:
+                    # Inside the retry: a Redis error while checking runs
+                    # the (idempotent) script again and checks again.
+                    self._check_held(producer_id, seq, envelope, attempt)
             except redis.RedisError as exc:
                 err = translate(exc, self._cfg.url, f"publishing envelope {seq} of {producer_id}")
                 if not err.transient or (stop is not None and stop.is_set()):
@@ -274,6 +297,17 @@ class _RedisPublisherBase:
 
     def _call(self, producer_id: str, seq: int, envelope: bytes) -> Any:
         raise NotImplementedError
+
+    def _check_held(self, producer_id: str, seq: int, envelope: bytes, attempt: int) -> None:
+        """Return if the script's "already holds" answer for (producer, seq)
+        is borne out; else raise TransportStateAltered.  May raise
+        redis.RedisError (the caller retries)."""
+        raise NotImplementedError
+
+    def _held(self, producer_id: str) -> str:
+        """What S:seq holds for ``producer_id`` now (for messages)."""
+        v = self._r.hget(self._seq_key, producer_id)
+        return _text(v) if v is not None else "nothing"
 
     def last_sequence(self, producer_id: str) -> int:
         try:
@@ -301,17 +335,73 @@ class RedisStreamPublisher(_RedisPublisherBase):
                             args=[producer_id, seq, envelope, self._lease_value])
 
     def publish(self, producer_id: str, seq: int, envelope: bytes, stop: threading.Event | None = None) -> None:
-        result, attempts = self._run(producer_id, seq, envelope, stop)
+        result, _ = self._run(producer_id, seq, envelope, stop)
         self._fenced(result, seq, producer_id)
-        # On a retry "already there" is expected (the lost reply's command ran);
-        # on a first attempt the producer re-sent an old sequence.
-        if result == 0 and attempts == 1:
-            log.warning("stream %s already holds envelope %d of %s (or a later one); not written again",
-                        self._cfg.stream, seq, producer_id)
         self._since_trim += 1
         if self._since_trim >= TRIM_EVERY:
             self._since_trim = 0
             self._trim_if_long()
+
+    def _check_held(self, producer_id: str, seq: int, envelope: bytes, attempt: int) -> None:
+        """The entry (producer, seq) must be in the stream and hold this
+        envelope (bus.same_envelope): then the applier gets it, and
+        returning as if accepted is true.  Else S:seq was raised, or the
+        entry deleted (XDEL) or trimmed: writing nothing and returning would
+        lose the envelope silently, so stop.  A deleted entry is not written
+        again on purpose: someone removed it, and a person should look."""
+        found, seen, newest = self._find_entry(producer_id, seq, envelope)
+        if found:
+            # On a retry "already there" is expected (the lost reply's
+            # command ran); on a first attempt the producer re-sent it.
+            log.log(logging.WARNING if attempt == 1 else logging.INFO,
+                    "stream %s already holds envelope %d of %s (entry checked); not written again",
+                    self._cfg.stream, seq, producer_id)
+            return
+        stream, held = self._cfg.stream, self._held(producer_id)
+        restore = str(newest) if newest is not None else "<the seq of its newest entry>"
+        raise TransportStateAltered(
+            f"Redis at {self._url} claims stream {stream} already holds envelope {seq} of producer "
+            f"{producer_id!r} ({self._seq_key} says {held}), but {seen}: another writer altered the sequence state "
+            f"or the entries; nothing was written and the producer stops before skipping changes",
+            hint=f"check the stream (XREVRANGE {stream} + - COUNT 20), restore the sequence state with "
+                 f"HSET {self._seq_key} {producer_id} {restore} (the last envelope really there), then restart "
+                 f"the producer: it sends the rest again")
+
+    def _find_entry(self, producer_id: str, seq: int, envelope: bytes) -> tuple[bool, str, int | None]:
+        """Look for the entry (producer, seq) holding ``envelope`` from the
+        tail down (see _HELD_SCAN_LIMIT).  Returns (found, what was seen
+        instead for a message, the seq of the newest entry of the producer
+        below ``seq`` if met)."""
+        want = producer_id.encode("utf-8")
+        top, count, scanned = "+", 2, 0
+        other = ""
+        while scanned < _HELD_SCAN_LIMIT:
+            # Growing pages: a genuine entry is at or next to the tail, so
+            # the first page is tiny; envelopes can be large.
+            page = self._r.xrevrange(self._cfg.stream, max=top, min="-", count=min(count, _HELD_SCAN_LIMIT - scanned))
+            if not page:
+                return False, (other or f"the stream holds no entry of {producer_id!r} at or below it"), None
+            for _, fields in page:
+                scanned += 1
+                if not fields or fields.get(b"producer") != want:
+                    continue
+                try:
+                    entry_seq = int(fields[b"seq"])
+                except (KeyError, ValueError):
+                    continue  # not a publisher's entry (the applier dead-letters it)
+                if entry_seq == seq:
+                    stored = fields.get(b"env")
+                    if isinstance(stored, bytes) and same_envelope(stored, envelope):
+                        return True, "", None
+                    # Keep looking: an older entry may be the real one.
+                    other = f"its entry numbered {seq} holds another envelope"
+                elif entry_seq < seq:
+                    # Entries of one producer are in seq order: ours would be above.
+                    return False, (other or f"the newest entry of {producer_id!r} below it is envelope "
+                                            f"{entry_seq}"), entry_seq
+            top = f"({_text(page[-1][0])}"  # exclusive: continue below the last id seen
+            count = min(count * 2, _TAIL_PAGE)
+        return False, (other or f"it is not among the newest {_HELD_SCAN_LIMIT} entries"), None
 
     def _trim_if_long(self) -> None:
         try:
@@ -390,25 +480,63 @@ class RedisStreamPublisher(_RedisPublisherBase):
 
 
 class RedisPubSubPublisher(_RedisPublisherBase):
-    """PUBLISH on channel = stream name (at-most-once, as in the Cynomys paper)."""
+    """PUBLISH on channel = stream name (at-most-once, as in the Cynomys paper).
+
+    The script's "already" answer (-1) rests on S:seq alone, and a channel
+    keeps nothing to check it against.  What this publisher can check is
+    its own memory: ``_known``, per producer, the highest seq this process
+    saw the transport hold -- from last_sequence (the producer reads it at
+    start) and from each publish accepted here.  The producer only publishes
+    numbers after those (Producer._recover_pending settles the one that was
+    in flight at a crash), so "already" for a seq above ``_known`` is only
+    genuine on a retry whose lost first attempt ran, and then S:seq holds
+    exactly that seq.  Anything else (a raised S:seq, or a publisher never
+    told what the transport held) is TransportStateAltered.  Not caught: a
+    writer setting S:seq to exactly the seq being retried, in the moment
+    between our two attempts."""
 
     _script_text = _PUBSUB_PUBLISH
+    _ALREADY = -1
 
     def __init__(self, cfg: TransportConfig) -> None:
         super().__init__(cfg)
         self._warned_no_subscriber = False
+        self._known: dict[str, int] = {}
+
+    def last_sequence(self, producer_id: str) -> int:
+        seq = super().last_sequence(producer_id)
+        self._known[producer_id] = max(self._known.get(producer_id, 0), seq)
+        return seq
+
+    def _check_held(self, producer_id: str, seq: int, envelope: bytes, attempt: int) -> None:
+        if seq <= self._known.get(producer_id, 0):
+            log.warning("channel %s already had envelope %d of %s (this process saw it accepted); not published "
+                        "again", self._cfg.stream, seq, producer_id)
+            return
+        held = self._held(producer_id)
+        if attempt > 1 and held == str(seq):
+            log.info("channel %s already had envelope %d of %s (the lost reply's attempt ran)",
+                     self._cfg.stream, seq, producer_id)
+            return
+        stream = self._cfg.stream
+        restore = self._known.get(producer_id, 0)
+        raise TransportStateAltered(
+            f"Redis at {self._url} claims channel {stream} already had envelope {seq} of producer {producer_id!r} "
+            f"({self._seq_key} says {held}), but this process saw it accept only up to "
+            f"{restore or 'nothing'}: the transport's sequence state was altered; nothing was published and "
+            f"the producer stops before skipping changes",
+            hint=f"restore it with HSET {self._seq_key} {producer_id} {restore or '<the last seq really sent>'}, "
+                 f"then restart the producer")
 
     def _call(self, producer_id: str, seq: int, envelope: bytes) -> Any:
         return self._script(keys=[self._seq_key, self._lease_key],
                             args=[producer_id, seq, envelope, self._cfg.stream, self._lease_value])
 
     def publish(self, producer_id: str, seq: int, envelope: bytes, stop: threading.Event | None = None) -> None:
-        receivers, attempts = self._run(producer_id, seq, envelope, stop)
+        receivers, _ = self._run(producer_id, seq, envelope, stop)
         self._fenced(receivers, seq, producer_id)
-        if receivers == -1 and attempts == 1:
-            log.warning("channel %s already had envelope %d of %s (or a later one); not published again",
-                        self._cfg.stream, seq, producer_id)
-        elif receivers == 0:
+        self._known[producer_id] = max(self._known.get(producer_id, 0), seq)
+        if receivers == 0:
             if not self._warned_no_subscriber:
                 log.warning("no subscriber on channel %s at %s: envelope %d of %s is lost (pub/sub is "
                             "at-most-once); said once until a subscriber is back", self._cfg.stream, self._url,

@@ -9,7 +9,9 @@ import pytest
 
 from cynomys.core.config import TransportConfig
 from cynomys.core.errors import ConfigError, SequenceGapError
-from cynomys.transport.bus import Delivery, open_publisher, open_subscriber
+from cynomys.transport.bus import Delivery, TransportStateAltered, open_publisher, open_subscriber
+from cynomys.transport.envelope import Sealer
+from cynomys.transport.keys import generate_keys, load_private_key, load_public_key
 from cynomys.transport.file_bus import CorruptTransportFile, FilePublisher, FileSubscriber
 from cynomys.transport.sequence import SequenceTracker
 
@@ -82,7 +84,9 @@ def test_last_sequence_after_restart_and_torn_tail(tmp_path: Path) -> None:
     assert pub.last_sequence(PID) == 5
     assert pub.last_sequence("producer-2") == 9
     pub.publish(PID, 6, env(6))
-    pub.publish(PID, 4, b"stale resend")  # idempotent
+    pub.publish(PID, 4, env(4))  # idempotent
+    with pytest.raises(TransportStateAltered, match="record numbered 4 holds another envelope"):
+        pub.publish(PID, 4, b"stale resend")  # checked against the record: not envelope 4
     got = FileSubscriber(f, "a").read(100, 100)
     assert [d.envelope for d in got] == [env(1), env(2), env(3), env(4), env(5), env(9), env(6)]
     pub.close()
@@ -159,3 +163,46 @@ def test_gap_detected_by_tracker(tmp_path: Path) -> None:
 def test_file_kind_needs_a_path() -> None:
     with pytest.raises(ConfigError, match=r"\[transport\] path"):
         open_publisher(TransportConfig(kind="file"))
+
+
+def test_a_record_planted_with_a_higher_seq_is_terminal(tmp_path: Path) -> None:
+    """Another writer appends a record numbered 1000 for our producer: every
+    later envelope used to count as "already there" and vanish."""
+    f = tmp_path / "bus.log"
+    pub = FilePublisher(f)
+    for s in range(1, 4):
+        pub.publish(PID, s, env(s))
+    FilePublisher(f).publish(PID, 1000, b"planted")
+    with pytest.raises(TransportStateAltered) as ei:
+        pub.publish(PID, 4, env(4))
+    assert not ei.value.transient
+    assert f"transport file {f}" in ei.value.message and "up to 1000" in ei.value.message
+    assert "no record numbered 4 (the highest below is 3)" in ei.value.message
+    assert [d.envelope for d in FileSubscriber(f, "a").read(100, 100)] == [env(1), env(2), env(3), b"planted"]
+    pub.close()
+
+
+def test_a_resealed_envelope_is_accepted_as_the_record_it_repeats(tmp_path: Path) -> None:
+    """After a crash the producer re-seals the same batch (a fresh data key:
+    other bytes); the record naming the same producer, stream and seq is it."""
+    keys = generate_keys(tmp_path / "keys", rsa_bits=2048)
+
+    def sealer() -> Sealer:
+        return Sealer(PID, "cynomys", load_public_key(keys["applier_public_key"]),
+                      load_private_key(keys["producer_private_key"]), rotate_envelopes=10, rotate_seconds=60)
+
+    f = tmp_path / "bus.log"
+    first = sealer()
+    sent = [first.seal(b"batch %d" % s, s) for s in range(1, 4)]
+    pub = FilePublisher(f)
+    for s, e in enumerate(sent, 1):
+        pub.publish(PID, s, e)
+    pub.close()
+    again = FilePublisher(f)
+    resealed = sealer().seal(b"batch 3", 3)
+    assert resealed != sent[2]
+    again.publish(PID, 3, resealed)
+    with pytest.raises(TransportStateAltered):  # a header naming seq 2 is not envelope 3
+        again.publish(PID, 3, sealer().seal(b"batch 3", 2))
+    assert [d.envelope for d in FileSubscriber(f, "a").read(100, 100)] == sent
+    again.close()

@@ -2,17 +2,32 @@
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
 from cynomys.core.config import TransportConfig
-from cynomys.core.errors import ConfigError, EnvelopeRejected, SequenceGapError, TransportUnavailableError
-from cynomys.transport.bus import Delivery, Publisher, Subscriber, open_publisher, open_subscriber
+from cynomys.core.errors import (
+    ConfigError,
+    EnvelopeRejected,
+    SequenceGapError,
+    TerminalError,
+    TransportUnavailableError,
+)
+from cynomys.transport.bus import (
+    Delivery,
+    Publisher,
+    Subscriber,
+    TransportStateAltered,
+    open_publisher,
+    open_subscriber,
+)
 from cynomys.transport.envelope import Opener, Sealer
 from cynomys.transport.keys import generate_keys, load_private_key, load_public_key
 from cynomys.transport.redis_bus import RedisStreamPublisher, RedisStreamSubscriber
@@ -388,8 +403,11 @@ def test_last_sequence_after_producer_restart(redis_url: str, crypto: Crypto, mo
     assert again.last_sequence(PID) == 5
     assert again.last_sequence("producer-2") == 77
     again.publish(PID, 6, crypto.sealer.seal(row_payload(6), 6))
-    again.publish(PID, 3, b"stale resend")  # idempotent: not written again
+    again.publish(PID, 3, crypto.sealer.seal(row_payload(3), 3))  # idempotent: not written again
     assert again.last_sequence(PID) == 6
+    if mode == "stream":  # the entry is checked: bytes that are not envelope 3 are not taken for it
+        with pytest.raises(TransportStateAltered, match="entry numbered 3 holds another envelope"):
+            again.publish(PID, 3, b"stale resend")
     if mode == "stream":
         with redis.Redis.from_url(redis_url) as r:
             assert r.xlen(STREAM) == 7
@@ -530,3 +548,235 @@ def test_rediss_verifies_the_server_certificate(tmp_path: Path, crypto: Crypto) 
             open_publisher(cfg(f"redis://127.0.0.1:{srv.port}/0?ssl_ca={srv.tls.ca_cert}"))
     finally:
         srv.close()
+
+
+# --- an "already holds" answer is checked, never taken on trust ----------------
+
+def entries(r: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """(id, fields) of every entry of the stream."""
+    return [(i, f) for i, f in r.xrange(STREAM)]
+
+
+def fresh_sealer(key_dir: Path) -> Sealer:
+    """The producer's Sealer after a restart: same keys, a new data key."""
+    return Sealer(PID, STREAM, load_public_key(key_dir / "applier_public.pem"),
+                  load_private_key(key_dir / "producer_private.pem"), rotate_envelopes=500, rotate_seconds=60)
+
+
+class LoseOneReply:
+    """A TCP proxy in front of Redis that forwards everything but the reply to
+    the first command carrying ``marker`` (not counting error replies such as
+    NOSCRIPT): it drops that connection instead.  The command ran; its reply
+    never arrived -- what the publisher's blind retry is for."""
+
+    def __init__(self, redis_url: str, marker: bytes) -> None:
+        self._upstream = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+        self._marker = marker
+        self.lost = threading.Event()
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"redis://127.0.0.1:{self._server.getsockname()[1]}/0"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self._upstream))
+            armed = threading.Event()
+            threading.Thread(target=self._up, args=(client, upstream, armed), daemon=True).start()
+            threading.Thread(target=self._down, args=(client, upstream, armed), daemon=True).start()
+
+    def _up(self, client: socket.socket, upstream: socket.socket, armed: threading.Event) -> None:
+        tail = b""
+        try:
+            while data := client.recv(65536):
+                if not self.lost.is_set() and self._marker in tail + data:
+                    armed.set()  # before forwarding: the reply must find it set
+                tail = data[-len(self._marker):]
+                upstream.sendall(data)
+        except OSError:
+            pass
+
+    def _down(self, client: socket.socket, upstream: socket.socket, armed: threading.Event) -> None:
+        try:
+            while data := upstream.recv(65536):
+                if armed.is_set() and not self.lost.is_set():
+                    if data.startswith(b"-"):
+                        armed.clear()  # NOSCRIPT: redis-py loads the script and sends it again
+                    else:
+                        self.lost.set()
+                        break
+                client.sendall(data)
+        except OSError:
+            pass
+        for s in (client, upstream):
+            try:
+                s.shutdown(socket.SHUT_RDWR)  # wakes the other pump; close alone may not
+            except OSError:
+                pass
+            s.close()
+
+    def close(self) -> None:
+        self._server.close()
+
+
+def test_stream_raised_sequence_state_is_terminal(redis_url: str, crypto: Crypto) -> None:
+    """HSET <stream>:seq P 1000 used to make every later envelope vanish: the
+    script wrote nothing, the publisher returned, the producer moved on."""
+    pub = open_publisher(cfg(redis_url))
+    publish_all(pub, crypto.sealer, 3)
+    r = redis.Redis.from_url(redis_url)
+    r.hset(f"{STREAM}:seq", PID, 1000)
+    with pytest.raises(TransportStateAltered) as ei:
+        pub.publish(PID, 4, crypto.sealer.seal(row_payload(4), 4))
+    err = ei.value
+    assert isinstance(err, TerminalError) and not err.transient
+    assert f"stream {STREAM} already holds envelope 4 of producer {PID!r}" in err.message
+    assert f"{STREAM}:seq says 1000" in err.message
+    assert "the newest entry of 'producer-1' below it is envelope 3" in err.message
+    assert err.hint is not None and f"HSET {STREAM}:seq {PID} 3" in err.hint
+    assert r.xlen(STREAM) == 3  # nothing written
+    r.hset(f"{STREAM}:seq", PID, 3)  # the fix the message gives
+    pub.publish(PID, 4, crypto.sealer.seal(row_payload(4), 4))
+    assert [int(f[b"seq"]) for _, f in entries(r)] == [1, 2, 3, 4]
+    r.close()
+    pub.close()
+
+
+def test_stream_genuine_resends_are_still_accepted(redis_url: str, crypto: Crypto, key_dir: Path) -> None:
+    pub = open_publisher(cfg(redis_url))
+    publish_all(pub, crypto.sealer, 3)
+    pub.publish("producer-2", 1, b"another producer's entry")  # above ours in the stream
+    pub.close()
+    # The producer crashed after publishing 3: a new life re-seals the same
+    # batch (other bytes: a fresh data key) and publishes it again.
+    again = open_publisher(cfg(redis_url))
+    resealed = fresh_sealer(key_dir).seal(row_payload(3), 3)
+    with redis.Redis.from_url(redis_url) as r:
+        [(_, stored)] = [e for e in entries(r) if e[1][b"seq"] == b"3"]
+        assert stored[b"env"] != resealed
+        again.publish(PID, 3, resealed)
+        assert r.xlen(STREAM) == 4
+    # A retry whose first attempt ran but whose reply was lost.
+    env4 = crypto.sealer.seal(row_payload(4), 4)
+    proxy = LoseOneReply(redis_url, env4)
+    lossy = open_publisher(cfg(proxy.url))
+    lossy.publish(PID, 4, env4)
+    assert proxy.lost.is_set()
+    with redis.Redis.from_url(redis_url) as r:
+        assert [int(f[b"seq"]) for _, f in entries(r) if f[b"producer"] == PID.encode()] == [1, 2, 3, 4]
+    lossy.close()
+    proxy.close()
+    again.close()
+
+
+def test_stream_deleted_entry_is_not_written_again(redis_url: str, crypto: Crypto, key_dir: Path) -> None:
+    """An entry XDEL'd, then the producer sends that number again: an error,
+    not a silent re-write -- someone removes entries and should be found;
+    the message says how to have the producer send it again."""
+    pub = open_publisher(cfg(redis_url))
+    publish_all(pub, crypto.sealer, 3)
+    r = redis.Redis.from_url(redis_url)
+    [last_id] = [i for i, f in entries(r) if f[b"seq"] == b"3"]
+    r.xdel(STREAM, last_id)
+    resealed = fresh_sealer(key_dir).seal(row_payload(3), 3)
+    with pytest.raises(TransportStateAltered, match="envelope 3 .* below it is envelope 2") as ei:
+        pub.publish(PID, 3, resealed)
+    assert ei.value.hint is not None and f"HSET {STREAM}:seq {PID} 2" in ei.value.hint
+    r.hset(f"{STREAM}:seq", PID, 2)
+    pub.publish(PID, 3, resealed)
+    assert [int(f[b"seq"]) for _, f in entries(r)] == [1, 2, 3]
+    r.close()
+    pub.close()
+
+
+def test_stream_check_scans_past_other_producers_within_its_bound(redis_url: str, crypto: Crypto,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from cynomys.transport import redis_bus
+
+    pub = open_publisher(cfg(redis_url))
+    env3 = crypto.sealer.seal(row_payload(3), 3)
+    publish_all(pub, crypto.sealer, 2)
+    pub.publish(PID, 3, env3)
+    for s in range(1, 101):
+        pub.publish("producer-2", s, b"other %d" % s)
+    pub.publish(PID, 3, env3)  # found below 100 entries of another producer
+    monkeypatch.setattr(redis_bus, "_HELD_SCAN_LIMIT", 50)
+    with pytest.raises(TransportStateAltered, match="not among the newest 50 entries"):
+        pub.publish(PID, 3, env3)
+    pub.close()
+
+
+def test_stream_forged_entry_passes_the_publisher_but_not_the_applier(redis_url: str, crypto: Crypto) -> None:
+    """The documented limit: without the producer's public key the publisher
+    reads an entry's header unverified.  A Redis writer who raises the state
+    AND plants an entry with a forged header gets past it -- but the applier
+    verifies the signature and refuses it, so the loss is not silent."""
+    pub = open_publisher(cfg(redis_url))
+    publish_all(pub, crypto.sealer, 3)
+    genuine = crypto.sealer.seal(row_payload(4), 4)
+    forged = genuine[:-64] + bytes(64)  # same header, no valid signature
+    with redis.Redis.from_url(redis_url) as r:
+        r.xadd(STREAM, {"producer": PID, "seq": 4, "env": forged})
+        r.hset(f"{STREAM}:seq", PID, 4)
+    pub.publish(PID, 4, genuine)
+    with pytest.raises(EnvelopeRejected) as ei:
+        crypto.opener.open(forged)
+    assert ei.value.reason == "bad-signature"
+    pub.close()
+
+
+def test_pubsub_raised_sequence_state_is_terminal(redis_url: str, crypto: Crypto, key_dir: Path) -> None:
+    c = cfg(redis_url, mode="pubsub")
+    pub, sub = open_publisher(c), open_subscriber(c, "applier-1")
+    assert pub.last_sequence(PID) == 0  # what a producer asks at start
+    sub.read(1, 20)
+    wait_subscribed(redis_url, STREAM)
+    publish_all(pub, crypto.sealer, 3)
+    assert len(sub.read(10, 1000)) == 3
+    r = redis.Redis.from_url(redis_url)
+    r.hset(f"{STREAM}:seq", PID, 1000)
+    with pytest.raises(TransportStateAltered) as ei:
+        pub.publish(PID, 4, crypto.sealer.seal(row_payload(4), 4))
+    err = ei.value
+    assert isinstance(err, TerminalError) and not err.transient
+    assert f"channel {STREAM} already had envelope 4 of producer {PID!r}" in err.message
+    assert f"{STREAM}:seq says 1000" in err.message and "accept only up to 3" in err.message
+    assert err.hint is not None and f"HSET {STREAM}:seq {PID} 3" in err.hint
+    assert sub.read(10, 200) == []  # nothing published
+    # A producer restarted after publishing 3 re-sends it: this process read
+    # 3 from the transport at start, so "already" is true and accepted.
+    again = open_publisher(c)
+    r.hset(f"{STREAM}:seq", PID, 3)
+    assert again.last_sequence(PID) == 3
+    again.publish(PID, 3, fresh_sealer(key_dir).seal(row_payload(3), 3))
+    assert sub.read(10, 200) == []
+    # A publisher never told what the transport holds cannot vouch for it.
+    with pytest.raises(TransportStateAltered):
+        open_publisher(c).publish(PID, 3, crypto.sealer.seal(row_payload(3), 3))
+    # The hash raised while running, again: the new publisher stops too.
+    r.hset(f"{STREAM}:seq", PID, 1_000_000)
+    with pytest.raises(TransportStateAltered, match="says 1000000"):
+        again.publish(PID, 4, crypto.sealer.seal(row_payload(4), 4))
+    r.hset(f"{STREAM}:seq", PID, 3)
+    again.publish(PID, 4, crypto.sealer.seal(row_payload(4), 4))
+    [d] = sub.read(10, 1000)
+    assert crypto.opener.open(d.envelope).seq == 4
+    r.close()
+    for x in (pub, sub, again):
+        x.close()
+
+
+def test_pubsub_lost_reply_retry_is_accepted(redis_url: str, crypto: Crypto) -> None:
+    c = cfg(redis_url, mode="pubsub")
+    env1 = crypto.sealer.seal(row_payload(1), 1)
+    proxy = LoseOneReply(redis_url, env1)
+    pub = open_publisher(cfg(proxy.url, mode="pubsub"))
+    assert pub.last_sequence(PID) == 0
+    pub.publish(PID, 1, env1)  # the retry gets "already": S:seq holds exactly 1
+    assert proxy.lost.is_set()
+    assert open_publisher(c).last_sequence(PID) == 1
+    pub.close()
+    proxy.close()
