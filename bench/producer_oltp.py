@@ -96,6 +96,7 @@ class SealSink:
     """The producer's sink minus the network: Avro, then sealed."""
 
     fence_token = 0  # no HA lease
+    fence_term = ""
 
     def __init__(self) -> None:
         self.seal = make_sealer()

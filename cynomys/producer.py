@@ -64,6 +64,10 @@ class BatchSink(Protocol):
     def fence_token(self) -> int:
         """The HA lease term's fencing token sealed into envelopes (0: no HA)."""
 
+    @property
+    def fence_term(self) -> str:
+        """That term's lease value ("token:owner"; "" without HA)."""
+
     def send(self, seq: int, batch: Batch, stop: threading.Event) -> None:
         """Return once the batch is durably accepted downstream."""
 
@@ -98,6 +102,7 @@ class ProducerState:
     # The newest HA fencing token this producer worked under: a lease term
     # with a lower one means the fencing counter in Redis went backwards.
     fence: int = 0
+    term: str = ""                      # the lease value ("token:owner") of that term
     read: Position | None = None        # last position read (for status)
     last_event_ts: int = 0              # source time of the last event read
     updated: float = 0.0
@@ -115,7 +120,7 @@ class ProducerState:
             checkpoint=Position.from_dict(d["checkpoint"]) if d.get("checkpoint") else None,
             seq=int(d.get("seq", 0)), pending=d.get("pending"), open=d.get("open"),
             incarnation=str(d.get("incarnation", "")), server=str(d.get("server", "")),
-            fence=int(d.get("fence", 0)),
+            fence=int(d.get("fence", 0)), term=str(d.get("term", "")),
             read=Position.from_dict(d["read"]) if d.get("read") else None,
             last_event_ts=int(d.get("last_event_ts", 0)), updated=float(d.get("updated", 0)),
             stats=dict(d.get("stats", {})),
@@ -128,7 +133,7 @@ class ProducerState:
         return {
             "checkpoint": self.checkpoint.to_dict() if self.checkpoint else None, "seq": self.seq,
             "pending": self.pending, "open": self.open, "incarnation": self.incarnation,
-            "server": self.server, "fence": self.fence,
+            "server": self.server, "fence": self.fence, "term": self.term,
             "read": self.read.to_dict() if self.read else None, "last_event_ts": self.last_event_ts,
             "updated": time.time(), "stats": self.stats, "hot_path": compiled.status(),
         }
@@ -250,15 +255,19 @@ class Producer:
                 hint="restore the state (HA: the key in Redis, or the last state_dir/producer.json mirror; else "
                      "state_dir/producer.json from a backup); or, to start over on purpose, set [source] start to "
                      "the position the target holds (`cynomys status`) and run `cynomys produce --fresh-start`")
-        token = self.sink.fence_token
-        if token and token <= self.state.fence:
+        token, term = self.sink.fence_token, self.sink.fence_term
+        # The same term restarting its Producer (a transient error) finds its
+        # own token; a token below ours, or ours taken by another holder (the
+        # counter deleted and counted from 1 again), went backwards.
+        if token and (token < self.state.fence or token == self.state.fence and self.state.term
+                      and term != self.state.term):
             raise TerminalError(
                 f"this HA lease term has fencing token {token}, but producer {self.cfg.producer.id!r} already "
                 f"worked under token {self.state.fence}: the fencing counter in Redis went backwards (deleted?)",
                 hint=f"set the counter above {self.state.fence} (redis-cli SET <stream>:fence:<producer> "
                      f"{self.state.fence + 1}); the standby then takes the lease with a larger token")
         if token:
-            self.state.fence = token
+            self.state.fence, self.state.term = token, term
         if accepted > sent and (self.state.seq or self.state.checkpoint is not None):
             raise TerminalError(
                 f"the transport {self.sink.describe()} claims to hold envelope {accepted} of producer "
@@ -692,6 +701,7 @@ class SealedSink:
             tcfg = replace(tcfg, path=str(cfg.resolve(tcfg.path)))
         self.publisher = open_publisher(tcfg)
         self.fence_token = 0  # the HA lease's fencing token, sealed into each envelope (0: no HA)
+        self.fence_term = ""  # the lease value of that term
         self._where = f"file {tcfg.path}" if tcfg.kind == "file" else f"stream {tcfg.stream!r} ({tcfg.mode})"
 
     def last_sequence(self) -> int:
@@ -705,7 +715,7 @@ class SealedSink:
             raise ConfigError(f"the transport {self._where} cannot fence an HA producer",
                               hint='use [transport] kind = "redis" with [producer] ha = true')
         fence(lease_key, lease_value)
-        self.fence_token = token
+        self.fence_token, self.fence_term = token, lease_value
 
     def describe(self) -> str:
         return self._where

@@ -54,6 +54,7 @@ class ListSink:
     """A BatchSink keeping batches in memory, through the real Avro codec."""
 
     fence_token = 0  # no HA lease
+    fence_term = ""
 
     def __init__(self) -> None:
         self.batches: list[tuple[int, Batch]] = []

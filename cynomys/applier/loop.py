@@ -381,6 +381,7 @@ def run_applier(cfg: Config, stop: threading.Event, *, until_idle_s: float = 0.0
         target = open_target(cfg)
         sub = make_subscriber(cfg)
         app = Applier(cfg, target, sub, make_opener(cfg), stop, monitor)
+        began = time.monotonic()
         try:
             app.run(until_idle_s)
             return app.stats
@@ -389,6 +390,8 @@ def run_applier(cfg: Config, stop: threading.Event, *, until_idle_s: float = 0.0
                 monitor.failed(exc)
             if not exc.transient or stop.is_set():
                 raise
+            if time.monotonic() - began > 60:
+                delay = 0.5  # it had been running well: a new outage starts a new backoff
             log.warning("transient error, restarting the applier loop in %.1fs: %s", delay, exc)
         finally:
             _close(sub, target)

@@ -103,9 +103,22 @@ FOLD_RULES: dict[tuple[Op, Op], Rule] = {
 }
 
 
+def _insert_then_update(a: Change, b: Change) -> Change:
+    """Insert, then update in a later transaction: an update of the inserted
+    image, not an insert.  An applier that holds the insert's transaction
+    has the row; a plain insert of the final image would collide with it
+    (the applier applies an update as delete-key + insert: exact either
+    way).  Within one transaction: the insert of the final image."""
+    if a.tid == b.tid:
+        return _with(b, I, None, b.after) if type(b) is Change else replace(b, op=I, before=None)
+    return _with(b, U, a.after, b.after) if type(b) is Change else replace(b, op=U, before=a.after)
+
+
 #: The producer's table: what it ships must be exact for an applier holding
-#: any prefix of the transactions in an envelope (see _tombstone).
-PRODUCER_RULES: dict[tuple[Op, Op], Rule] = {**FOLD_RULES, (I, D): _tombstone}
+#: any prefix of the transactions in an envelope (applier/admit.py): a fold
+#: across transactions never leaves an insert or nothing where the earlier
+#: transaction's effect may already be in the target.
+PRODUCER_RULES: dict[tuple[Op, Op], Rule] = {**FOLD_RULES, (I, D): _tombstone, (I, U): _insert_then_update}
 
 
 # Verification records see (CHECKSUM) or replace (PURGE) a key range at

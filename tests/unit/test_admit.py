@@ -148,3 +148,17 @@ def test_insert_then_delete_in_later_transaction_leaves_a_delete_for_the_produce
     f = Folder(PRODUCER_RULES)
     f.extend([ins, same])  # one transaction: held whole or not at all
     assert f.changes() == []
+
+
+def test_insert_then_update_in_later_transaction_ships_an_update_of_the_inserted_image() -> None:
+    """An applier holding the insert's transaction has the row: a plain
+    insert of the final image collided with it (duplicate key)."""
+    ins = txn(FA, 100, 1)
+    upd = Change(Op.UPDATE, "d", "t", f"{FA}:200", Position(FA, 200), 1, SCHEMA, (1, 100), (1, 200))
+    f = Folder(PRODUCER_RULES)
+    f.extend([ins, upd])
+    assert [(c.op, c.before, c.after, c.txn) for c in f.changes()] == [(Op.UPDATE, (1, 100), (1, 200), Position(FA, 200))]
+    same = Change(Op.UPDATE, "d", "t", f"{FA}:100", Position(FA, 100), 1, SCHEMA, (1, 100), (1, 200))
+    f = Folder(PRODUCER_RULES)
+    f.extend([ins, same])  # one transaction: held whole or not at all
+    assert [(c.op, c.after) for c in f.changes()] == [(Op.INSERT, (1, 200))]

@@ -288,7 +288,8 @@ class SqlTarget(Target):
         return TargetRejectedError(
             f"target table {schema.name} rejected a value: {short_sql(message, 400)}{where_col}"
             f"{self.row_detail(schema, row)}",
-            hint="widen the column on the target or fix the value on the source; "
+            hint="a value too wide: widen the column on the target or fix the value on the source; a duplicate "
+                 "key: the target holds a row the source does not (re-snapshot the table: `cynomys snapshot`); "
                  "the flush was rolled back and will be retried from the same position")
 
     # ------------------------------------------------------------------
