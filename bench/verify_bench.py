@@ -92,7 +92,7 @@ def _load(srv: MariaDBServer, rows: int) -> None:
 
 def _producer_checksums(cfg_path: Path) -> dict[str, dict[str, Any]]:
     """chunk id -> the CHECKSUM record's payload, read from the file transport."""
-    from cynomys.applier.loop import make_opener
+    from cynomys.transport.channel import make_opener
     from cynomys.core.config import load_config
     from cynomys.core.model import Op
     from cynomys.schemas import codec

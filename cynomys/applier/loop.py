@@ -31,9 +31,10 @@ from cynomys.core.errors import ConfigError, CynomysError, EnvelopeRejected, Sch
 from cynomys.core.model import Batch, Change, EnvelopeMeta, Op, Position
 from cynomys.metrics.monitor import ApplierMonitor
 from cynomys.schemas import codec
-from cynomys.transport.bus import Delivery, Subscriber, open_subscriber
+from cynomys.applier.receive import make_subscriber
+from cynomys.transport.bus import Delivery, Subscriber
+from cynomys.transport.channel import make_opener
 from cynomys.transport.envelope import Opener
-from cynomys.transport.keys import load_private_key, load_public_key
 
 log = logging.getLogger(__name__)
 
@@ -56,32 +57,6 @@ class ApplierStats:
     rows_in: int = 0
     rows_out: int = 0
     ddl: int = 0
-
-
-def make_opener(cfg: Config) -> Opener:
-    sec = cfg.security
-    if not sec.applier_private_key or not sec.producer_public_key:
-        raise ConfigError(f"[security] applier_private_key and producer_public_key must be set in {cfg.path}",
-                          hint="copy the files written by `cynomys keygen` and point [security] at them")
-    priv = load_private_key(cfg.resolve(sec.applier_private_key), sec.passphrase or None,
-                            config_key="applier_private_key", allow_readable=sec.allow_readable_private_keys)
-    pub = load_public_key(cfg.resolve(sec.producer_public_key), config_key="producer_public_key")
-    return Opener(priv, {cfg.producer.id: pub}, cfg.transport.stream,
-                  max_payload_bytes=cfg.transport.max_envelope_bytes)
-
-
-def make_subscriber(cfg: Config) -> Subscriber:
-    tcfg = cfg.transport
-    if tcfg.kind == "file":
-        tcfg = replace(tcfg, path=str(cfg.resolve(tcfg.path)))
-    # A partition reads through a consumer group of its own; every
-    # partition's group is created at once, so the producer's trimming
-    # (which keeps what any group has not acknowledged) never drops entries
-    # a partition that has not started yet still needs.
-    part = Partitioning.of(cfg)
-    return open_subscriber(replace(tcfg, consumer_group=part.group(tcfg.consumer_group)),
-                           part.consumer(cfg.applier.consumer_name),
-                           sibling_groups=part.groups(tcfg.consumer_group))
 
 
 class Applier:

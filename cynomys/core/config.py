@@ -81,7 +81,7 @@ class ProducerConfig:
     # Upper bound of un-acknowledged bytes buffered before the producer stops
     # reading the binlog (back-pressure when the transport is slow or down).
     max_pending_bytes: int = field(default=64 * 1024 * 1024, metadata=_POSITIVE)
-    # High availability (cynomys/ha.py): several producers with this config
+    # High availability (cynomys/producer/ha.py): several producers with this config
     # may run; one holds a lease in Redis and works, the others stand by.
     # The checkpoint then lives in Redis next to the stream (shared by all).
     ha: bool = False

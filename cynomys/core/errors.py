@@ -89,4 +89,4 @@ def is_transient(exc: BaseException) -> bool:
 class LeaseLost(TerminalError):
     """An HA producer no longer holds the lease (it expired, or another
     producer took it over): it must stop working and stand by.  Raised by a
-    fenced publish or state write; the HA loop (cynomys/ha.py) catches it."""
+    fenced publish or state write; the HA loop (cynomys/producer/ha.py) catches it."""

@@ -229,7 +229,7 @@ class ProducerMonitor(_Monitor):
                                "Binlog bytes between the source's end and the producer's checkpoint "
                                "(NaN across binlog files)", registry=r)
         # Without HA the one producer always leads; an HA producer starts as
-        # a standby (cynomys/ha.py calls leading / standing_by).
+        # a standby (cynomys/producer/ha.py calls leading / standing_by).
         self.leader = Gauge("cynomys_producer_leader", "1 when this producer is the one reading the source",
                             registry=r)
         self.leader.set(0 if cfg.producer.ha else 1)
@@ -281,7 +281,7 @@ class ProducerMonitor(_Monitor):
                 self._checked(exc)
             self._stop.wait(self.cfg.metrics.health_interval_s)
 
-    # -- HA hooks (cynomys/ha.py) -----------------------------------------
+    # -- HA hooks (cynomys/producer/ha.py) -----------------------------------------
     def leading(self, token: int) -> None:
         self.leader.set(1)
         self.lease_token.set(token)

@@ -97,6 +97,7 @@ FOLD_RULES: dict[tuple[Op, Op], Rule] = {
     (D, I): _op(U, "a.before", "b.after"),    # delete + insert  -> replace (an update of the whole row)
     (D, R): _op(U, "a.before", "b.after"),
     (D, D): _op(D, "a.before", None),         # two deletes left by _tombstone (the key came back in between)
+    (D, U): _op(U, "a.before", "b.after"),    # a tombstone, then _insert_then_update's update: a replace
     (R, U): _op(R, None, "b.after"),          # a snapshot row updated later: still an upsert
     (R, D): _op(D, "a.after", None),          # delete the image that was read
     (R, R): _op(R, None, "b.after"),

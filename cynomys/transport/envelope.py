@@ -27,7 +27,7 @@ Opener unwraps each (producer, key id) once and caches the AES key, so RSA
 costs one private-key operation per data key, not per envelope.
 
 Version 2 differs from version 1 only by the ``fence`` field: an HA producer
-(cynomys/ha.py) writes the fencing token of the lease it held when sealing,
+(cynomys/producer/ha.py) writes the fencing token of the lease it held when sealing,
 so the applier can refuse an envelope from a deposed leader.  Envelopes
 without a token (fence 0, a producer without HA) are still written as
 version 1, which older appliers read.

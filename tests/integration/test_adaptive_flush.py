@@ -10,7 +10,8 @@ import pytest
 
 from cynomys.applier.loop import run_applier
 from cynomys.core.config import load_config
-from cynomys.producer import Producer, SealedSink
+from cynomys.producer import Producer
+from cynomys.transport.channel import SealedSink
 from cynomys.transport.keys import generate_keys
 from tests.helpers import write_config
 from tests.servers.mariadb import MariaDBServer

@@ -13,7 +13,8 @@ import pytest
 from cynomys.applier.loop import run_applier
 from cynomys.core.config import Config, load_config
 from cynomys.core.errors import TargetRejectedError
-from cynomys.producer import Producer, SealedSink
+from cynomys.producer import Producer
+from cynomys.transport.channel import SealedSink
 from cynomys.transport.file_bus import CorruptTransportFile
 from cynomys.transport.keys import generate_keys
 from tests.helpers import write_config

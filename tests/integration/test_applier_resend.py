@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cynomys.applier.loop import Applier, make_opener, make_subscriber
+from cynomys.applier.loop import Applier
+from cynomys.applier.receive import make_subscriber
+from cynomys.transport.channel import make_opener
 from cynomys.applier.targets.base import open_target
 from cynomys.core.config import Config, load_config
 from cynomys.core.errors import TerminalError

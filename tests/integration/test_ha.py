@@ -1,4 +1,4 @@
-"""HA producer (cynomys/ha.py): lease, fencing, takeover, on real servers.
+"""HA producer (cynomys/producer/ha.py): lease, fencing, takeover, on real servers.
 
 * the lease and the fenced writes against a real Redis (fast);
 * the e2e harness of test_e2e_columnstore with a leader and a standby: the
@@ -111,7 +111,7 @@ def test_lease_terms_tokens_and_fenced_writes(redis_url: str) -> None:
 
 def test_state_in_redis_is_signed_and_a_forgery_is_refused(tmp_path: Path, redis_url: str) -> None:
     from cynomys.core.errors import TerminalError
-    from cynomys.ha import RedisStateStore
+    from cynomys.producer.ha import RedisStateStore
     from cynomys.producer import ProducerState
     from cynomys.transport.envelope import Sealer
     from cynomys.transport.keys import load_private_key, load_public_key

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import redis
 
-from cynomys.applier.loop import make_subscriber
+from cynomys.applier.receive import make_subscriber
 from cynomys.applier.partition import Partitioning, PartitionTarget, table_partition
 from cynomys.applier.targets.base import AppliedState, Flush, Target, open_target
 from cynomys.core.config import Config, load_config
@@ -163,7 +163,8 @@ def test_envelopes_without_the_partitions_tables_move_its_state_without_a_write_
     """Partition 0 takes envelopes holding only partition 1's table: nothing
     is written for them one by one; their progress is committed with the
     next flush of its own data, or after progress_interval_ms."""
-    from cynomys.applier.loop import Applier, make_opener
+    from cynomys.applier.loop import Applier
+    from cynomys.transport.channel import make_opener
     from cynomys.core.model import Batch, Change, ColumnDef, Op, TableSchema
     from cynomys.transport.keys import generate_keys
 

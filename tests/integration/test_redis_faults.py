@@ -1,7 +1,7 @@
 """Redis losing writes it acknowledged, under an HA producer, on real processes.
 
 With ``[producer] ha = true`` the producer's checkpoint lives in Redis next
-to the stream (cynomys/ha.py).  A Redis that loses its last writes rolls the
+to the stream (cynomys/producer/ha.py).  A Redis that loses its last writes rolls the
 producer's state, the stream, its sequence hash and the applier's consumer
 group back together -- but not the target, where the applier already
 committed envelopes Redis no longer knows.  The producer then reads that

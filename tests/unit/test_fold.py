@@ -38,7 +38,7 @@ def test_each_rule(first: Change, second: Change, expect: tuple | None) -> None:
 
 
 def test_rules_table_covers_every_sane_pair() -> None:
-    assert set(FOLD_RULES) == {(I, U), (I, D), (I, R), (U, U), (U, D), (U, R), (D, I), (D, R), (D, D), (R, U), (R, D),
+    assert set(FOLD_RULES) == {(I, U), (I, D), (I, R), (U, U), (U, D), (U, R), (D, I), (D, R), (D, D), (D, U), (R, U), (R, D),
                                (R, R)}
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from cynomys.core.config import load_config
 from cynomys.core.errors import ConfigError, EnvelopeRejected, TransportUnavailableError
-from cynomys.ha import SERVER_IDS_PER_PRODUCER, _Term, run_ha, term_config
+from cynomys.producer.ha import SERVER_IDS_PER_PRODUCER, _Term, run_ha, term_config
 from cynomys.transport.envelope import VERSION, VERSION_FENCED, peek_header
 from tests.unit.test_envelope import Keys, flip, keys, opener, payload, sealer  # noqa: F401 (keys: a fixture)
 

@@ -1,4 +1,4 @@
-"""The producer daemon: binlog -> folded batches -> sink, checkpoint after accept.
+"""The producer's loop: binlog -> folded batches -> sink, checkpoint after accept.
 
 A reader thread pulls SourceEvents into a bounded queue (so a slow sink
 stops the binlog read: bounded memory); the main loop assembles
@@ -26,7 +26,7 @@ passes through the SnapshotCoordinator (``observe``), which drops the
 watermark table's events; once per loop turn ``poll`` may run one chunk
 select between watermarks, or hand back a finished chunk as READ changes
 plus a Commit at the current transaction boundary, which are processed like
-any other transaction.  ``_set_checkpoint`` tells the coordinator each time
+any other transaction.  ``set_checkpoint`` tells the coordinator each time
 the checkpoint moves: only then is a chunk recorded as finished.
 """
 from __future__ import annotations
@@ -36,20 +36,17 @@ import queue
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Protocol
 
 from cynomys import compiled
-from cynomys.core.checkpoint import read_json, write_json_atomic
 from cynomys.core.config import Config
-from cynomys.core.errors import ConfigError, CynomysError, TerminalError
-from cynomys.core.model import Batch, Change, EnvelopeMeta, Op, Position
+from cynomys.core.errors import CynomysError, TerminalError
+from cynomys.core.model import Batch, EnvelopeMeta, Position
 from cynomys.metrics.monitor import ProducerMonitor
 from cynomys.parser.stream import BinlogSource, SourceInspector, TableFilter
-from cynomys.parser.txn import Assembler, Commit, Item, Progress
-from cynomys.reducer.fold import PRODUCER_RULES, Folder
-from cynomys.reducer.sql import MARIADB, render_one
+from cynomys.parser.txn import Assembler
+from cynomys.producer.batching import Batching
+from cynomys.producer.state import FileStateStore, ProducerState, StateStore
 from cynomys.snapshot.coordinator import SnapshotCoordinator
 from cynomys.snapshot.keyless import KeylessRead, abandon_meta, is_snapshot_tid
 from cynomys.snapshot.verify import VerifyCoordinator
@@ -73,99 +70,6 @@ class BatchSink(Protocol):
 
     def describe(self) -> str:
         """Names the transport (for error messages)."""
-
-
-@dataclass
-class ProducerState:
-    """What ``state_dir/producer.json`` holds."""
-
-    checkpoint: Position | None = None
-    seq: int = 0
-    # The batch being published: written *before* publish, so after a crash
-    # we can ask the transport whether it got there and, if so, resume right
-    # after it.  Resuming exactly at a batch end keeps every batch boundary
-    # the applier has seen intact: a re-read never re-folds changes already
-    # applied together with new ones.
-    pending: dict[str, Any] | None = None
-    # The source transaction cut into fragments and partly shipped, or None:
-    # {"tid", "begin" (position dict), "shipped" (its changes already in
-    # accepted envelopes), "frag" (the next fragment's number)}.
-    open: dict[str, Any] | None = None
-    # Random id of this producer's life since its state was created: a
-    # producer that lost its state is a new incarnation (the applier refuses
-    # a new incarnation that numbers its envelopes from 1 again).
-    incarnation: str = ""
-    # The source server the checkpoint's file:pos belongs to
-    # (SourceInspector.server_identity): positions of two servers are never
-    # compared; after a failover the producer resumes by GTID.
-    server: str = ""
-    # The newest HA fencing token this producer worked under: a lease term
-    # with a lower one means the fencing counter in Redis went backwards.
-    fence: int = 0
-    term: str = ""                      # the lease value ("token:owner") of that term
-    read: Position | None = None        # last position read (for status)
-    last_event_ts: int = 0              # source time of the last event read
-    updated: float = 0.0
-    stats: dict[str, int] = field(default_factory=dict)
-
-    @classmethod
-    def load(cls, path: Path) -> ProducerState:
-        return cls.from_dict(read_json(path))
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> ProducerState:
-        if d is None:
-            return cls()
-        return cls(
-            checkpoint=Position.from_dict(d["checkpoint"]) if d.get("checkpoint") else None,
-            seq=int(d.get("seq", 0)), pending=d.get("pending"), open=d.get("open"),
-            incarnation=str(d.get("incarnation", "")), server=str(d.get("server", "")),
-            fence=int(d.get("fence", 0)), term=str(d.get("term", "")),
-            read=Position.from_dict(d["read"]) if d.get("read") else None,
-            last_event_ts=int(d.get("last_event_ts", 0)), updated=float(d.get("updated", 0)),
-            stats=dict(d.get("stats", {})),
-        )
-
-    def save(self, path: Path) -> None:
-        write_json_atomic(path, self.to_dict())
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "checkpoint": self.checkpoint.to_dict() if self.checkpoint else None, "seq": self.seq,
-            "pending": self.pending, "open": self.open, "incarnation": self.incarnation,
-            "server": self.server, "fence": self.fence, "term": self.term,
-            "read": self.read.to_dict() if self.read else None, "last_event_ts": self.last_event_ts,
-            "updated": time.time(), "stats": self.stats, "hot_path": compiled.status(),
-        }
-
-
-class StateStore(Protocol):
-    """Where the producer's state lives: ``state_dir/producer.json`` (one
-    producer), or Redis next to the stream (HA producers, cynomys/ha.py)."""
-
-    def load(self) -> ProducerState: ...
-
-    def save(self, state: ProducerState) -> None:
-        """Durably; raise (never return) when the state could not be written."""
-
-    def describe(self) -> str:
-        """Where the state is (for error messages)."""
-
-
-class FileStateStore:
-    """``state_dir/producer.json``, written atomically (tmp + fsync + rename)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def load(self) -> ProducerState:
-        return ProducerState.load(self.path)
-
-    def save(self, state: ProducerState) -> None:
-        state.save(self.path)
-
-    def describe(self) -> str:
-        return str(self.path)
 
 
 _EOF = object()
@@ -278,7 +182,7 @@ class Producer:
         if pending is not None:
             if accepted >= int(pending["seq"]):
                 log.info("batch %s reached the transport before the last stop", pending["seq"])
-                self._accepted(pending)
+                self.accepted(pending)
             else:
                 log.info("batch %s did not reach the transport; it will be read again", pending["seq"])
             self.state.pending = None
@@ -288,7 +192,7 @@ class Producer:
             self.state.incarnation = uuid.uuid4().hex[:16]
             self.new_life = True
             log.info("new producer incarnation %s", self.state.incarnation)
-        self._save()
+        self.save()
 
     def _abandon_snapshot_read(self) -> None:
         """We stopped inside the fragments of a keyless snapshot read
@@ -303,13 +207,13 @@ class Producer:
         end = begin if self.state.checkpoint is None or self.state.checkpoint < begin else self.state.checkpoint
         seq = self.state.seq + 1
         self.state.pending = {"seq": seq, "checkpoint": end.to_dict(), "open": None}
-        self._save()
+        self.save()
         batch = Batch(self.cfg.producer.id, (), end, True, None, int(time.time() * 1e6), 0,
                       {**meta, "incarnation": self.state.incarnation, "server": self.state.server})
         self.sink.send(seq, batch, self.stop)
-        self._accepted(self.state.pending)
+        self.accepted(self.state.pending)
         self.state.pending = None
-        self._save()
+        self.save()
         log.info("stopped inside snapshot read %s (%d changes sent): abandoned with envelope %d; the table is read "
                  "again", tid, shipped, seq)
 
@@ -321,24 +225,24 @@ class Producer:
         quiet source may be hours away."""
         seq = self.state.seq + 1
         self.state.pending = {"seq": seq, "checkpoint": start.to_dict(), "open": None}
-        self._save()
+        self.save()
         meta = EnvelopeMeta(start=start, incarnation=self.state.incarnation, server=self.state.server, after=start)
         self.sink.send(seq, Batch(self.cfg.producer.id, (), start, True, None, int(time.time() * 1e6), 0,
                                   meta.to_dict()), self.stop)
-        self._accepted(self.state.pending)
+        self.accepted(self.state.pending)
         self.state.pending = None
-        self._save()
+        self.save()
         log.info("incarnation %s announced with envelope %d at %s", self.state.incarnation, seq, start)
 
-    def _accepted(self, pending: dict[str, Any]) -> None:
+    def accepted(self, pending: dict[str, Any]) -> None:
         """Make the state what it is once batch ``pending`` is accepted."""
         self.state.seq = int(pending["seq"])
         if "open" not in pending:  # written by an older version: {"seq", "end", "complete"}
             if pending.get("complete"):
-                self._set_checkpoint(Position.from_dict(pending["end"]))
+                self.set_checkpoint(Position.from_dict(pending["end"]))
             return
         if pending.get("checkpoint"):
-            self._set_checkpoint(Position.from_dict(pending["checkpoint"]))
+            self.set_checkpoint(Position.from_dict(pending["checkpoint"]))
         self.state.open = pending["open"]
 
     def run(self) -> None:
@@ -398,7 +302,7 @@ class Producer:
                 events.put(exc)
 
     # ------------------------------------------------------------------
-    def _set_checkpoint(self, pos: Position) -> None:
+    def set_checkpoint(self, pos: Position) -> None:
         self.state.checkpoint = pos
         if self.snap is not None:
             self.snap.checkpointed(pos)
@@ -409,7 +313,7 @@ class Producer:
         verify = self.verify
         assert verify is not None
         asm = Assembler(start.gtid)
-        run = _Batching(self, start)
+        run = Batching(self, start)
         last_save = 0.0
 
         while True:
@@ -418,7 +322,7 @@ class Producer:
                 # Ship what ends on a transaction boundary; a transaction still
                 # open is dropped here and re-read after restart (not checkpointed).
                 run.flush_if_idle(asm)
-                self._save()
+                self.save()
                 return
             # Snapshot work happens here, between events: a chunk select, or
             # a closed chunk's READ rows (only between source transactions).
@@ -444,7 +348,7 @@ class Producer:
             except queue.Empty:
                 run.flush_if_idle(asm)
                 if time.monotonic() - last_save > 1.0:  # idle: keep `cynomys status` current
-                    self._save()
+                    self.save()
                     last_save = time.monotonic()
                 continue
             # Whatever else the reader has queued is handled in this turn:
@@ -459,7 +363,7 @@ class Producer:
             for item in items:
                 if item is _EOF:
                     run.flush_if_idle(asm)
-                    self._save()
+                    self.save()
                     return
                 if isinstance(item, BaseException):
                     raise item
@@ -480,172 +384,12 @@ class Producer:
                     # commits and the applier can flush after each of them.)
                     run.flush(False, ev.end, asm)
             if time.monotonic() - last_save > 1.0:
-                self._save()
+                self.save()
                 last_save = time.monotonic()
 
-    def _save(self) -> None:
+    def save(self) -> None:
         self.state.stats = dict(self.stats)
         self.store.save(self.state)
-
-
-class _Batching:
-    """One producer run's batch under construction and its place in the
-    source: which transaction is open, how many of its changes were seen and
-    shipped, and which changes to skip after a restart inside it."""
-
-    def __init__(self, producer: Producer, start: Position) -> None:
-        self.p = producer
-        self.start = start  # where this run began reading
-        self.folder = Folder(PRODUCER_RULES)
-        self.raw_in_batch = 0
-        self.txn_in_batch = 0         # changes of the open transaction in this batch
-        self.started = 0.0
-        self.last_commit: Commit | None = None
-        self.batch_from: tuple[Position, int] | None = None
-        self.cur_tid: str | None = None
-        self.cur_begin: Position | None = None
-        self.txn_seen = 0             # changes of the open transaction read so far
-        opened = producer.state.open
-        self.frag = int(opened["frag"]) if opened else 0   # next fragment number of the open transaction
-        # After a restart inside a transaction: its changes already shipped.
-        self.skip_tid: str | None = opened["tid"] if opened else None
-        self.skip_n = int(opened["shipped"]) if opened else 0
-        if opened:
-            log.info("resuming inside transaction %s: %d of its changes were sent in %d envelope(s); "
-                     "skipping them", opened["tid"], self.skip_n, self.frag)
-
-    def in_txn(self, asm: Assembler) -> bool:
-        """Inside a source transaction (or resuming inside one)."""
-        return asm.begin is not None or self.frag > 0
-
-    def at_boundary(self, asm: Assembler) -> bool:
-        return not self.in_txn(asm) and self.raw_in_batch > 0 and self.last_commit is not None
-
-    def flush_if_idle(self, asm: Assembler) -> None:
-        if self.at_boundary(asm):
-            assert self.last_commit is not None
-            self.flush(True, self.last_commit.end, asm)
-
-    def handle(self, out: Item, asm: Assembler) -> None:
-        p = self.p
-        if isinstance(out, Change):
-            if out.tid != self.cur_tid:
-                self._enter(out)
-            if self.skip_tid is not None:
-                if self.txn_seen < self.skip_n:
-                    self.txn_seen += 1
-                    return  # in an envelope the transport already holds
-                self.skip_tid = None
-            p.monitor.change_in(out)
-            if not self.raw_in_batch:
-                self.started = time.monotonic()
-                if self.batch_from is None:
-                    self.batch_from = (out.txn, self.txn_seen)
-            self.folder.add(out)
-            self.raw_in_batch += 1
-            self.txn_in_batch += 1
-            self.txn_seen += 1
-        elif isinstance(out, Commit):
-            if self.skip_tid is not None:
-                if self.cur_tid == self.skip_tid and self.txn_seen == self.skip_n:
-                    self.skip_tid = None  # every change was shipped; only its end was not
-            if self.skip_tid is not None:
-                raise TerminalError(
-                    f"producer state {p.store.describe()} says transaction {self.skip_tid} was partly sent "
-                    f"({self.skip_n} changes), but reading from {p.state.checkpoint} ended a transaction "
-                    f"at {out.end} first",
-                    hint="the binlog at the checkpoint is not what was read before (a restored or different "
-                         "source?); re-snapshot the target")
-            self.last_commit = out
-            p.stats["transactions"] += 1
-            if self.raw_in_batch == 0 and self.frag == 0:
-                # Nothing to ship (filtered or empty): the checkpoint
-                # may still move, so a restart does not re-read it.
-                p._set_checkpoint(out.end)
-            elif self.frag or self.raw_in_batch >= p.max_events or \
-                    time.monotonic() - self.started >= p.max_delay:
-                self.flush(True, out.end, asm)
-            self.cur_tid, self.cur_begin, self.txn_seen, self.txn_in_batch = None, None, 0, 0
-        elif isinstance(out, Progress) and not self.in_txn(asm) and self.raw_in_batch == 0:
-            p._set_checkpoint(out.end)
-
-    def stream(self, read: KeylessRead, asm: Assembler) -> None:
-        """A keyless table's read (snapshot/keyless.py): one transaction of
-        any size, cut into fragments of ``batch_max_events`` changes.  It
-        starts an envelope of its own, so an abandoned attempt can be
-        dropped by the applier from where it starts."""
-        self.flush_if_idle(asm)
-        for out in read:
-            self.handle(out, asm)
-            if isinstance(out, Change) and self.txn_in_batch >= self.p.max_events:
-                self.flush(False, out.txn, asm)
-
-    def _enter(self, change: Change) -> None:
-        """The first change of another transaction."""
-        if self.skip_tid is not None and change.tid != self.skip_tid:
-            raise TerminalError(
-                f"producer state {self.p.store.describe()} says transaction {self.skip_tid} was partly sent "
-                f"({self.skip_n} changes), but reading from {self.p.state.checkpoint} found transaction "
-                f"{change.tid} first",
-                hint="the binlog at the checkpoint is not what was read before (a restored or different "
-                     "source?); re-snapshot the target")
-        self.cur_tid, self.cur_begin = change.tid, change.txn
-        self.txn_seen = 0
-        self.txn_in_batch = 0
-
-    def flush(self, complete: bool, end: Position, asm: Assembler) -> None:
-        p = self.p
-        changes = self.folder.changes()
-        if p.cfg.producer.emit_sql:
-            changes = [c if c.sql else _with_sql(c) for c in changes]
-        if not changes and not complete:
-            return
-        opened = p.state.open
-        start = self.batch_from or (
-            (Position.from_dict(opened["begin"]), int(opened["shipped"])) if opened else (end, 0))
-        # ``after``: the checkpoint now, before this envelope is accepted --
-        # everything between it and the envelope's first change was nothing
-        # to ship (the checkpoint only moves over such transactions while the
-        # batch is empty), so an applier holding ``after`` misses nothing.
-        meta = EnvelopeMeta(start=start[0], start_n=start[1], incarnation=p.state.incarnation,
-                            server=p.state.server, after=p.state.checkpoint or self.start,
-                            frag=self.frag if self.frag or not complete else None)
-        if complete:
-            after_open = None
-            checkpoint: Position | None = end
-        else:
-            assert self.cur_begin is not None and self.cur_tid is not None
-            meta = replace(meta, stop=self.cur_begin, stop_n=self.txn_seen)
-            after_open = {"tid": self.cur_tid, "begin": self.cur_begin.to_dict(), "shipped": self.txn_seen,
-                          "frag": self.frag + 1}
-            # Every transaction before the open one is in this batch or an
-            # earlier one: the checkpoint moves to the last commit.
-            last = self.last_commit.end if self.last_commit else None
-            checkpoint = last if last is not None and (p.state.checkpoint is None or p.state.checkpoint < last) \
-                else None
-        first = changes[0].txn if changes else None
-        batch = Batch(p.cfg.producer.id, tuple(changes), end, complete, first,
-                      int(time.time() * 1e6), self.last_commit.commit_ts if self.last_commit else 0, meta.to_dict())
-        seq = p.state.seq + 1
-        p.state.pending = {"seq": seq, "checkpoint": checkpoint.to_dict() if checkpoint else None,
-                           "open": after_open}
-        p._save()
-        p.sink.send(seq, batch, p.stop)
-        p.monitor.batch_out(changes)
-        p._accepted(p.state.pending)
-        p.state.pending = None
-        p.stats["batches"] += 1
-        p.stats["changes_in"] += self.raw_in_batch
-        p.stats["changes_out"] += len(changes)
-        self.frag = 0 if complete else self.frag + 1
-        self.folder = Folder(PRODUCER_RULES)
-        self.raw_in_batch = 0
-        self.txn_in_batch = 0
-        self.batch_from = None
-
-
-def _with_sql(c: Change) -> Change:
-    return replace(c, sql=render_one(c, MARIADB)) if c.op is not Op.DDL else c
 
 
 def run_with_retry(make: Any, stop: threading.Event, *, max_backoff: float = 30.0,
@@ -669,70 +413,3 @@ def run_with_retry(make: Any, stop: threading.Event, *, max_backoff: float = 30.
             log.warning("connection error, retrying in %.1fs: %s", delay, exc)
         stop.wait(delay)
         delay = min(max_backoff, delay * 2)
-
-
-class SealedSink:
-    """Batch -> Avro -> sealed envelope -> transport (the producer's side of
-    the wire).  ``send`` returns once the transport accepted the envelope."""
-
-    def __init__(self, cfg: Config) -> None:
-        from cynomys.schemas import codec
-        from cynomys.transport.bus import open_publisher
-        from cynomys.transport.envelope import Sealer
-        from cynomys.transport.keys import load_private_key, load_public_key
-
-        sec = cfg.security
-        if not sec.applier_public_key or not sec.producer_private_key:
-            raise ConfigError(
-                f"[security] applier_public_key and producer_private_key must be set in {cfg.path}",
-                hint="run `cynomys keygen --out DIR` and point [security] at the files it writes")
-        self._encode = codec.encode
-        self.bytes_sent = 0
-        self.producer_id = cfg.producer.id
-        self.max_payload = cfg.transport.max_envelope_bytes
-        self.sealer = Sealer(
-            cfg.producer.id, cfg.transport.stream,
-            load_public_key(cfg.resolve(sec.applier_public_key), config_key="applier_public_key"),
-            load_private_key(cfg.resolve(sec.producer_private_key), sec.passphrase or None,
-                             config_key="producer_private_key", allow_readable=sec.allow_readable_private_keys),
-            rotate_envelopes=cfg.transport.key_rotate_envelopes, rotate_seconds=cfg.transport.key_rotate_seconds)
-        tcfg = cfg.transport
-        if tcfg.kind == "file":
-            tcfg = replace(tcfg, path=str(cfg.resolve(tcfg.path)))
-        self.publisher = open_publisher(tcfg)
-        self.fence_token = 0  # the HA lease's fencing token, sealed into each envelope (0: no HA)
-        self.fence_term = ""  # the lease value of that term
-        self._where = f"file {tcfg.path}" if tcfg.kind == "file" else f"stream {tcfg.stream!r} ({tcfg.mode})"
-
-    def last_sequence(self) -> int:
-        return self.publisher.last_sequence(self.producer_id)
-
-    def fence(self, token: int, lease_key: str, lease_value: str) -> None:
-        """An HA leader's new term: seal ``token`` into every envelope, and
-        have the transport refuse them once the lease holds another value."""
-        fence = getattr(self.publisher, "fence", None)
-        if fence is None:
-            raise ConfigError(f"the transport {self._where} cannot fence an HA producer",
-                              hint='use [transport] kind = "redis" with [producer] ha = true')
-        fence(lease_key, lease_value)
-        self.fence_token, self.fence_term = token, lease_value
-
-    def describe(self) -> str:
-        return self._where
-
-    def send(self, seq: int, batch: Batch, stop: threading.Event) -> None:
-        payload = self._encode(batch)
-        if len(payload) > self.max_payload:
-            # The applier would refuse it (too-large) and then stop on the gap:
-            # stop here instead, before anything is sent or checkpointed.
-            raise TerminalError(
-                f"envelope {seq} would carry {len(payload)} bytes of Avro ({len(batch.changes)} changes up to "
-                f"{batch.end}), more than [transport] max_envelope_bytes = {self.max_payload} the applier accepts",
-                hint="lower [producer] batch_max_events (large rows), or raise [transport] max_envelope_bytes "
-                     "on both sides")
-        envelope = self.sealer.seal(payload, seq, self.fence_token)
-        self.publisher.publish(self.producer_id, seq, envelope, stop)
-        self.bytes_sent += len(envelope)  # read by the metrics (cynomys_producer_envelope_bytes_total)
-
-    def close(self) -> None:
-        self.publisher.close()

@@ -43,7 +43,8 @@ from cynomys.core.checkpoint import read_json, write_json_atomic
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, CynomysError, LeaseLost, TerminalError
 from cynomys.metrics.monitor import ProducerMonitor
-from cynomys.producer import Producer, ProducerState, SealedSink, StateStore, run_with_retry
+from cynomys.producer import Producer, ProducerState, StateStore, run_with_retry
+from cynomys.transport.channel import SealedSink
 from cynomys.transport.lease import RedisLease
 
 log = logging.getLogger(__name__)

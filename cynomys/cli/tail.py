@@ -19,6 +19,14 @@ from cynomys.core.errors import EnvelopeRejected, SchemaError
 from cynomys.core.model import Op
 from cynomys.reducer.sql import MARIADB, render
 from cynomys.schemas import codec
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, MutableMapping
+from cynomys.cli.common import config_of, log_peak_memory, one_line, setup_logging, stop_on_signals, with_config
+from cynomys.core.errors import ConfigError, CynomysError
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +82,7 @@ def _other_envelopes(cfg: Config, stop: threading.Event, follow: bool) -> Iterat
 
 def tail(cfg: Config, stop: threading.Event, *, follow: bool, limit: int, out: TextIO) -> int:
     """Print records as SQL; returns how many records were printed."""
-    from cynomys.applier.loop import make_opener
+    from cynomys.transport.channel import make_opener
 
     opener = make_opener(cfg)
     source = _stream_envelopes if cfg.transport.kind == "redis" and cfg.transport.mode == "stream" else _other_envelopes
@@ -105,3 +113,21 @@ def tail(cfg: Config, stop: threading.Event, *, follow: bool, limit: int, out: T
                 return printed
         out.flush()
     return printed
+
+
+# -- the command ----------------------------------------------------------
+
+def run(args: argparse.Namespace) -> int:
+
+    cfg = config_of(args)
+    stop = stop_on_signals()
+    tail(cfg, stop, follow=args.follow, limit=args.count, out=sys.stdout)
+    return 0
+
+
+def register(sub: Any) -> None:
+    tl = with_config(sub.add_parser("tail", help="decode records from the transport and print them as SQL"))
+    tl.add_argument("-f", "--follow", action="store_true")
+    tl.add_argument("-n", "--count", type=int, default=0, help="stop after N records (0: all)")
+    tl.set_defaults(func=run)
+

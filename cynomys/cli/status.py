@@ -22,6 +22,12 @@ from cynomys.core.checkpoint import read_json
 from cynomys.core.config import Config
 from cynomys.core.errors import CynomysError
 from cynomys.core.model import Position
+import argparse
+import os
+import sys
+from typing import Any, MutableMapping
+from cynomys.cli.common import config_of, log_peak_memory, one_line, setup_logging, stop_on_signals, with_config
+from cynomys.core.errors import ConfigError, CynomysError
 
 
 def _bytes_behind(source_end: Position | None, at: Position | None) -> int | None:
@@ -207,7 +213,7 @@ def _ha_section(cfg: Config, mirror: Any) -> tuple[Any, dict[str, Any]]:
     except CynomysError as exc:
         return mirror, {"lease": lease_key(cfg), "error": str(exc).splitlines()[0], "state": "local mirror"}
     token, _, owner = (holder or "").partition(":")
-    if state is not None:  # signed by the producer (cynomys/ha.py); status shows it unverified
+    if state is not None:  # signed by the producer (cynomys/producer/ha.py); status shows it unverified
         state = json.loads(state["state"]) if isinstance(state.get("state"), str) else None
     return (ProducerState.from_dict(state) if state is not None else mirror), {
         "lease": lease_key(cfg), "leader": owner or None, "fencing_token": int(token) if token else None,
@@ -272,3 +278,20 @@ def render_text(report: dict[str, Any]) -> str:
                      f"{j['rows_checked']} rows, {len(j['mismatches'])} differ")
         lines += [f"    differs: {m}" for m in j["mismatches"]]
     return "\n".join(lines)
+
+
+# -- the command ----------------------------------------------------------
+
+def run(args: argparse.Namespace) -> int:
+
+    cfg = config_of(args)
+    report = collect(cfg)
+    print(json.dumps(report, indent=1, default=str) if args.json else render_text(report))
+    return 0
+
+
+def register(sub: Any) -> None:
+    st = with_config(sub.add_parser("status", help="positions and lag"))
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=run)
+

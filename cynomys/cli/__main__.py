@@ -1,0 +1,3 @@
+from cynomys.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,51 @@
+"""`cynomys produce`: the producer daemon (source host)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, MutableMapping
+
+from cynomys.cli.common import config_of, log_peak_memory, one_line, setup_logging, stop_on_signals, with_config
+from cynomys.core.errors import ConfigError, CynomysError
+
+
+def run(args: argparse.Namespace) -> int:
+    from cynomys.metrics import ProducerMonitor
+    from cynomys.producer import Producer, run_with_retry
+    from cynomys.transport.channel import SealedSink
+
+    cfg = config_of(args)
+    stop = stop_on_signals()
+    monitor = ProducerMonitor(cfg)
+    monitor.start()  # /metrics and /healthz when [metrics] listen is set
+    try:
+        sink = SealedSink(cfg)
+        try:
+            if cfg.producer.ha:
+                from cynomys.producer.ha import run_ha
+
+                if args.once:
+                    raise ConfigError("produce --once reads as a single producer; [producer] ha = true is set",
+                                      hint="run `cynomys produce` (leader or standby), or set ha = false")
+                run_ha(cfg, sink, stop, monitor, fresh_start=args.fresh_start)
+            else:
+                run_with_retry(lambda: Producer(cfg, sink, stop, blocking=not args.once, monitor=monitor,
+                                                fresh_start=args.fresh_start), stop, monitor=monitor)
+        finally:
+            sink.close()
+    finally:
+        monitor.close()
+    return 0
+
+
+def register(sub: Any) -> None:
+    pr = with_config(sub.add_parser("produce", help="run the producer daemon"))
+    pr.add_argument("--once", action="store_true", help="stop at the current end of the binlog")
+    pr.add_argument("--fresh-start", action="store_true",
+                    help="start with an empty state although the transport holds this producer's envelopes "
+                         "(after a lost state, with [source] start set to where the target is)")
+    pr.set_defaults(func=run)
+
