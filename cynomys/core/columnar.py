@@ -16,7 +16,7 @@ the image columns over in Arrow's memory layout, and they stay that way:
 
 Only the key columns become Python objects (the fold needs the keys to see
 collisions); the other values go from the Avro bytes to the target's bulk
-format without a Python object each (``applier/columnar.py``).  Wherever a
+format without a Python object each (``applier/targets/arrow.py``, ``columnstore/loaddata.py``).  Wherever a
 run meets code that needs rows, ``images()``/``as_changes()`` give exactly
 what the reference decoder would have given.
 """

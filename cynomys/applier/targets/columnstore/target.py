@@ -435,7 +435,7 @@ class ColumnStoreTarget(SqlTarget):
     def write_load_data(out: IO[bytes], schema: TableSchema, rows: list[Row],
                         runs: list[InsertRun] | None = None) -> None:
         """Write the LOAD DATA file: ``rows`` value by value with the reference
-        encoders (types.py), then ``runs`` column-wise (applier/columnar.py,
+        encoders (types.py), then ``runs`` column-wise (columnstore/loaddata.py,
         the same bytes for the same values).  In pieces of ``core.columnar.PIECE_ROWS``
         rows: the whole file is never one bytes object (the applier's peak
         memory, issue #12)."""
@@ -447,7 +447,7 @@ class ColumnStoreTarget(SqlTarget):
         if runs:
             # Imported here: pyarrow is needed only by runs, which only the
             # compiled reader makes; the pure-Python applier never loads it.
-            from cynomys.applier.columnar import write_load_data
+            from cynomys.applier.targets.columnstore.loaddata import write_load_data
 
             write_load_data(out, schema, runs)
 

@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cynomys.applier.columnar import parts
+from cynomys.applier.targets.arrow import parts
 from cynomys.applier.targets.spark import types as st
 from cynomys.core.columnar import InsertRun
 from cynomys.core.model import Row, TableSchema, Value

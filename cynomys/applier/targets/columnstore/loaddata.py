@@ -1,4 +1,4 @@
-"""InsertRuns (core.columnar) -> bulk-load bytes with pyarrow's compute
+"""ColumnStore/MariaDB: InsertRuns (core.columnar) -> LOAD DATA bytes with pyarrow's compute
 kernels, without a Python object per value (issue #12, applier side).
 
 ``load_data_text`` writes MariaDB ``LOAD DATA`` fields exactly as the
@@ -11,28 +11,25 @@ whose text Arrow would write differently (a DOUBLE's shortest repr, TIME
 beyond 24 hours) are written by the reference function, per value: rare in
 bulk loads and exact.
 
-``parts`` hands the runs over as Arrow arrays of wire values, for targets
-that convert them themselves (Spark: targets/spark/runs.py).
-
 Memory (issue #12: the applier's peak RSS): the text is written in pieces
 of at most ``core.columnar.PIECE_ROWS`` rows (``write_load_data``), straight from Arrow's
 buffer to the file, so a flush never holds the whole file as one bytes
 object plus its copies.  And no array is made here with ``pa.array`` or
 ``pa.scalar`` of Python values: pyarrow probes every such call for pandas
 objects, which imports pandas (~40 MB of RSS) in a process that never uses
-it; ``_text_array`` and ``_NULL`` are built from buffers instead.
+it; ``text_array`` and ``_NULL`` are built from buffers instead (targets/arrow.py).
 """
 from __future__ import annotations
 
 import datetime
 import decimal
 import io
-from array import array
-from typing import IO, Any, Callable, Iterator
+from typing import IO, Any, Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cynomys.applier.targets.arrow import binary_scalar, parts, text_array
 from cynomys.applier.targets.source_types import time_text
 from cynomys.core import columnar as core_columnar
 from cynomys.core.columnar import InsertRun
@@ -40,35 +37,7 @@ from cynomys.core.model import ColumnDef, TableSchema
 
 Text = Callable[[Any, ColumnDef], Any]
 
-def _text_array(values: list[str | None]) -> Any:
-    """A pa.string() array of ``values``, built from buffers (see the
-    module docstring: ``pa.array`` would import pandas)."""
-    data = [b"" if v is None else v.encode("utf-8") for v in values]
-    offsets = array("i", [0])
-    pos = 0
-    for b in data:
-        pos += len(b)
-        offsets.append(pos)
-    valid = bytearray((len(values) + 7) // 8)
-    nulls = 0
-    for i, v in enumerate(values):
-        if v is None:
-            nulls += 1
-        else:
-            valid[i >> 3] |= 1 << (i & 7)
-    return pa.Array.from_buffers(pa.string(), len(values),
-                                 [pa.py_buffer(valid) if nulls else None, pa.py_buffer(offsets),
-                                  pa.py_buffer(b"".join(data))], null_count=nulls)
-
-
-def _binary_scalar(value: bytes) -> Any:
-    """A pa.binary() scalar made from buffers: pyarrow.compute would turn a
-    bytes argument into one with pa.scalar (see the module docstring)."""
-    return pa.Array.from_buffers(pa.binary(), 1, [None, pa.py_buffer(array("i", [0, len(value)])),
-                                                  pa.py_buffer(value)])[0]
-
-
-_NULL, _TAB, _NEWLINE, _EMPTY = (_binary_scalar(b) for b in (b"\\N", b"\t", b"\n", b""))
+_NULL, _TAB, _NEWLINE, _EMPTY = (binary_scalar(b) for b in (b"\\N", b"\t", b"\n", b""))
 
 
 def _as_text(arr: Any, col: ColumnDef) -> Any:
@@ -90,7 +59,7 @@ def _long(arr: Any, col: ColumnDef) -> Any:
 
 def _per_value(fmt: Callable[[Any], str]) -> Text:
     def text(arr: Any, col: ColumnDef) -> Any:
-        return _text_array([None if v is None else fmt(v) for v in arr.to_pylist()])
+        return text_array([None if v is None else fmt(v) for v in arr.to_pylist()])
     return text
 
 
@@ -99,7 +68,7 @@ def _decimal(arr: Any, col: ColumnDef) -> Any:
     # the same text unless str() chose an exponent ('0E-10', '1E+3').
     if not pc.any(pc.match_substring(arr, "E")).as_py():
         return arr
-    return _text_array([v if v is None or "E" not in v else format(decimal.Decimal(v), "f")
+    return text_array([v if v is None or "E" not in v else format(decimal.Decimal(v), "f")
                         for v in arr.to_pylist()])
 
 
@@ -116,53 +85,6 @@ LOAD_DATA_TEXT: dict[str, Text] = {
     "TimestampColumn": lambda arr, col: arr.cast(pa.timestamp("us")).cast(pa.string()),
     "TimeColumn": _per_value(lambda us: time_text(datetime.timedelta(microseconds=us))),
 }
-
-
-def parts(runs: list[InsertRun], max_rows: int | None = None) -> Iterator[tuple[tuple[str, ...], list[Any]]]:
-    """(column kinds, arrays) per stretch of runs: adjacent runs of one block
-    are one slice; stretches with the same kinds are concatenated (once) into
-    parts of ``max_rows`` to ``2 * max_rows`` rows (None: no limit), a longer
-    stretch being cut first: few pyarrow calls per row, bounded memory."""
-    pending: list[list[Any]] = []
-    pending_kinds: tuple[str, ...] = ()
-    pending_rows = 0
-    i = 0
-    while i < len(runs):
-        run = runs[i]
-        assert run.block is not None
-        j, end = i + 1, run.start + run.count
-        while (not run.excluded and j < len(runs) and runs[j].block is run.block and runs[j].start == end
-               and not runs[j].excluded):
-            end += runs[j].count
-            j += 1
-        arrays = [a.slice(run.start, end - run.start) for a in run.block.arrays] if j > i + 1 else run.arrays()
-        kinds = run.block.kinds
-        if pending and kinds != pending_kinds:
-            yield pending_kinds, _joined(pending)
-            pending, pending_rows = [], 0
-        pending_kinds = kinds
-        n = _rows(arrays)
-        step = max_rows or max(n, 1)
-        for at in range(0, n, step):
-            pending.append([a.slice(at, step) for a in arrays] if n > step else arrays)
-            pending_rows += min(step, n - at)
-            if max_rows is not None and pending_rows >= max_rows:
-                yield kinds, _joined(pending)
-                pending, pending_rows = [], 0
-        i = j
-    if pending:
-        yield pending_kinds, _joined(pending)
-
-
-def _rows(arrays: list[Any]) -> int:
-    return len(arrays[0]) if arrays else 0
-
-
-def _joined(pieces: list[list[Any]]) -> list[Any]:
-    """Column arrays of several pieces, each column concatenated once."""
-    if len(pieces) == 1:
-        return pieces[0]
-    return [pa.concat_arrays(list(col)) for col in zip(*pieces)]
 
 
 def _lines(schema: TableSchema, kinds: tuple[str, ...], arrays: list[Any]) -> Any:
