@@ -31,7 +31,7 @@ fi
 # One extra per target kind, read from the registry (cynomys/core/targets.py
 # imports nothing, so the system python reads it before the venv exists).
 KINDS=$(PYTHONPATH=. python3 -c 'from cynomys.core.targets import TARGET_KINDS; print(",".join(TARGET_KINDS))')
-.venv/bin/python -m pip install -q -e ".[${KINDS},test,bench]"
+.venv/bin/python -m pip install -q -e ".[${KINDS},test,bench,docs]"
 # The extension is optional (Cynomys falls back to pure Python): say so here
 # rather than let a slow producer be the first sign.
 .venv/bin/python -c 'import cynomys._speedups' 2>/dev/null \
