@@ -97,6 +97,7 @@ class SealSink:
 
     fence_token = 0  # no HA lease
     fence_term = ""
+    bytes_sent = 0
 
     def __init__(self) -> None:
         self.seal = make_sealer()

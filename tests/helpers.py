@@ -55,6 +55,7 @@ class ListSink:
 
     fence_token = 0  # no HA lease
     fence_term = ""
+    bytes_sent = 0
 
     def __init__(self) -> None:
         self.batches: list[tuple[int, Batch]] = []

@@ -29,6 +29,7 @@ from cynomys.core.columnar import row_count
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, CynomysError, EnvelopeRejected, SchemaError, TerminalError
 from cynomys.core.model import Batch, Change, EnvelopeMeta, Op, Position
+from cynomys.metrics.events import ApplierTurn
 from cynomys.metrics.monitor import ApplierMonitor
 from cynomys.schemas import codec
 from cynomys.applier.receive import make_subscriber
@@ -109,7 +110,7 @@ class Applier:
             if self.buffer.due() and not behind:
                 self.flush()
             self._ack()  # envelopes seen again after a restart: nothing to commit for them
-            self.monitor.turn(self, len(deliveries))
+            self.monitor.turn(self._turn(len(deliveries)))
             if not deliveries and not self.buffer.envelopes:
                 self.target.idle()
             if until_idle_s and not deliveries and not self.buffer.envelopes \
@@ -123,6 +124,13 @@ class Applier:
         else:
             log.info("stopping inside a source transaction: its envelopes stay unacknowledged "
                      "and are delivered again at the next start")
+
+    def _turn(self, delivered: int) -> ApplierTurn:
+        s, held = self.stats, self.admit.held(self.producer_id)
+        return ApplierTurn(id(self), delivered, {"envelopes": s.envelopes, "duplicates": s.duplicates,
+                                                 "flushes": s.flushes, "ddl": s.ddl},
+                           dict(s.rejected), len(self.buffer), self.buffer.envelopes,
+                           held.position if held else None, held.commit_ts if held else 0, self.target.ping)
 
     def _full(self) -> bool:
         """The backlog cap: max_buffer_rows net changes (folded: the memory a

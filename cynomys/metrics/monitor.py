@@ -3,7 +3,8 @@
 Each daemon owns one monitor: a Prometheus registry of its own, a Health,
 and (with ``[metrics] listen``) the HTTP server.  The daemons call a few
 hooks -- one per loop turn, one per change or envelope, one per flush --
-and the monitor derives the rest from the daemon's own counters, so the
+with events (metrics/events.py): data the loop hands over, never the loop
+object itself, so the monitor reads no daemon's internals and the
 replication code stays free of metrics code.
 
 Every ``health_interval_s`` the monitor writes ``<daemon>.health.json``
@@ -45,13 +46,12 @@ from cynomys.core.columnar import InsertRun
 from cynomys.core.config import Config
 from cynomys.core.errors import CynomysError, SourceUnavailableError, TargetUnavailableError
 from cynomys.core.model import Change, Op, Position
+from cynomys.metrics.events import ApplierTurn, ProducerTurn
 from cynomys.metrics.health import Health
 from cynomys.metrics.server import MetricsServer
 
 if TYPE_CHECKING:
-    from cynomys.applier.loop import Applier
     from cynomys.core.model import Batch
-    from cynomys.producer import Producer
 
 log = logging.getLogger(__name__)
 
@@ -194,9 +194,9 @@ class _Deltas:
         self._owner: int | None = None
         self._seen: dict[str, int] = {}
 
-    def step(self, owner: object, values: dict[str, int], counters: dict[str, Callable[[float], None]]) -> None:
-        if id(owner) != self._owner:
-            self._owner, self._seen = id(owner), {}
+    def step(self, owner: int, values: dict[str, int], counters: dict[str, Callable[[float], None]]) -> None:
+        if owner != self._owner:
+            self._owner, self._seen = owner, {}
         for key, value in values.items():
             delta = value - self._seen.get(key, 0)
             if delta > 0 and key in counters:
@@ -307,40 +307,39 @@ class ProducerMonitor(_Monitor):
             self.events_in.labels(table).inc(n)
         self._in.clear()
 
-    def turn(self, p: Producer, start: Position) -> None:
-        """Once per loop turn (does its work at most every TURN_EVERY_S);
-        ``start`` is where this run began reading."""
+    def turn(self, t: ProducerTurn) -> None:
+        """Once per loop turn (does its work at most every TURN_EVERY_S)."""
         if self._read is None:
-            self._read = start  # bytes read are counted from here
+            self._read = t.start  # bytes read are counted from here
         now = time.monotonic()
         if now - self._last_turn < TURN_EVERY_S:
             return
         self._last_turn = now
         self._beat()
-        self._deltas.step(p, {**p.stats, "bytes": int(getattr(p.sink, "bytes_sent", 0))}, {
+        self._deltas.step(t.run, dict(t.counters), {
             "batches": self.batches.inc, "transactions": self.transactions.inc, "bytes": self.bytes_out.inc})
-        read = p.state.read
+        read = t.read
         if read is not None and self._read is not None and read != self._read:
             # Across a rotation the rest of the previous file is not known
             # here: counted from the new file's start (slightly under).
             # (A restart re-reads from the checkpoint: a step back counts nothing.)
             self.bytes_in.inc(max(0, read.pos - self._read.pos if read.file == self._read.file else read.pos - 4))
         self._read = read
-        self._checkpoint = p.state.checkpoint
-        lag_bytes = _bytes_between(self._source_end, p.state.checkpoint)
+        self._checkpoint = t.checkpoint
+        lag_bytes = _bytes_between(self._source_end, t.checkpoint)
         self.lag_bytes.set(lag_bytes)
         lag_s: float | None
         if lag_bytes == 0:
             lag_s = 0.0
-        elif p.state.last_event_ts:
-            lag_s = max(0.0, time.time() - p.state.last_event_ts)
+        elif t.last_event_ts:
+            lag_s = max(0.0, time.time() - t.last_event_ts)
         else:
             lag_s = None
         self.lag_s.set(math.nan if lag_s is None else lag_s)
         self.health.lag(lag_s)
         self._write_report({
             "source_end": self._source_end.to_dict() if self._source_end else None,
-            "checkpoint": p.state.checkpoint.to_dict() if p.state.checkpoint else None,
+            "checkpoint": t.checkpoint.to_dict() if t.checkpoint else None,
             "lag_bytes": None if math.isnan(lag_bytes) else lag_bytes, "lag_s": lag_s})
 
 
@@ -395,38 +394,36 @@ class ApplierMonitor(_Monitor):
         for table, n in _tally(c for c in changes if c.op is not Op.DDL).items():
             self.rows_out.labels(table).inc(n)
 
-    def turn(self, app: Applier, delivered: int) -> None:
-        """Once per loop turn, after the transport read (``delivered``
-        envelopes).  Runs the target check when due: through the applier's
-        own Target, in its thread (targets are not thread-safe)."""
+    def turn(self, t: ApplierTurn) -> None:
+        """Once per loop turn, after the transport read.  Runs the target
+        check when due: through ``t.ping`` (the applier's own Target, in its
+        thread: targets are not thread-safe)."""
         self._beat()
-        s = app.stats
-        self._deltas.step(s, {"envelopes": s.envelopes, "duplicates": s.duplicates, "flushes": s.flushes,
-                              "ddl": s.ddl}, {"envelopes": self.envelopes.inc, "duplicates": self.duplicates.inc,
-                                              "flushes": self.flushes.inc, "ddl": self.ddl.inc})
-        for reason, n in s.rejected.items():
-            key = f"{id(s)}:{reason}"
+        self._deltas.step(t.run, dict(t.counters), {"envelopes": self.envelopes.inc,
+                                                    "duplicates": self.duplicates.inc,
+                                                    "flushes": self.flushes.inc, "ddl": self.ddl.inc})
+        for reason, n in t.rejected.items():
+            key = f"{t.run}:{reason}"
             if n > self._rejected.get(key, 0):
                 self.rejected.labels(reason).inc(n - self._rejected.get(key, 0))
                 self._rejected[key] = n
-        self.buffer_rows.set(len(app.buffer))
-        applied = app.admit.held(app.producer_id)
+        self.buffer_rows.set(t.buffered_rows)
         lag_s: float | None
-        if delivered == 0 and not app.buffer.envelopes:
+        if t.delivered == 0 and not t.buffered_envelopes:
             lag_s, lag_bytes = 0.0, 0.0  # everything the transport delivered is in the target
         else:
-            lag_s = max(0.0, time.time() - applied.commit_ts) if applied and applied.commit_ts else None
-            lag_bytes = _bytes_between(self._newest, applied.position if applied else None)
+            lag_s = max(0.0, time.time() - t.applied_commit_ts) if t.applied_commit_ts else None
+            lag_bytes = _bytes_between(self._newest, t.applied_position)
         self.lag_s.set(math.nan if lag_s is None else lag_s)
         self.lag_bytes.set(lag_bytes)
         self.health.lag(lag_s)
         if self.enabled and self.health.check_due():
             try:
-                app.target.ping()
+                t.ping()
                 self._checked(None)
             except (CynomysError, OSError) as exc:
                 # Recorded, not raised: the loop's own work meets the same
                 # error and retries as usual; the check only reports it.
                 self._checked(exc)
         self._write_report({"lag_s": lag_s, "lag_bytes": None if math.isnan(lag_bytes) else lag_bytes,
-                            "buffer_rows": len(app.buffer)})
+                            "buffer_rows": t.buffered_rows})

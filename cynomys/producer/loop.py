@@ -42,6 +42,7 @@ from cynomys import compiled
 from cynomys.core.config import Config
 from cynomys.core.errors import CynomysError, TerminalError
 from cynomys.core.model import Batch, EnvelopeMeta, Position
+from cynomys.metrics.events import ProducerTurn
 from cynomys.metrics.monitor import ProducerMonitor
 from cynomys.parser.stream import BinlogSource, SourceInspector, TableFilter
 from cynomys.parser.txn import Assembler
@@ -56,6 +57,10 @@ log = logging.getLogger(__name__)
 
 class BatchSink(Protocol):
     def last_sequence(self) -> int: ...
+
+    @property
+    def bytes_sent(self) -> int:
+        """Envelope bytes handed to the transport so far (for the metrics)."""
 
     @property
     def fence_token(self) -> int:
@@ -317,7 +322,8 @@ class Producer:
         last_save = 0.0
 
         while True:
-            self.monitor.turn(self, start)
+            self.monitor.turn(ProducerTurn(id(self), start, {**self.stats, "bytes": self.sink.bytes_sent},
+                                           self.state.read, self.state.checkpoint, self.state.last_event_ts))
             if self.stop.is_set():
                 # Ship what ends on a transaction boundary; a transaction still
                 # open is dropped here and re-read after restart (not checkpointed).
