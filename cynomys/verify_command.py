@@ -88,6 +88,8 @@ def _print_mismatches(results: list[dict[str, Any]], out: TextIO) -> None:
             s, t = r["source"], r["target"]
             print(f"differs: {r['table']} {r['describe']}: source {s['count']} rows (hash {s['hash']}), "
                   f"target {t['count']} rows (hash {t['hash']})", file=out)
+        if r.get("error"):  # the applier refused to repair it (and says how to fix that)
+            print(f"not repaired: {r['table']} {r['describe']}: {r['error']}", file=out)
 
 
 def _run_job(cfg: Config, store: VerifyStore, request: dict[str, Any], out: TextIO, progress: bool,
@@ -167,7 +169,8 @@ def status_report(cfg: Config, recent: int = 5) -> dict[str, Any]:
             "chunks_emitted": len(j.chunks), "chunks_checked": len(results),
             "rows_checked": sum(int(r["source"]["count"]) for r in results),
             "mismatches": [f"{r['table']} {r['describe']} (source {r['source']['count']} rows, target "
-                           f"{r['target']['count']})" for r in results if not r["match"]],
+                           f"{r['target']['count']})" + (f": not repaired: {r['error']}" if r.get("error") else "")
+                           for r in results if not r["match"]],
             "error": j.error or None,
         }
     return out

@@ -50,7 +50,8 @@ from cynomys.applier.ddl import (
 from cynomys.applier.targets.base import AppliedState, Flush, Target
 from cynomys.core.config import Config
 from cynomys.core.errors import TerminalError
-from cynomys.core.model import Batch, Change, Op, Position, Row
+from cynomys.core.model import Batch, Change, Op, Position, Row, TableSchema
+from cynomys.snapshot.checksum import Checksum, KeyRange
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +194,14 @@ class Partitioning:
 
 class PartitionTarget(Target):
     """A target whose applied state is this partition's: the applier loop
-    keeps speaking of producer ids, the target stores ``Partitioning.state_key``."""
+    keeps speaking of producer ids, the target stores ``Partitioning.state_key``.
+
+    The applier always wraps its target in one (partitions = 1 too), so
+    every method of the Target interface is forwarded to the wrapped target,
+    never left to the base class: a base-class default here would hide the
+    target's own (verify's SQL range paths once fell back to reading the
+    whole table per chunk that way).  tests/unit/test_partition.py checks
+    that each public method of Target is defined here."""
 
     def __init__(self, inner: Target, part: Partitioning) -> None:
         super().__init__(inner.cfg)
@@ -249,6 +257,19 @@ class PartitionTarget(Target):
 
     def fetch_rows(self, database: str, table: str) -> list[Row]:
         return self.inner.fetch_rows(database, table)
+
+    def ddl_ops(self, change: Change) -> list[DdlOp] | None:
+        return self.inner.ddl_ops(change)
+
+    # -- `cynomys verify`: the target's own range paths (SQL where it has them)
+    def range_rows(self, schema: TableSchema, rng: KeyRange) -> list[Row]:
+        return self.inner.range_rows(schema, rng)
+
+    def checksum_range(self, schema: TableSchema, rng: KeyRange) -> Checksum:
+        return self.inner.checksum_range(schema, rng)
+
+    def purge_into(self, flush: Flush, schema: TableSchema, rng: KeyRange) -> int:
+        return self.inner.purge_into(flush, schema, rng)
 
 
 def check_layout(target: Target, part: Partitioning, producer_id: str) -> None:

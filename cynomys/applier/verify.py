@@ -15,7 +15,11 @@ checksums must be equal.
 - PURGE (a repair): the range's READ rows follow it, then its CHECKSUM.
   The rows the target holds in the range are deleted in the same target
   transaction that inserts those READ rows and records the applier state,
-  committed when the CHECKSUM comes; then the range is checked.
+  committed when the CHECKSUM comes; then the range is checked.  A target
+  that cannot delete exactly the range (``RepairRefused``: a key column in
+  a case-insensitive collation there) leaves it as it is: the READ rows are
+  dropped from that transaction, the result carries the reason and the fix
+  (``error``), and replication goes on.
 
 The producer ends an envelope with each CHECKSUM record, so that commit
 records the envelope's own state (its sequence number, its end): a state
@@ -34,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cynomys.applier.targets.base import Flush, Target
+from cynomys.applier.targets.base import Flush, RepairRefused, Target
 from cynomys.core.config import Config
 from cynomys.core.errors import TerminalError
 from cynomys.core.model import Change, Op, TableSchema
@@ -91,6 +95,7 @@ class Verifier:
         self.path = results_path(cfg)
         self.stats = {"checked": 0, "mismatched": 0, "purged": 0}
         self.purges: list[Change] = []   # PURGE records waiting for their CHECKSUM's flush
+        self.refused: dict[str, str] = {}  # chunk id -> why the target refused its repair
 
     def purge_later(self, change: Change) -> None:
         _schema(change)
@@ -102,8 +107,20 @@ class Verifier:
         the ranges' READ rows)."""
         for change in self.purges:
             schema = _schema(change)
-            rng = KeyRange.from_dict(_payload(change)["range"])
-            n = self.target.purge_into(flush, schema, rng)
+            d = _payload(change)
+            rng = KeyRange.from_dict(d["range"])
+            try:
+                n = self.target.purge_into(flush, schema, rng)
+            except RepairRefused as exc:
+                # The flush holds the range's READ rows (they follow the PURGE,
+                # and everything before it was committed): without the
+                # deletion they must not go in either.
+                flush.tables = [tf for tf in flush.tables
+                                if (tf.schema.database, tf.schema.table) != (schema.database, schema.table)]
+                self.refused[str(d.get("chunk"))] = exc.one_line()
+                log.error("verify repair: %s (%s) left as it is: %s", schema.name, rng.describe(schema.key),
+                          exc.one_line())
+                continue
             self.stats["purged"] += n
             log.info("verify repair: %s (%s): replacing %d target rows with the source's", schema.name,
                      rng.describe(schema.key), n)
@@ -128,6 +145,9 @@ class Verifier:
                   "source": want.to_dict(), "target": got.to_dict(), "match": match,
                   "position": str(change.txn), "checked": time.time(),
                   "seconds": round(time.monotonic() - t0, 4)}
+        refused = self.refused.pop(str(d.get("chunk")), "")
+        if refused:
+            result["error"] = refused
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as fh:
             fh.write(json.dumps(result, default=str, separators=(",", ":")) + "\n")

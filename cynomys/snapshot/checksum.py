@@ -33,6 +33,19 @@ multiset hash, so it also fits tables without a primary key.  MD5 (not for
 security: a checksum of data the user owns on both sides) and decimal
 length prefixes because SQL engines have both: a target may compute the
 same value in SQL (targets/<kind>/verify.py).
+
+Key order.  A key range (``KeyRange``) is a set of keys only once both
+sides agree on what ``<`` means.  It means one thing everywhere: Python's
+order of the model's key values, where text compares by code points, which
+is the order of its UTF-8 bytes (and bytes by their bytes), with no
+padding: ``'B' < 'a'``, ``'a' < 'a '``, ``'f' < 'é'``.  A collation's order
+(MariaDB's default utf8mb4_general_ci says ``'a' < 'B'`` and ``'a' = 'a '``)
+is never used to cut or test a range: a range cut in one order and purged
+in another deletes rows outside it (the bug this replaced).  So a source
+key column whose collation is not that order is read with ``CAST(... AS
+BINARY)`` (snapshot/verify.py), a MariaDB target compares such a column
+the same way, DuckDB with ``COLLATE "binary"``; Spark, MonetDB and the
+Python fallback compare text by its bytes already.
 """
 from __future__ import annotations
 
@@ -176,7 +189,8 @@ class RowHasher:
 
 @dataclass(frozen=True)
 class KeyRange:
-    """Primary-key values ``lo < key <= hi`` (model values, key order);
+    """Primary-key values ``lo < key <= hi`` (model values, compared in
+    byte order: see "Key order" above, never in a collation's order);
     ``lo`` None: from the start, ``hi`` None: to the end.  A table without
     a key has one range, the whole table (both None)."""
 
@@ -203,24 +217,47 @@ class KeyRange:
         return cls(decode_key(d.get("lo")), decode_key(d.get("hi")))
 
 
+#: Source base types holding text: a key column of one of these types is
+#: compared by a collation in SQL unless told otherwise (ENUM and SET sort
+#: by member number in MariaDB: their text is compared instead).
+TEXT_TYPES = frozenset({"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum", "set"})
+
+
+def text_key_columns(schema: TableSchema) -> frozenset[str]:
+    """The key columns of ``schema`` whose values are text."""
+    by_name = {c.name: c for c in schema.columns}
+    return frozenset(k for k in schema.key if k in by_name and by_name[k].base_type in TEXT_TYPES)
+
+
 def key_predicate(key: Sequence[str], rng: KeyRange, quote: Callable[[str], str],
-                  mark: Callable[[int], str]) -> tuple[str, list[Value]]:
+                  mark: Callable[[int], str], *, expr: Callable[[str, str], str] | None = None,
+                  param: Callable[[str, Value], Any] | None = None) -> tuple[str, list[Any]]:
     """``lo < key <= hi`` as portable SQL: ``quote`` quotes a column name,
     ``mark(i)`` is the placeholder of parameter i; ('', []) for every row.
     The comparison is written out column by column (``a > x OR (a = x AND
-    b > y)``), which every engine understands."""
+    b > y)``), which every engine understands.
+
+    The SQL must compare in byte order (``KeyRange``): ``expr(name,
+    quoted)`` gives the expression compared for a column (e.g. ``CAST(..
+    AS BINARY)`` for a text column in a collation) and ``param(name,
+    value)`` the parameter it is compared with (e.g. the text's UTF-8
+    bytes); by default the column and the value themselves."""
     conds: list[str] = []
-    params: list[Value] = []
+    params: list[Any] = []
+    cols = [quote(k) if expr is None else expr(k, quote(k)) for k in key]
+
+    def value(i: int, v: Value) -> Any:
+        return v if param is None else param(key[i], v)
 
     def greater(bound: tuple[Value, ...]) -> str:
         terms = []
         for i in range(len(key)):
             eqs = []
             for j in range(i):
-                eqs.append(f"{quote(key[j])} = {mark(len(params))}")
-                params.append(bound[j])
-            terms.append(" AND ".join([*eqs, f"{quote(key[i])} > {mark(len(params))}"]))
-            params.append(bound[i])
+                eqs.append(f"{cols[j]} = {mark(len(params))}")
+                params.append(value(j, bound[j]))
+            terms.append(" AND ".join([*eqs, f"{cols[i]} > {mark(len(params))}"]))
+            params.append(value(i, bound[i]))
         return "(" + " OR ".join(f"({t})" for t in terms) + ")"
 
     if rng.lo is not None:
@@ -228,6 +265,17 @@ def key_predicate(key: Sequence[str], rng: KeyRange, quote: Callable[[str], str]
     if rng.hi is not None:
         conds.append("NOT " + greater(rng.hi))
     return " AND ".join(conds), params
+
+
+def key_of(schema: TableSchema) -> Callable[[Sequence[Value]], tuple[Value, ...]]:
+    """row -> its key tuple."""
+    idx = schema.key_indexes()
+    return lambda r: tuple(r[i] for i in idx)
+
+
+def sort_key(key: tuple[Value, ...]) -> tuple[Any, ...]:
+    """A key as Python sorts it in byte order (``sorted(keys, key=sort_key)``)."""
+    return _cmp_key(key)
 
 
 def _show(key: tuple[Value, ...]) -> str:

@@ -72,6 +72,68 @@ def key_condition(key: Sequence[str], after: Sequence[Any]) -> tuple[str, tuple[
     return f"{row} AND ({' OR '.join(terms)})", tuple(params)
 
 
+# -- key order (snapshot/checksum.py, "Key order") -----------------------------
+#: Character sets whose encoded bytes sort as their code points, i.e. as
+#: Python sorts the decoded str (UTF-8; ASCII is a part of it).
+_CODE_POINT_CHARSETS = frozenset({"utf8mb4", "utf8mb3", "utf8", "ascii"})
+
+#: information_schema columns that decide how MariaDB/MySQL compares a
+#: column: (COLUMN_NAME, DATA_TYPE, CHARACTER_SET_NAME, COLLATION_NAME).
+COLUMN_ORDER_SQL = ("SELECT COLUMN_NAME, DATA_TYPE, CHARACTER_SET_NAME, COLLATION_NAME FROM information_schema.COLUMNS "
+                    "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s")
+
+
+def byte_ordered(data_type: str, charset: str | None, collation: str | None) -> bool:
+    """Does MariaDB/MySQL compare and sort this column as verify compares key
+    values (Python's order: text by its UTF-8 bytes, no padding)?
+
+    Numbers, temporals and binary strings (no collation): yes.  Text: only
+    in a NO PAD binary collation of a UTF-8 charset (``utf8mb4_nopad_bin``,
+    MySQL's ``utf8mb4_0900_bin``).  Not ``utf8mb4_bin``: it is PAD SPACE
+    (``'a' = 'a '``, ``'a\t' < 'a'``).  ENUM and SET sort by member
+    number: no."""
+    if data_type.lower() in ("enum", "set"):
+        return False
+    if not collation:
+        return True
+    c, cs = collation.lower(), (charset or "").lower()
+    return cs in _CODE_POINT_CHARSETS and (c.endswith("_nopad_bin") or c.endswith("_0900_bin"))
+
+
+def unordered_columns(info_rows: Sequence[Sequence[Any]], names: Sequence[str]) -> dict[str, str]:
+    """Of the columns ``names`` (a key), those not ``byte_ordered``, each with
+    what makes it so (its collation, or its type), from ``COLUMN_ORDER_SQL``
+    rows; names match case-insensitively, as MariaDB's do."""
+    by_name = {str(r[0]).lower(): r for r in info_rows}
+    out: dict[str, str] = {}
+    for n in names:
+        r = by_name.get(n.lower())
+        if r is None:
+            continue
+        data_type, charset, collation = str(r[1] or ""), r[2], r[3]
+        if byte_ordered(data_type, None if charset is None else str(charset),
+                        None if collation is None else str(collation)):
+            continue
+        if data_type.lower() in ("enum", "set"):
+            out[n] = f"{data_type.upper()} (sorted by member number)"
+        else:
+            out[n] = f"collation {collation}"
+    return out
+
+
+def byte_key_sql(quoted: str) -> str:
+    """A text column as its UTF-8 bytes: compared and sorted byte by byte,
+    whatever its charset and collation.  (No index on the column serves a
+    comparison of this expression: see snapshot/verify.py for the cost.)"""
+    return f"CAST(CONVERT({quoted} USING utf8mb4) AS BINARY)"
+
+
+def byte_key_param(v: Any) -> Any:
+    """A key value compared with ``byte_key_sql``: text as its UTF-8 bytes
+    (the driver sends bytes as a binary string, never in a collation)."""
+    return v.encode("utf-8", "surrogateescape") if isinstance(v, str) else v
+
+
 def build_chunk_query(database: str, table: str, columns: Sequence[ColumnDef], key: Sequence[str],
                       after: Sequence[Any] | None, limit: int | None, where: str = "") -> ChunkQuery:
     """The chunk after ``after`` (None: the first chunk).  A keyless table

@@ -21,14 +21,47 @@ go on:
    computes the same checksum over the same range on the target once
    everything before it is committed.
 
-A table without a primary key is one chunk (the whole table); a change to
-it inside the window cannot be placed (rows have no identity), so the read
-is done again, as the snapshot does.
+Key order.  A range means the same keys on both sides only if both compare
+keys alike: byte order (snapshot/checksum.py, "Key order").  A key whose
+columns MariaDB already compares that way (numbers, temporals, binary
+strings, text in ``utf8mb4_nopad_bin``) is read as above, one indexed
+``key > lo ORDER BY key LIMIT n`` select per chunk.  A key with a text
+column in a collation (MariaDB's default utf8mb4_general_ci: ``'a' < 'B'``,
+``'a' = 'a '``), or an ENUM/SET (sorted by member number), cannot be cut
+that way: the index is in the collation's order, and ``CAST(k AS BINARY) >
+x`` cannot use it, so a select per chunk would scan the whole table for
+every chunk (quadratic).  Such a table is *streamed* instead (``_Stream``):
+one select of the remaining range ``ORDER BY CAST(k AS BINARY)`` (one scan
+and one sort on the server, whatever the table's size) inside one window --
+low watermark, ``START TRANSACTION WITH CONSISTENT SNAPSHOT``, high
+watermark -- read through a server-side cursor; each chunk is the next
+``chunk_size`` rows of it.  The window stays open until the last chunk, so
+every row change of the table after the low watermark is kept (the latest
+image per key, ``pending``, for keys not emitted yet) and applied to the
+chunk it falls in when that chunk is emitted: full row images make the
+chunk the range's state at its emission, read early or not.  The cost is
+one long consistent read (InnoDB keeps old row versions for it, as for a
+keyless snapshot) and ``pending``'s memory, bounded: past ``_PENDING_MAX``
+keys the stream starts again from the next chunk.  Repairs of such a table
+use the same stream over the damaged range (a bounded scan).
 
-Repair (``cynomys verify --repair``) reads a mismatching range the same way
-and emits, at one boundary: PURGE (delete the range on the target), the
-range's rows as READ changes, and a CHECKSUM of them, so the repaired range
-is verified again in the same go.
+A table without a primary key is one chunk (the whole table), streamed the
+same way and hashed while it is read, so it never sits in memory (a repair
+keeps its rows: they are shipped).  A change to it inside the window cannot
+be placed (rows have no identity), so the read is done again, as the
+snapshot does.
+
+Repair (``cynomys verify --repair``) reads a mismatching range the same way,
+in chunks of at most ``chunk_size`` rows, and emits for each at one
+boundary: PURGE (delete the chunk's range on the target), the range's rows
+as READ changes, and a CHECKSUM of them, so the repaired range is verified
+again in the same go.  Each chunk must fit in one envelope (the producer
+stops on a larger one): a keyed chunk too large is cut shorter; a keyless
+table's repair is one transaction of all its rows, and when it does not fit
+the task fails alone, naming the fix (a keyless snapshot streams it in
+fragments).  As a last guard, a repair chunk the producer stopped on
+``_SHIP_ATTEMPTS`` times without getting past it fails its task instead of
+stopping replication at every restart.
 
 State: ``<producer state_dir>/verify.json`` (jobs, and per table the end of
 the last chunk the checkpoint has passed: a producer restarted after a crash
@@ -45,16 +78,31 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import pymysql
+import pymysql.cursors
+
 from cynomys.core.checkpoint import read_json, write_json_atomic
 from cynomys.core.config import Config
-from cynomys.core.model import Change, Op, Position, Row, TableSchema, Value
+from cynomys.core.gtid import GtidSet
+from cynomys.core.model import Batch, Change, Op, Position, Row, TableSchema, Value
 from cynomys.parser.stream import TableFilter
 from cynomys.parser.txn import Commit, Item, Progress
-from cynomys.snapshot.checksum import KeyRange, RowHasher
-from cynomys.snapshot.chunker import decode_key, encode_key, key_condition, quote_ident, select_list
+from cynomys.snapshot.checksum import MASK, Checksum, KeyRange, RowHasher, key_of, key_predicate, sort_key
+from cynomys.snapshot.chunker import (
+    COLUMN_ORDER_SQL,
+    ChunkQuery,
+    byte_key_param,
+    byte_key_sql,
+    decode_key,
+    encode_key,
+    key_condition,
+    quote_ident,
+    select_list,
+    unordered_columns,
+)
 from cynomys.snapshot.columns import TableInfo, row_converter
 from cynomys.snapshot.errors import SnapshotError
-from cynomys.snapshot.source import SnapshotConnection
+from cynomys.snapshot.source import SnapshotConnection, translate
 from cynomys.snapshot.state import SnapshotStore
 from cynomys.snapshot.watermark import WATERMARK_TABLE, GtidWatermarker, WatermarkTable, read_watermark
 from cynomys.snapshot.window import GtidMarks, Phase
@@ -67,6 +115,20 @@ RUNNING, DONE, FAILED, CANCELLED = "running", "done", "failed", "cancelled"
 _REQUEST_POLL_S = 0.5
 _KEYLESS_ATTEMPTS = 20
 _KEEP_FINISHED = 20
+#: Repair chunks shipped without the checkpoint getting past them before
+#: the task gives up (the producer stopped on each: see the module doc).
+_SHIP_ATTEMPTS = 3
+#: Keys changed since a stream's low watermark kept at most; beyond, the
+#: stream starts again from its next chunk (a new, short window).
+_PENDING_MAX = 200_000
+#: Rows fetched from a stream per round trip.
+_FETCH_ROWS = 1000
+#: A keyless table is read and hashed across polls, this long per poll, so
+#: the producer's loop goes on shipping the log meanwhile.
+_READ_SLICE_S = 0.2
+# The server gives up on a client that does not read for net_write_timeout
+# seconds; a stream is read between the producer's envelopes.
+_NET_WRITE_TIMEOUT_S = 3600
 
 
 @dataclass(frozen=True)
@@ -82,6 +144,9 @@ class VerifyTask:
     done: bool = False
     error: str = ""
     estimate: int = 0
+    # Repair chunks shipped since the checkpoint last passed one of this
+    # task's (persisted before each is handed to the producer).
+    attempts: int = 0
 
     @property
     def database(self) -> str:
@@ -147,19 +212,65 @@ def store_for(cfg: Config) -> VerifyStore:
 
 @dataclass
 class _Active:
+    """One chunk of a table whose key MariaDB compares in byte order: one
+    indexed select between its own watermarks."""
+
     job_id: str
     task: int
     info: TableInfo
     rng: KeyRange
     phase: Phase
     rows: dict[tuple[Value, ...], Row] = field(default_factory=dict)
-    keyless: list[Row] = field(default_factory=list)
-    dirty: bool = False
     exhausted: bool = True
     low_uuid: str = ""
     high_uuid: str = ""
     marks: GtidMarks | None = None
     started: float = 0.0
+
+
+@dataclass
+class _Stream:
+    """One select of a task's remaining range, in byte order of the key (or
+    a keyless table, whole), read chunk by chunk inside one window (see
+    the module doc)."""
+
+    job_id: str
+    task: int
+    info: TableInfo
+    conn: SnapshotConnection | None     # its own connection, in a consistent-snapshot transaction
+    cursor: Any                         # a pymysql SSCursor on it
+    phase: Phase
+    lo: tuple[Value, ...] | None = None   # the next chunk starts after it
+    hi: tuple[Value, ...] | None = None   # the task's end (None: the table's)
+    low_uuid: str = ""
+    high_uuid: str = ""
+    marks: GtidMarks | None = None
+    # keyed: the latest image (None: deleted) of each key > lo changed since
+    # the low watermark; rows read past a chunk cut short (already current)
+    pending: dict[tuple[Value, ...], Row | None] = field(default_factory=dict)
+    carry: list[Row] = field(default_factory=list)
+    eof: bool = False
+    # keyless: changed in the window; the checksum so far; a repair's rows
+    dirty: bool = False
+    count: int = 0
+    total: int = 0
+    rows: list[Row] = field(default_factory=list)
+    size: int = 0
+    started: float = 0.0
+
+    @property
+    def keyed(self) -> bool:
+        return bool(self.info.schema.key)
+
+    @property
+    def remaining(self) -> KeyRange:
+        return KeyRange(self.lo, self.hi)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()  # ends the read transaction; unread rows go with the connection
+            self.conn = None
+        self.cursor = None
 
 
 @dataclass(frozen=True)
@@ -178,7 +289,9 @@ def chunk_id(job_id: str, task: VerifyTask, n: int) -> str:
 
 
 def range_sql(key: tuple[str, ...], rng: KeyRange) -> tuple[str, tuple[Any, ...]]:
-    """``lo < key <= hi`` as MariaDB SQL (``%s`` parameters), '' when whole."""
+    """``lo < key <= hi`` as MariaDB SQL (``%s`` parameters), '' when whole.
+    For a key MariaDB compares in byte order only (``byte_ordered``): the
+    condition the range optimizer turns into an index range."""
     conds: list[str] = []
     params: list[Any] = []
     if rng.lo is not None:
@@ -192,6 +305,34 @@ def range_sql(key: tuple[str, ...], rng: KeyRange) -> tuple[str, tuple[Any, ...]
     return " AND ".join(conds), tuple(params)
 
 
+def stream_sql(info: TableInfo, unordered: dict[str, str] | frozenset[str],
+               rng: KeyRange) -> tuple[str, tuple[Any, ...]]:
+    """The select of a stream: the rows of ``rng``, in byte order of the key,
+    the ``unordered`` key columns compared and sorted as their UTF-8 bytes
+    (no index serves it: one scan and one sort of the range, which is why a
+    table is streamed once rather than selected per chunk).  A keyless
+    table: every row, in no order."""
+    schema = info.schema
+
+    def q(name: str) -> str:
+        return quote_ident(name).replace("%", "%%")
+
+    def expr(name: str, quoted: str) -> str:
+        return byte_key_sql(quoted) if name in unordered else quoted
+
+    def param(name: str, v: Value) -> Any:
+        return byte_key_param(v) if name in unordered else sql_param(v)
+
+    sql = f"SELECT {select_list(schema.columns)} FROM {q(schema.database)}.{q(schema.table)}"
+    if not schema.key:
+        return sql, ()
+    where, params = key_predicate(schema.key, rng, q, lambda i: "%s", expr=expr, param=param)
+    if where:
+        sql += " WHERE " + where
+    sql += " ORDER BY " + ", ".join(expr(k, q(k)) for k in schema.key)
+    return sql, tuple(params)
+
+
 def sql_param(v: Value) -> Any:
     """A model key value as a driver parameter (TIMESTAMP keys: naive UTC,
     as the session (time_zone +00:00) compares them)."""
@@ -200,6 +341,11 @@ def sql_param(v: Value) -> Any:
     if isinstance(v, datetime.datetime) and v.tzinfo is not None:
         return v.astimezone(datetime.timezone.utc).replace(tzinfo=None)
     return v
+
+
+def _row_bytes(row: Row) -> int:
+    """A cheap upper-ish estimate of a row's size on the wire."""
+    return 16 + sum(len(v) if isinstance(v, (str, bytes, bytearray)) else 9 for v in row if v is not None)
 
 
 class VerifyCoordinator:
@@ -216,6 +362,7 @@ class VerifyCoordinator:
         self._lo: dict[tuple[str, int], list[Any] | None] = {}
         self._exhausted: set[tuple[str, int]] = set()
         self._active: _Active | None = None
+        self._stream: _Stream | None = None
         self._emitted: list[_Emitted] = []
         self._schemas: dict[tuple[str, str], TableSchema] = {}
         self._keyless_attempts: dict[tuple[str, int], int] = {}
@@ -225,6 +372,10 @@ class VerifyCoordinator:
         self._conn: SnapshotConnection | None = None
         self._watermarks: WatermarkTable | None = None
         self._gtid: GtidWatermarker | None = None
+        # A repair chunk's records must fit one envelope next to whatever
+        # the producer batched before them (less than a batch of changes):
+        # half the limit leaves room for that.
+        self.ship_budget = max(1, cfg.transport.max_envelope_bytes // 2)
         self.stats = {"chunks": 0, "rows": 0}
 
     # -- producer hooks ----------------------------------------------------------
@@ -232,11 +383,14 @@ class VerifyCoordinator:
         """See one assembled item (before the snapshot coordinator, which
         swallows the watermark table's events)."""
         if isinstance(item, Change):
-            a = self._active
+            a, s = self._active, self._stream
             if item.op is Op.DDL:
                 if a is not None and item.database == a.info.schema.database:
                     log.info("verify: DDL inside the window of a chunk of %s: reading that chunk again", a.info.name)
                     self._active = None
+                if s is not None and item.database == s.info.schema.database:
+                    log.info("verify: DDL while reading %s: reading it again from its next chunk", s.info.name)
+                    self._drop_stream()
                 self._schemas.clear()
                 return
             if item.table == WATERMARK_TABLE and item.database == self.wm_schema:
@@ -246,6 +400,8 @@ class VerifyCoordinator:
                 self._schemas[(item.database, item.table)] = item.schema
             if a is not None and item.table == a.info.schema.table and item.database == a.info.schema.database:
                 self._on_change(a, item)
+            if s is not None and item.table == s.info.schema.table and item.database == s.info.schema.database:
+                self._on_stream_change(s, item)
         elif isinstance(item, Commit):
             self._last_end, self._last_ts = item.end, item.commit_ts
             self._check_high(item.gtid, item.end)
@@ -260,18 +416,26 @@ class VerifyCoordinator:
             self._take_requests()
         if not self.enabled:
             return []
-        if self._active is None:
+        if self._active is None and self._stream is None:
             if not self._start_next_chunk():
                 return []
         a = self._active
         if a is not None and a.phase is Phase.CLOSING and at_boundary:
             return self._emit(a)
+        s = self._stream
+        if s is not None:
+            try:
+                return self._pump(s, at_boundary)
+            except SnapshotError as exc:
+                self._fail(s.job_id, s.task, exc.message + (f" (fix: {exc.hint})" if exc.hint else ""))
         return []
 
     def wait_s(self) -> float:
-        a = self._active
+        a, s = self._active, self._stream
         if a is not None and a.phase is Phase.CLOSING:
             return 0.0
+        if s is not None and (s.phase is Phase.CLOSING or (not s.keyed and not s.eof)):
+            return 0.0  # chunks to emit, or a keyless table being read
         return _REQUEST_POLL_S
 
     def checkpointed(self, pos: Position) -> None:
@@ -284,7 +448,7 @@ class VerifyCoordinator:
             if job is None:
                 continue
             t = job.tasks[e.task]
-            t = replace(t, lo=e.next_lo, chunks=t.chunks + 1, rows=t.rows + e.rows, done=e.exhausted)
+            t = replace(t, lo=e.next_lo, chunks=t.chunks + 1, rows=t.rows + e.rows, done=e.exhausted, attempts=0)
             tasks = list(job.tasks)
             tasks[e.task] = t
             job = replace(job, tasks=tuple(tasks), chunks=job.chunks + (e.chunk,)).settle()
@@ -294,6 +458,7 @@ class VerifyCoordinator:
         self._save()
 
     def close(self) -> None:
+        self._drop_stream()
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -302,20 +467,22 @@ class VerifyCoordinator:
     # -- the window --------------------------------------------------------------
     def _on_watermark(self, change: Change) -> None:
         wm = read_watermark(change)
-        a = self._active
-        if wm is None or a is None:
+        if wm is None:
             return
-        if wm.uuid == a.low_uuid and a.phase is Phase.WAIT_LOW:
-            a.phase = Phase.OPEN
-        elif wm.uuid == a.high_uuid:
-            a.phase = Phase.CLOSING
+        for w in (self._active, self._stream):
+            if w is None:
+                continue
+            if wm.uuid == w.low_uuid and w.phase is Phase.WAIT_LOW:
+                w.phase = Phase.OPEN
+            elif wm.uuid == w.high_uuid:
+                w.phase = Phase.CLOSING
 
     def _check_high(self, gtid: str, end: Position) -> None:
-        a = self._active
-        if a is None or a.marks is None or a.phase is not Phase.OPEN:
-            return
-        if a.marks.past_high(gtid) or a.marks.reached(end):
-            a.phase = Phase.CLOSING
+        for w in (self._active, self._stream):
+            if w is None or w.marks is None or w.phase is not Phase.OPEN:
+                continue
+            if w.marks.past_high(gtid) or w.marks.reached(end):
+                w.phase = Phase.CLOSING
 
     def _on_change(self, a: _Active, change: Change) -> None:
         if a.phase is Phase.WAIT_LOW:
@@ -327,7 +494,6 @@ class VerifyCoordinator:
             return
         idx = schema.key_indexes()
         if not idx:
-            a.dirty = True
             return
         if change.before is not None:
             k = tuple(change.before[i] for i in idx)
@@ -337,6 +503,33 @@ class VerifyCoordinator:
             k = tuple(change.after[i] for i in idx)
             if a.rng.contains(k):
                 a.rows[k] = change.after
+
+    def _on_stream_change(self, s: _Stream, change: Change) -> None:
+        if s.phase is Phase.WAIT_LOW:
+            return  # before the low watermark: the read saw it
+        if s.marks is not None and s.phase is Phase.OPEN and s.marks.before_window(change.tid, change.txn):
+            return
+        schema = change.schema
+        if schema is None:
+            return
+        idx = schema.key_indexes()
+        if not idx or not s.keyed:
+            s.dirty = True
+            return
+        rest = s.remaining
+        # Before then after: an UPDATE that keeps its key ends with its image.
+        if change.before is not None:
+            k = tuple(change.before[i] for i in idx)
+            if rest.contains(k):
+                s.pending[k] = None
+        if change.after is not None:
+            k = tuple(change.after[i] for i in idx)
+            if rest.contains(k):
+                s.pending[k] = change.after
+        if len(s.pending) > _PENDING_MAX:
+            log.info("verify %s: %d keys of %s changed while it was read: reading it again from its next chunk",
+                     s.job_id, len(s.pending), s.info.name)
+            self._drop_stream()
 
     # -- chunks ------------------------------------------------------------------
     def _connection(self) -> SnapshotConnection:
@@ -353,18 +546,37 @@ class VerifyCoordinator:
                     return job, i
         return None
 
+    def _chunk_size(self, job: VerifyJob) -> int:
+        return int(job.chunk_size or self.scfg.chunk_size)
+
     def _start_next_chunk(self) -> bool:
         work = self._next_work()
         if work is None:
             return False
         job, i = work
+        t = job.tasks[i]
+        if t.attempts >= _SHIP_ATTEMPTS:
+            self._fail(job.id, i, (
+                f"the producer stopped {t.attempts} times while shipping a repair chunk of this range and never got "
+                "past it, so the repair was given up and the range left as it is (fix: see the producer's log for "
+                "why, e.g. an envelope over [transport] max_envelope_bytes)"))
+            return False
         try:
-            self._start_chunk(job, i)
+            conn = self._connection()
+            info = conn.describe(t.database, t.table)
+            key = info.schema.key
+            unordered = unordered_columns(conn.query(COLUMN_ORDER_SQL, (t.database, t.table)), key) if key else {}
+            if key and not unordered:
+                self._start_chunk(job, i, info)
+            else:
+                if unordered and (job.id, i) not in self._lo:
+                    log.info("verify %s: %s: key column(s) %s compared in byte order, not in their SQL order "
+                             "(%s): the table is read in one sorted pass", job.id, t.name, ", ".join(unordered),
+                             "; ".join(f"{k}: {why}" for k, why in unordered.items()))
+                self._start_stream(job, i, info, unordered)
         except SnapshotError as exc:
-            log.error("verify %s: %s failed: %s", job.id, job.tasks[i].name, exc)
             self._conn_reset()
-            self._set_task(job.id, i, replace(job.tasks[i], error=exc.message))
-            self._save()
+            self._fail(job.id, i, exc.message + (f" (fix: {exc.hint})" if exc.hint else ""))
             return False
         return True
 
@@ -375,29 +587,25 @@ class VerifyCoordinator:
         self._watermarks = None
         self._gtid = None
 
-    def _start_chunk(self, job: VerifyJob, i: int) -> None:
+    def _start_chunk(self, job: VerifyJob, i: int, info: TableInfo) -> None:
         t = job.tasks[i]
         conn = self._connection()
-        info = conn.describe(t.database, t.table)
         key = info.schema.key
-        lo = decode_key(self._lo.get((job.id, i), t.lo)) if key else None
-        hi = decode_key(t.hi) if key else None
+        lo = decode_key(self._lo.get((job.id, i), t.lo))
+        hi = decode_key(t.hi)
         rng = KeyRange(lo, hi)
         cond, params = range_sql(key, rng)
         table = f"{quote_ident(t.database)}.{quote_ident(t.table)}".replace("%", "%%")
         sql = f"SELECT {select_list(info.schema.columns)} FROM {table}"
         if cond:
             sql += " WHERE " + cond
-        limited = bool(key) and not t.repair
-        if key:
-            sql += " ORDER BY " + ", ".join(quote_ident(k).replace("%", "%%") for k in key)
-        if limited:
-            sql += f" LIMIT {int(job.chunk_size or self.scfg.chunk_size)}"
+        # A repair range is read in chunks too: each is shipped with its rows,
+        # and an envelope has a size limit.
+        size = self._chunk_size(job)
+        sql += " ORDER BY " + ", ".join(quote_ident(k).replace("%", "%%") for k in key) + f" LIMIT {size}"
         marks: GtidMarks | None = None
         low = high = ""
         if self.scfg.read_only:
-            from cynomys.snapshot.chunker import ChunkQuery
-
             if self._gtid is None:
                 self._gtid = GtidWatermarker(conn)
             raw, marks = self._gtid.select(ChunkQuery(sql, params))
@@ -412,17 +620,208 @@ class VerifyCoordinator:
             phase = Phase.WAIT_LOW
         convert = row_converter(info.schema.columns)
         rows = [convert(r) for r in raw]
-        idx = info.schema.key_indexes()
-        exhausted = not limited or len(rows) < int(job.chunk_size or self.scfg.chunk_size)
-        if limited and not exhausted:
-            rng = KeyRange(lo, tuple(rows[-1][j] for j in idx))
+        keyf = key_of(info.schema)
+        exhausted = len(rows) < size
+        if not exhausted:
+            rng = KeyRange(lo, keyf(rows[-1]))
         a = _Active(job.id, i, info, rng, phase, exhausted=exhausted, low_uuid=low, high_uuid=high, marks=marks,
                     started=time.monotonic())
-        if idx:
-            a.rows = {tuple(r[j] for j in idx): r for r in rows}
-        else:
-            a.keyless = rows
+        a.rows = {keyf(r): r for r in rows}
         self._active = a
+
+    def _start_stream(self, job: VerifyJob, i: int, info: TableInfo, unordered: dict[str, str]) -> None:
+        t = job.tasks[i]
+        keyed = bool(info.schema.key)
+        lo = decode_key(self._lo.get((job.id, i), t.lo)) if keyed else None
+        hi = decode_key(t.hi) if keyed else None
+        sql, params = stream_sql(info, unordered, KeyRange(lo, hi))
+        conn = self._connection()
+        read_only = self.scfg.read_only
+        low_set: GtidSet | None = None
+        low = high = ""
+        if read_only:
+            if self._gtid is None:
+                self._gtid = GtidWatermarker(conn)
+            self._gtid.check()
+            low_set = self._executed(conn)
+        else:
+            if self._watermarks is None:
+                self._watermarks = WatermarkTable(conn, self.wm_schema, self.cfg.producer.id)
+            self._watermarks.ensure()
+        read = SnapshotConnection(self.cfg.source)
+        try:
+            read.query(f"SET SESSION net_write_timeout = {_NET_WRITE_TIMEOUT_S}")
+            if not read_only:
+                assert self._watermarks is not None
+                low = self._watermarks.write("low")
+            # The read view is taken here, between the two watermarks; the
+            # select below (however long its sort) reads from it.
+            read.query("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+            marks: GtidMarks | None = None
+            if read_only:
+                assert low_set is not None
+                snapshot_pos: Position | None = None
+                if read.is_mariadb:
+                    status = {str(k): v for k, v in read.query("SHOW STATUS LIKE 'binlog_snapshot_%'")}
+                    if status.get("Binlog_snapshot_file"):
+                        snapshot_pos = Position(str(status["Binlog_snapshot_file"]),
+                                                int(status["Binlog_snapshot_position"]))
+                marks = GtidMarks(low_set, self._executed(conn), conn.binlog_end(), snapshot_pos)
+                phase = Phase.CLOSING if marks.reached(self._last_end) else Phase.OPEN
+            else:
+                assert self._watermarks is not None
+                high = self._watermarks.write("high")
+                phase = Phase.WAIT_LOW
+            cursor = read.conn.cursor(pymysql.cursors.SSCursor)
+            try:
+                cursor.execute(sql, params)
+            except pymysql.err.MySQLError as exc:
+                raise translate(exc, self.cfg.source, " ".join(sql.split())[:300]) from None
+        except BaseException:
+            read.close()
+            raise
+        self._stream = _Stream(job.id, i, info, read, cursor, phase, lo, hi, low_uuid=low, high_uuid=high,
+                               marks=marks, started=time.monotonic())
+
+    def _executed(self, conn: SnapshotConnection) -> GtidSet:
+        flavor = "mariadb" if conn.is_mariadb else "mysql"
+        var = "@@GLOBAL.gtid_binlog_pos" if conn.is_mariadb else "@@GLOBAL.gtid_executed"
+        return GtidSet.parse(flavor, str(conn.scalar(f"SELECT {var}") or ""))
+
+    def _drop_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+    def _fetch(self, s: _Stream, n: int) -> list[Row]:
+        """Up to ``n`` more rows of the stream ([] at its end)."""
+        if s.eof or s.cursor is None:
+            s.eof = True
+            return []
+        try:
+            raw = s.cursor.fetchmany(n)
+        except pymysql.err.MySQLError as exc:
+            raise translate(exc, self.cfg.source, f"reading {s.info.name}") from None
+        if not raw:
+            s.eof = True
+            s.close()  # the read is over: end its transaction now
+            return []
+        convert = row_converter(s.info.schema.columns)
+        return [convert(r) for r in raw]
+
+    def _pump(self, s: _Stream, at_boundary: bool) -> list[Item]:
+        job = self._job(s.job_id)
+        if job is None or job.status != RUNNING or job.tasks[s.task].over:
+            self._drop_stream()
+            return []
+        if not s.keyed:
+            return self._pump_keyless(s, job, at_boundary)
+        if s.phase is Phase.CLOSING and at_boundary:
+            return self._emit_stream_chunk(s, job)
+        return []
+
+    def _pump_keyless(self, s: _Stream, job: VerifyJob, at_boundary: bool) -> list[Item]:
+        key = (s.job_id, s.task)
+        if s.dirty:
+            # Its rows cannot be told apart, so a change in the window cannot
+            # be placed: read it again (a new window), as the snapshot does.
+            self._drop_stream()
+            n = self._keyless_attempts[key] = self._keyless_attempts.get(key, 0) + 1
+            if n >= _KEYLESS_ATTEMPTS:
+                self._fail(s.job_id, s.task, (
+                    f"the table (no primary key) changed during each of {n} whole-table reads (fix: verify it "
+                    "while writes to it pause, or give it a primary key)"))
+            return []
+        t = job.tasks[s.task]
+        hasher = RowHasher(s.info.schema.columns)
+        deadline = time.monotonic() + _READ_SLICE_S
+        while not s.eof and time.monotonic() < deadline:
+            for row in self._fetch(s, _FETCH_ROWS):
+                s.count += 1
+                s.total += hasher.row(row)
+                if t.repair:
+                    s.rows.append(row)
+                    s.size += _row_bytes(row)
+            if t.repair and s.size > self.ship_budget:
+                self._drop_stream()
+                self._fail(s.job_id, s.task, self._keyless_too_large(t))
+                return []
+        if not (s.eof and s.phase is Phase.CLOSING and at_boundary):
+            return []
+        self._drop_stream()
+        schema = self._schema_for(s.info)
+        if t.repair and self._fits(schema, s.rows) < len(s.rows):
+            self._fail(s.job_id, s.task, self._keyless_too_large(t))
+            return []
+        return self._ship(s.job_id, s.task, schema, KeyRange(), s.rows, Checksum(s.count, s.total & MASK), True)
+
+    def _keyless_too_large(self, t: VerifyTask) -> str:
+        return (f"the table has no primary key, so its repair is one transaction of all its rows, and they do not "
+                f"fit in one envelope (half of [transport] max_envelope_bytes = {self.cfg.transport.max_envelope_bytes}"
+                f" bytes); nothing was changed (fix: `cynomys snapshot --tables {t.name}` with [snapshot] "
+                "allow_no_primary_key = true reloads it in fragments, or give the table a primary key)")
+
+    def _emit_stream_chunk(self, s: _Stream, job: VerifyJob) -> list[Item]:
+        t = job.tasks[s.task]
+        size = self._chunk_size(job)
+        rows, s.carry = s.carry[:size], s.carry[size:]
+        while len(rows) < size and not s.eof:
+            rows.extend(self._fetch(s, min(_FETCH_ROWS, size - len(rows))))
+        keyf = key_of(s.info.schema)
+        exhausted = len(rows) < size
+        rng = KeyRange(s.lo, s.hi) if exhausted else KeyRange(s.lo, keyf(rows[-1]))
+        chunk = {keyf(r): r for r in rows}
+        for k in [k for k in s.pending if rng.contains(k)]:
+            image = s.pending.pop(k)
+            if image is None:
+                chunk.pop(k, None)
+            else:
+                chunk[k] = image
+        out = list(chunk.values())
+        if t.repair:
+            out.sort(key=lambda r: sort_key(keyf(r)))
+            kept = self._fits(self._schema_for(s.info), out)
+            if out and kept == 0:
+                self._drop_stream()
+                self._fail(s.job_id, s.task, self._row_too_large(t, keyf(out[0])))
+                return []
+            if kept < len(out):
+                # Cut short: the rest (current as of now) opens the next chunk.
+                rng, s.carry, out, exhausted = KeyRange(s.lo, keyf(out[kept - 1])), out[kept:], out[:kept], False
+        if exhausted:
+            self._drop_stream()
+        else:
+            s.lo = rng.hi
+        return self._ship(s.job_id, s.task, self._schema_for(s.info), rng, out, None, exhausted)
+
+    def _row_too_large(self, t: VerifyTask, key: tuple[Value, ...]) -> str:
+        return (f"the row with key {key!r} does not fit in one envelope with its repair records (half of [transport] "
+                f"max_envelope_bytes = {self.cfg.transport.max_envelope_bytes} bytes); the range was left as it is "
+                "(fix: raise [transport] max_envelope_bytes on the producer and the applier)")
+
+    def _fits(self, schema: TableSchema, rows: list[Row]) -> int:
+        """How many leading ``rows`` fit in one envelope with their PURGE and
+        CHECKSUM records (``ship_budget``), measured as the producer encodes
+        them."""
+        n = len(rows)
+        while True:
+            size = self._encoded_size(schema, rows[:n])
+            if size <= self.ship_budget:
+                return n
+            if n <= 1:
+                return 0
+            n = max(1, min(n - 1, int(n * self.ship_budget * 0.9 / size)))
+
+    def _encoded_size(self, schema: TableSchema, rows: list[Row]) -> int:
+        from cynomys.schemas import codec
+
+        at = self._last_end
+        db, table = schema.database, schema.table
+        record = "x" * 1024  # stands for the PURGE/CHECKSUM payload (a few hundred bytes)
+        changes = [Change(Op.PURGE, db, table, "verify:size", at, 0, schema, sql=record),
+                   *(Change(Op.READ, db, table, "verify:size", at, 0, schema, None, r) for r in rows),
+                   Change(Op.CHECKSUM, db, table, "verify:size", at, 0, schema, sql=record)]
+        return len(codec.encode(Batch(self.cfg.producer.id, tuple(changes), at, True, at, 0, 0, {})))
 
     def _schema_for(self, info: TableInfo) -> TableSchema:
         seen = self._schemas.get((info.schema.database, info.schema.table))
@@ -436,22 +835,33 @@ class VerifyCoordinator:
         if job is None or job.status != RUNNING:
             return []
         t = job.tasks[a.task]
-        if a.dirty:
-            n = self._keyless_attempts[(a.job_id, a.task)] = self._keyless_attempts.get((a.job_id, a.task), 0) + 1
-            if n >= _KEYLESS_ATTEMPTS:
-                self._set_task(a.job_id, a.task, replace(t, error=(
-                    f"the table (no primary key) changed during each of {n} whole-table reads (fix: verify it "
-                    "while writes to it pause, or give it a primary key)")))
-                self._save()
-            return []
         schema = self._schema_for(a.info)
-        rows = a.keyless if not schema.key else list(a.rows.values())
-        cs = RowHasher(schema.columns).rows(rows)
+        rows = list(a.rows.values())
+        rng, exhausted = a.rng, a.exhausted
+        if t.repair:
+            keyf = key_of(schema)
+            rows.sort(key=lambda r: sort_key(keyf(r)))
+            kept = self._fits(schema, rows)
+            if rows and kept == 0:
+                self._fail(a.job_id, a.task, self._row_too_large(t, keyf(rows[0])))
+                return []
+            if kept < len(rows):  # cut short: the next chunk is read from the cut
+                rng, rows, exhausted = KeyRange(rng.lo, keyf(rows[kept - 1])), rows[:kept], False
+        return self._ship(a.job_id, a.task, schema, rng, rows, None, exhausted)
+
+    def _ship(self, job_id: str, i: int, schema: TableSchema, rng: KeyRange, rows: list[Row],
+              cs: Checksum | None, exhausted: bool) -> list[Item]:
+        """One chunk's records: [PURGE, READ rows (a repair),] CHECKSUM, Commit."""
+        job = self._job(job_id)
+        assert job is not None
+        t = job.tasks[i]
+        if cs is None:
+            cs = RowHasher(schema.columns).rows(rows)
         at, ts = self._last_end, self._last_ts or int(time.time())
-        n = t.chunks + sum(1 for e in self._emitted if e.job_id == a.job_id and e.task == a.task)
-        cid = chunk_id(a.job_id, t, n)
-        chunk = {"id": cid, "table": t.name, "range": a.rng.to_dict()}
-        payload = json.dumps({"job": a.job_id, "chunk": cid, "range": a.rng.to_dict(), **cs.to_dict(),
+        n = t.chunks + sum(1 for e in self._emitted if e.job_id == job_id and e.task == i)
+        cid = chunk_id(job_id, t, n)
+        chunk = {"id": cid, "table": t.name, "range": rng.to_dict()}
+        payload = json.dumps({"job": job_id, "chunk": cid, "range": rng.to_dict(), **cs.to_dict(),
                               "repair": t.repair}, separators=(",", ":"))
         tid = f"verify:{cid}"
         db, table = schema.database, schema.table
@@ -461,15 +871,20 @@ class VerifyCoordinator:
             out.extend(Change(Op.READ, db, table, tid, at, ts, schema, None, r) for r in rows)
         out.append(Change(Op.CHECKSUM, db, table, tid, at, ts, schema, sql=payload))
         out.append(Commit(at, at, ts, ""))
-        next_lo = encode_key(a.rng.hi) if a.rng.hi is not None else t.lo
-        self._lo[(a.job_id, a.task)] = next_lo
-        if a.exhausted:
-            self._exhausted.add((a.job_id, a.task))
-        self._emitted.append(_Emitted(a.job_id, a.task, at, chunk, next_lo, a.exhausted, len(rows)))
+        next_lo = encode_key(rng.hi) if rng.hi is not None else t.lo
+        self._lo[(job_id, i)] = next_lo
+        if exhausted:
+            self._exhausted.add((job_id, i))
+        self._emitted.append(_Emitted(job_id, i, at, chunk, next_lo, exhausted, cs.count))
+        if t.repair:
+            # Durable before the producer ships it: a producer that stops on
+            # it every time (see _SHIP_ATTEMPTS) shows up here after restarts.
+            self._set_task(job_id, i, replace(t, attempts=t.attempts + 1))
+            self._save()
         self.stats["chunks"] += 1
-        self.stats["rows"] += len(rows)
-        log.debug("verify %s: chunk %s (%s): %d rows, emitted at %s", a.job_id, cid,
-                  a.rng.describe(schema.key), len(rows), at)
+        self.stats["rows"] += cs.count
+        log.debug("verify %s: chunk %s (%s): %d rows, emitted at %s", job_id, cid, rng.describe(schema.key),
+                  cs.count, at)
         return out
 
     # -- jobs and requests -------------------------------------------------------
@@ -486,10 +901,27 @@ class VerifyCoordinator:
             tasks[i] = t
             self._replace(replace(job, tasks=tuple(tasks)).settle())
 
+    def _fail(self, job_id: str, i: int, reason: str) -> None:
+        """The task cannot be done: it fails alone (its job ends failed with
+        the reason once its other tasks are over); replication goes on."""
+        job = self._job(job_id)
+        if job is None:
+            return
+        log.error("verify %s: %s failed: %s", job_id, job.tasks[i].name, reason)
+        if self._stream is not None and (self._stream.job_id, self._stream.task) == (job_id, i):
+            self._drop_stream()
+        self._set_task(job_id, i, replace(job.tasks[i], error=reason))
+        self._save()
+
     def _save(self) -> None:
-        a = self._active
-        live = None if a is None else {"job": a.job_id, "table": a.info.name, "phase": a.phase.value,
-                                       "range": a.rng.describe(a.info.schema.key)}
+        live: dict[str, Any] | None = None
+        a, s = self._active, self._stream
+        if a is not None:
+            live = {"job": a.job_id, "table": a.info.name, "phase": a.phase.value,
+                    "range": a.rng.describe(a.info.schema.key)}
+        elif s is not None:
+            live = {"job": s.job_id, "table": s.info.name, "phase": s.phase.value,
+                    "range": s.remaining.describe(s.info.schema.key), "streamed": True}
         self.store.save_jobs(self.jobs, live)
 
     def _take_requests(self) -> None:
@@ -540,6 +972,8 @@ class VerifyCoordinator:
                     self._replace(replace(job, status=CANCELLED, finished=time.time()))
                     if self._active is not None and self._active.job_id == job.id:
                         self._active = None
+                    if self._stream is not None and self._stream.job_id == job.id:
+                        self._drop_stream()
         else:
             log.warning("ignoring an unknown verify request: %r", req)
 

@@ -181,3 +181,69 @@ def test_metrics_carry_the_partition(tmp_path: Path) -> None:
     single = ApplierMonitor(load_config(_cfg(tmp_path, ""), env={}))
     single.envelopes.inc()
     assert single.registry.get_sample_value("cynomys_applier_envelopes_total", {}) == 1
+
+
+def _public_target_methods() -> dict[str, object]:
+    """Every public method and property of the Target interface (its own
+    and what it inherits, ``object``'s aside)."""
+    from cynomys.applier.targets.base import Target
+
+    out: dict[str, object] = {}
+    for klass in reversed(Target.__mro__[:-1]):
+        for name, value in vars(klass).items():
+            if not name.startswith("_") and (callable(value) or isinstance(value, property)):
+                out[name] = value
+    return out
+
+
+def test_partition_target_forwards_every_method_of_target() -> None:
+    """The applier always wraps its target in a PartitionTarget: a method it
+    does not define runs the base-class default instead of the target's own
+    (verify read whole tables per chunk that way).  Adding a method to
+    Target without forwarding it fails here."""
+    from cynomys.applier.partition import PartitionTarget
+
+    methods = _public_target_methods()
+    assert {"range_rows", "checksum_range", "purge_into", "apply", "fetch_rows"} <= set(methods)
+    missing = sorted(n for n in methods if n not in vars(PartitionTarget))
+    assert not missing, f"PartitionTarget does not forward {missing}"
+
+
+def test_partition_target_calls_reach_the_wrapped_target(tmp_path: Path) -> None:
+    """Each forwarded method reaches the wrapped target's own override with
+    the same arguments (the state-keeping ones translate the producer id)."""
+    import inspect
+
+    from cynomys.applier.partition import PartitionTarget
+    from cynomys.applier.targets.base import AppliedState, Flush, Target
+
+    cfg = load_config(_cfg(tmp_path, ""), env={})
+    calls: list[str] = []
+
+    def recorder(name: str) -> object:
+        def method(self: object, *args: object, **kw: object) -> object:
+            calls.append(name)
+            return {"applied": None, "table_exists": True, "ddl_ops": [], "housekeeping": {},
+                    "fetch_rows": [], "range_rows": [], "purge_into": 0}.get(name)
+        return method
+
+    methods = _public_target_methods()
+    body = {n: recorder(n) for n, v in methods.items() if not isinstance(v, property)}
+    body["where"] = property(lambda self: "inner")
+    Inner = type("Inner", (Target,), body)
+    wrapped = PartitionTarget(Inner(cfg), Partitioning(1, 0))
+    schema = TableSchema("app", "t", (ColumnDef("id", "int"),), ("id",))
+    state = AppliedState("p1", 1, Position("b.000001", 4))
+    args: dict[str, tuple[object, ...]] = {
+        "applied": ("p1",), "apply": (Flush([], state),), "apply_ddl": (_ddl("CREATE DATABASE x"), state),
+        "ddl_ops": (_ddl("CREATE DATABASE x"),), "table_exists": ("app", "t"), "fetch_rows": ("app", "t"),
+        "range_rows": (schema, None), "checksum_range": (schema, None), "purge_into": (Flush([], state), schema, None),
+    }
+    for name, value in methods.items():
+        if isinstance(value, property):
+            assert getattr(wrapped, name) == "inner"
+            continue
+        n_params = len(inspect.signature(value).parameters) - 1  # type: ignore[arg-type]
+        getattr(wrapped, name)(*args.get(name, ())[:n_params])
+    # connect also checks the partition layout through the wrapped target (applied/apply)
+    assert set(calls) >= {n for n, v in methods.items() if not isinstance(v, property)}

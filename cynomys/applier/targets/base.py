@@ -17,10 +17,10 @@ import logging
 from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from cynomys.core.config import Config
-from cynomys.core.errors import ConfigError, TargetRejectedError
+from cynomys.core.errors import ConfigError, TargetRejectedError, TerminalError
 from cynomys.core.columnar import InsertRun
 from cynomys.core.model import Change, Op, Position, Row, TableSchema, Value
 from cynomys.applier.ddl import SKIP_HINT, DdlOp, UnsupportedDdl, parse_ddl
@@ -267,7 +267,11 @@ class Target(ABC):
     # -- `cynomys verify` (cynomys/applier/verify.py) ----------------------------
     # The defaults work on every target: the table read back and filtered in
     # Python.  Targets that can read or hash just the range in SQL override
-    # them (targets/<kind>/verify.py).
+    # them (targets/<kind>/verify.py).  A range is compared in byte order
+    # (snapshot/checksum.py, "Key order"): so is ``KeyRange.contains`` here
+    # (Python compares text by code points, the order of its UTF-8 bytes),
+    # and the SQL of every override must be too, whatever collation a
+    # target column has.
     def range_rows(self, schema: TableSchema, rng: KeyRange) -> list[Row]:
         """The rows of ``schema``'s table with their key in ``rng``, in the
         model's value domain and ``schema``'s column order."""
@@ -284,7 +288,11 @@ class Target(ABC):
     def purge_into(self, flush: Flush, schema: TableSchema, rng: KeyRange) -> int:
         """Add to ``flush`` the deletion of every row the target holds in a
         key range (a table without a key: every row), before the flush's own
-        inserts; returns how many rows that is."""
+        inserts; returns how many rows that is.  Raises RepairRefused when
+        the target cannot delete exactly those rows (``register_purge_check``)."""
+        check = _PURGE_CHECKS.get(self.cfg.target.kind)
+        if check is not None and schema.key:
+            check(self, schema)
         rows = self.range_rows(schema, rng)
         tf = next((t for t in flush.tables if t.schema == schema), None)
         if tf is None:
@@ -296,6 +304,28 @@ class Target(ABC):
         else:
             tf.delete_rows.update(rows)
         return len(rows)
+
+
+class RepairRefused(TerminalError):
+    """The target cannot replace one key range of a table exactly (``cynomys
+    verify --repair``): the applier leaves the range as it is and reports
+    why in the chunk's result; replication goes on."""
+
+    def one_line(self) -> str:
+        return self.message + (f" (fix: {self.hint})" if self.hint else "")
+
+
+#: ``[target] kind`` -> a check run before a repair deletes a key range of a
+#: keyed table: raises RepairRefused when the target would delete other rows
+#: too (deleting a key matches every key its collation calls equal: 'a' and
+#: 'A', 'a' and 'a ').  Registered by the target's own verify module
+#: (targets/<kind>/verify.py), imported with the target class.
+PurgeCheck = Callable[[Target, TableSchema], None]
+_PURGE_CHECKS: dict[str, PurgeCheck] = {}
+
+
+def register_purge_check(kind: str, check: PurgeCheck) -> None:
+    _PURGE_CHECKS[kind] = check
 
 
 _REGISTRY = TARGETS

@@ -1,6 +1,13 @@
 """`cynomys verify` on the DuckDB target: the key range read in SQL, values
 decoded to the model's domain as ``fetch_rows`` does, hashed in Python
-(snapshot/checksum.py)."""
+(snapshot/checksum.py).
+
+The range is compared in byte order ("Key order" in snapshot/checksum.py).
+DuckDB compares VARCHARs by their UTF-8 bytes unless a collation is
+declared; the tables Cynomys creates declare none, and ``COLLATE "binary"``
+on text key columns keeps the comparison bytewise on a table made with one
+(``VARCHAR COLLATE NOCASE``).  It costs nothing: the filter is still pushed
+down to the scan."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -28,7 +35,9 @@ def range_rows(target: DuckDBTarget, schema: TableSchema, rng: KeyRange) -> list
         cols = [columns[n.lower()] for n in schema.column_names]
         types = [duck_type(c) for c in cols]
         exprs = [ty.select.format(c=target.ident(c.name)) for ty, c in zip(types, cols)]
-        where, params = key_predicate(schema.key, rng, target.ident, lambda i: "?")
+        text = {c.name.lower() for c, ty in zip(cols, types) if ty.family == "text"}
+        where, params = key_predicate(schema.key, rng, target.ident, lambda i: "?",
+                                      expr=lambda n, q: f'{q} COLLATE "binary"' if n.lower() in text else q)
         sql = f"SELECT {', '.join(exprs)} FROM {target.table_name(db, t)}" + (f" WHERE {where}" if where else "")
         rows = cur.execute(sql, params).fetchall()
     decoders = [ty.decode for ty in types]

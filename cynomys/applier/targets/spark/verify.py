@@ -1,7 +1,11 @@
 """`cynomys verify` on the Spark/Iceberg target: the key range read with
 one Spark SQL query (named parameters; Iceberg prunes data files by the key
 bounds), decoded to the model's domain as ``fetch_rows`` does, hashed in
-Python (snapshot/checksum.py) on the driver."""
+Python (snapshot/checksum.py) on the driver.
+
+The range is compared in byte order ("Key order" in snapshot/checksum.py),
+as Spark compares strings (UTF8String: unsigned bytes; Spark 3 has no
+collations) and as Iceberg prunes files by string bounds."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
