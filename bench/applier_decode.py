@@ -29,10 +29,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import RESULTS, machine, write_result  # noqa: E402
 from bench.tpch import lineitem  # noqa: E402
-from cynomys import compiled  # noqa: E402
 from cynomys.applier.batcher import DelayBuffer  # noqa: E402
 from cynomys.applier.targets.base import AppliedState, build_flush  # noqa: E402
 from cynomys.applier.targets.columnstore.target import ColumnStoreTarget  # noqa: E402
+from cynomys.core import compiled  # noqa: E402
 from cynomys.core.model import Batch, Change, ColumnDef, Op, Position, TableSchema  # noqa: E402
 from cynomys.reducer.fold import Folder  # noqa: E402
 from cynomys.schemas import codec  # noqa: E402
@@ -114,7 +114,7 @@ def main() -> None:
     payloads = envelopes(lineitem(args.rows))
     os.sched_setaffinity(0, {args.cpu})
     import logging
-    logging.getLogger("cynomys.compiled").setLevel(logging.ERROR)  # the path switches on purpose here
+    logging.getLogger("cynomys.core.compiled").setLevel(logging.ERROR)  # the path switches on purpose here
     paths = {"reference (fastavro, rows, encode_field)": False, "columnar (C reader, InsertRun, pyarrow)": True}
     best: dict[str, float] = {}
     best_cpu: dict[str, float] = {}

@@ -14,7 +14,7 @@ INSERTs, one commit each), then reads the same binlog range with:
 5. the same plus sealing (gzip + AES-GCM + signature);
 
 3-5 on both hot paths: compiled (``cynomys._speedups``) and pure Python
-(``cynomys.compiled.use_compiled(False)``, what ``CYNOMYS_PURE_PYTHON=1``
+(``cynomys.core.compiled.use_compiled(False)``, what ``CYNOMYS_PURE_PYTHON=1``
 selects).  This process and the processes it starts (mariadb-binlog) are
 pinned to one core (``--cpu``, default the last one); the MariaDB server
 serving the binlog is not.
@@ -46,7 +46,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import RESULTS, write_result  # noqa: E402
 from bench.tpch import LINEITEM_DDL, lineitem  # noqa: E402
-from cynomys import compiled  # noqa: E402
+from cynomys.core import compiled  # noqa: E402
 from cynomys.core.config import SourceConfig  # noqa: E402
 from cynomys.core.model import Batch, Change, Position  # noqa: E402
 from cynomys.parser.stream import BinlogSource  # noqa: E402
@@ -148,7 +148,6 @@ def make_sealer() -> Callable[[bytes], bytes]:
 def plot(results: dict[str, float], out: Path, machine_note: str, *, unit: str = "rows/s",
          title: str = "Reading one binlog of TPC-H lineitem inserts") -> None:
     import matplotlib
-
     import matplotlib.ticker
 
     matplotlib.use("Agg")
@@ -206,7 +205,7 @@ def main() -> None:
                 f"Cynomys parse+reduce+serialize [{path}]": on(path, lambda: _cynomys(srv, start, end, fold=True, seal=None)),
                 f"... + seal (gzip, AES-GCM, sign) [{path}]": on(path, lambda: _cynomys(srv, start, end, fold=True, seal=sealer)),
             })
-        logging.getLogger("cynomys.compiled").setLevel(logging.ERROR)  # the path switches on purpose here
+        logging.getLogger("cynomys.core.compiled").setLevel(logging.ERROR)  # the path switches on purpose here
 
         def cpu_s() -> float:
             kids = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -92,11 +92,11 @@ def _load(srv: MariaDBServer, rows: int) -> None:
 
 def _producer_checksums(cfg_path: Path) -> dict[str, dict[str, Any]]:
     """chunk id -> the CHECKSUM record's payload, read from the file transport."""
-    from cynomys.transport.channel import make_opener
     from cynomys.core.config import load_config
     from cynomys.core.model import Op
     from cynomys.schemas import codec
     from cynomys.transport.bus import open_subscriber
+    from cynomys.transport.channel import make_opener
 
     cfg = load_config(cfg_path, env={})
     opener = make_opener(cfg)
@@ -117,8 +117,8 @@ def _producer_checksums(cfg_path: Path) -> dict[str, dict[str, Any]]:
 
 
 def _producer_side(cfg: Path, lat: Latency) -> tuple[dict[str, Any], list[float], Any]:
-    from cynomys.snapshot.verify import DONE, RUNNING, store_for
     from cynomys.core.config import load_config
+    from cynomys.verify.coordinator import DONE, RUNNING, store_for
 
     c = load_config(cfg, env={})
     store = store_for(c)
@@ -170,10 +170,9 @@ def _applier_side(tgt: MariaDBServer, cfg_path: Path, job: Any, records: dict[st
     from cynomys.applier.targets.base import Target
     from cynomys.applier.targets.columnstore import verify as cs_verify
     from cynomys.applier.targets.columnstore.target import ColumnStoreTarget
-    from cynomys.core.config import Config, TargetConfig
-    from cynomys.snapshot.checksum import Checksum, KeyRange
+    from cynomys.core.config import Config, TargetConfig, load_config
     from cynomys.snapshot.source import SnapshotConnection
-    from cynomys.core.config import load_config
+    from cynomys.verify.checksum import Checksum, KeyRange
 
     src_cfg = load_config(cfg_path, env={})
     conn = SnapshotConnection(src_cfg.source)

@@ -16,7 +16,7 @@ from cynomys.schemas import codec
 from cynomys.transport.bus import open_subscriber
 from cynomys.transport.envelope import Opener
 from cynomys.transport.keys import load_private_key, load_public_key
-from tests.servers.mariadb import MariaDBServer, REPL_PASSWORD, REPL_USER
+from tests.servers.mariadb import REPL_PASSWORD, REPL_USER, MariaDBServer
 
 
 def write_config(path: Path, server: MariaDBServer, **sections: dict[str, Any]) -> Path:

@@ -16,26 +16,26 @@ import logging
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from cynomys.applier.admit import Admission, BufferView, Decision, Verdict
 from cynomys.applier.batcher import DelayBuffer, Span
 from cynomys.applier.partition import Partitioning, PartitionTarget
-from cynomys.core.checkpoint import write_json_atomic
+from cynomys.applier.receive import make_subscriber
 from cynomys.applier.targets.base import AppliedState, Capabilities, Flush, Target, build_flush, open_target
-from cynomys.applier.verify import VERIFY_OPS, Verifier
+from cynomys.core.checkpoint import write_json_atomic
 from cynomys.core.columnar import row_count
 from cynomys.core.config import Config
-from cynomys.core.errors import ConfigError, CynomysError, EnvelopeRejected, SchemaError, TerminalError
+from cynomys.core.errors import CynomysError, EnvelopeRejected, SchemaError, TerminalError
 from cynomys.core.model import Batch, Change, EnvelopeMeta, Op, Position
 from cynomys.metrics.events import ApplierTurn
 from cynomys.metrics.monitor import ApplierMonitor
 from cynomys.schemas import codec
-from cynomys.applier.receive import make_subscriber
 from cynomys.transport.bus import Delivery, Subscriber
 from cynomys.transport.channel import make_opener
 from cynomys.transport.envelope import Opener
+from cynomys.verify.applier import VERIFY_OPS, Verifier
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +276,7 @@ class Applier:
         self.stats.ddl += 1
 
     def _verify(self, pid: str, change: Change, batch: Batch, seq: int) -> None:
-        """A CHECKSUM or PURGE record (applier/verify.py): commit everything
+        """A CHECKSUM or PURGE record (verify/applier.py): commit everything
         before it first (with a PURGE's deletions, at its CHECKSUM), then
         check.  The producer ends the envelope with the CHECKSUM, so that
         commit records the envelope's own state; a PURGE's flush-before is

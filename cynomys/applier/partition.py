@@ -37,7 +37,11 @@ import zlib
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cynomys.applier.ddl import (
+from cynomys.applier.targets.base import AppliedState, Flush, Target
+from cynomys.core.config import Config
+from cynomys.core.errors import TerminalError
+from cynomys.core.model import Batch, Change, Op, Position, Row, TableSchema
+from cynomys.parser.ddl import (
     CreateTableLike,
     DdlOp,
     DropDatabase,
@@ -47,11 +51,7 @@ from cynomys.applier.ddl import (
     UnsupportedDdl,
     parse_ddl,
 )
-from cynomys.applier.targets.base import AppliedState, Flush, Target
-from cynomys.core.config import Config
-from cynomys.core.errors import TerminalError
-from cynomys.core.model import Batch, Change, Op, Position, Row, TableSchema
-from cynomys.snapshot.checksum import Checksum, KeyRange
+from cynomys.verify.checksum import Checksum, KeyRange
 
 log = logging.getLogger(__name__)
 

@@ -2,20 +2,16 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 from pathlib import Path
-from typing import Any, MutableMapping
+from typing import Any
 
-from cynomys.cli.common import config_of, log_peak_memory, one_line, setup_logging, stop_on_signals, with_config
-from cynomys.core.errors import ConfigError, CynomysError
+from cynomys.core.errors import ConfigError
 
 
 def run(args: argparse.Namespace) -> int:
     from cynomys.transport.keys import generate_keys
 
-    import os
     passphrase = os.environ.get("CYNOMYS_SECURITY_PASSPHRASE") if args.passphrase else None
     if args.passphrase and not passphrase:
         raise ConfigError("--passphrase given but CYNOMYS_SECURITY_PASSPHRASE is empty",

@@ -2,14 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import sys
-from pathlib import Path
-from typing import Any, MutableMapping
+from typing import Any
 
-from cynomys.cli.common import config_of, log_peak_memory, one_line, setup_logging, stop_on_signals, with_config
-from cynomys.core.errors import ConfigError, CynomysError
+from cynomys.cli.common import config_of, with_config
+from cynomys.core.errors import ConfigError
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,21 +13,17 @@ on the applier's host: run `cynomys status` there for its part.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from pathlib import Path
 from typing import Any
 
+from cynomys.cli.common import config_of, with_config
 from cynomys.core.checkpoint import read_json
 from cynomys.core.config import Config
 from cynomys.core.errors import CynomysError
 from cynomys.core.model import Position
-import argparse
-import os
-import sys
-from typing import Any, MutableMapping
-from cynomys.cli.common import config_of, log_peak_memory, one_line, setup_logging, stop_on_signals, with_config
-from cynomys.core.errors import ConfigError, CynomysError
 
 
 def _bytes_behind(source_end: Position | None, at: Position | None) -> int | None:
@@ -226,7 +222,7 @@ def lease_key(cfg: Config) -> str:
 
 def _verify_section(cfg: Config) -> dict[str, Any]:
     """Verify jobs (producer's verify.json) and their results (applier's verify-results.jsonl)."""
-    from cynomys.verify_command import status_report
+    from cynomys.verify.command import status_report
 
     try:
         return status_report(cfg)

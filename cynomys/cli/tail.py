@@ -7,26 +7,21 @@ acknowledges; pub/sub shows what is published from now on.
 """
 from __future__ import annotations
 
+import argparse
 import datetime
 import logging
+import sys
 import threading
 from dataclasses import replace
 from itertools import groupby
 from typing import Any, Iterator, TextIO
 
+from cynomys.cli.common import config_of, stop_on_signals, with_config
 from cynomys.core.config import Config
 from cynomys.core.errors import EnvelopeRejected, SchemaError
 from cynomys.core.model import Op
 from cynomys.reducer.sql import MARIADB, render
 from cynomys.schemas import codec
-import argparse
-import json
-import os
-import sys
-from pathlib import Path
-from typing import Any, MutableMapping
-from cynomys.cli.common import config_of, log_peak_memory, one_line, setup_logging, stop_on_signals, with_config
-from cynomys.core.errors import ConfigError, CynomysError
 
 log = logging.getLogger(__name__)
 

@@ -2,19 +2,16 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-from pathlib import Path
-from typing import Any, MutableMapping
+from typing import Any
 
-from cynomys.cli.common import config_of, log_peak_memory, one_line, setup_logging, stop_on_signals, with_config
+from cynomys.cli.common import config_of, one_line, with_config
 from cynomys.core.errors import ConfigError, CynomysError
 
 
 def run(args: argparse.Namespace) -> int:
     """Exits like diff: 0 equal, 1 a mismatch remains, 2 on error."""
-    from cynomys.verify_command import ERROR, print_status, run_verify_command
+    from cynomys.verify.command import ERROR, print_status, run_verify_command
 
     try:
         cfg = config_of(args)

@@ -55,7 +55,7 @@ class Op(str, Enum):
     DELETE = "DELETE"
     READ = "READ"
     DDL = "DDL"
-    # Verification records (cynomys/snapshot/verify.py): no row images; the
+    # Verification records (cynomys/verify/coordinator.py): no row images; the
     # payload is JSON in ``sql``.  CHECKSUM: a key range's row count and hash
     # on the source at this position; PURGE: delete a key range on the
     # target (a repair: the range's READ rows follow in the same transaction).

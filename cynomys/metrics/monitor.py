@@ -35,7 +35,6 @@ import math
 import threading
 import time
 from collections import Counter as Tally
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram

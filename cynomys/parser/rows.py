@@ -16,7 +16,7 @@ metadata (``_plan_for``).  It returns the same values of the same types; for
 what it does not handle itself (JSON, SET, old temporal types, zero dates,
 bytes invalid in a charset) it calls the column's pure decoder for that
 value, and on anything unexpected it raises ``Fallback`` and the event is
-decoded here instead.  ``cynomys.compiled`` selects the path.
+decoded here instead.  ``cynomys.core.compiled`` selects the path.
 
 Formats follow the server's own ``my_*_packed_from_binary`` functions
 (sql-common/my_time.c, strings/decimal.c); multi-byte temporal parts are
@@ -31,7 +31,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from cynomys import compiled
+from cynomys.core import compiled
 from cynomys.core.errors import UnsupportedEventError
 from cynomys.core.model import ColumnDef, RawTemporal, Row, Value
 
@@ -74,6 +74,13 @@ def _charset(col: Any) -> str:
 # --------------------------------------------------------------------------
 # Column type text (what the target needs to create the column)
 # --------------------------------------------------------------------------
+def _enum_members(values: Sequence[str] | None) -> list[str]:
+    """ENUM members as declared (a leading '' is the error member, not one of them)."""
+    if values and values[0] == "":
+        return [v for v in values if v != ""]
+    return list(values or [])
+
+
 def _q(values: Sequence[str]) -> str:
     # As SHOW CREATE TABLE writes them: quote doubled, backslash escaped.
     return ",".join("'" + v.replace("\\", "\\\\").replace("'", "''") + "'" for v in values)
@@ -104,7 +111,7 @@ def column_type_text(col: Any) -> str:
         VAR_STRING: lambda: f"varbinary({col.max_length})" if cs == "binary" else f"varchar({col.max_length // mb})",
         STRING: lambda: f"binary({col.max_length})" if cs == "binary" else f"char({col.max_length // mb})",
         BLOB: lambda: _BLOB_NAMES[col.length_size][0 if cs == "binary" else 1],
-        ENUM: lambda: f"enum({_q([v for v in col.enum_values if v != ''] if col.enum_values and col.enum_values[0] == '' else col.enum_values or [])})",
+        ENUM: lambda: f"enum({_q(_enum_members(col.enum_values))})",
         SET: lambda: f"set({_q(col.set_values or [])})",
         BIT: lambda: f"bit({col.bits})",
         DATE: lambda: "date",

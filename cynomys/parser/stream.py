@@ -17,7 +17,6 @@ from pymysqlreplication import event as rp_event
 from pymysqlreplication import row_event as rp_row
 
 from cynomys.core.config import SourceConfig
-from cynomys.core.tls import source_connect_args, source_tls_error
 from cynomys.core.errors import (
     PositionLostError,
     SourceConfigError,
@@ -25,9 +24,11 @@ from cynomys.core.errors import (
     UnsupportedEventError,
 )
 from cynomys.core.model import Position, Row, TableSchema
+from cynomys.core.tls import source_connect_args, source_tls_error
 from cynomys.parser.kinds import Basic, classify_query, kind_of
 from cynomys.parser.rows import TableDecoder
-from cynomys.parser.tablemap import CachedTableMapEvent, install as _install_tablemap_cache
+from cynomys.parser.tablemap import CachedTableMapEvent
+from cynomys.parser.tablemap import install as _install_tablemap_cache
 
 log = logging.getLogger(__name__)
 

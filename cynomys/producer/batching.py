@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cynomys.core.errors import TerminalError
 from cynomys.core.model import Batch, Change, EnvelopeMeta, Op, Position

@@ -38,7 +38,7 @@ import time
 import uuid
 from typing import Any, Protocol
 
-from cynomys import compiled
+from cynomys.core import compiled
 from cynomys.core.config import Config
 from cynomys.core.errors import CynomysError, TerminalError
 from cynomys.core.model import Batch, EnvelopeMeta, Position
@@ -47,10 +47,10 @@ from cynomys.metrics.monitor import ProducerMonitor
 from cynomys.parser.stream import BinlogSource, SourceInspector, TableFilter
 from cynomys.parser.txn import Assembler
 from cynomys.producer.batching import Batching
-from cynomys.producer.state import FileStateStore, ProducerState, StateStore
+from cynomys.producer.state import FileStateStore, StateStore
 from cynomys.snapshot.coordinator import SnapshotCoordinator
 from cynomys.snapshot.keyless import KeylessRead, abandon_meta, is_snapshot_tid
-from cynomys.snapshot.verify import VerifyCoordinator
+from cynomys.verify.coordinator import VerifyCoordinator
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from cynomys import compiled
+from cynomys.core import compiled
 from cynomys.core.checkpoint import read_json, write_json_atomic
 from cynomys.core.model import Position
 

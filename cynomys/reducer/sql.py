@@ -161,7 +161,8 @@ def render(changes: Iterable[Change], dialect: Dialect = MARIADB) -> list[str]:
                 out.append(_insert(dialect, cs, dialect.upsert_keyword))
             else:
                 # No upsert statement: delete the keys, then insert the images.
-                out.extend(_delete(dialect, [replace(c, before=c.after) for c in cs]) if cs[0].schema and cs[0].schema.key else [])
+                keyed = cs[0].schema is not None and bool(cs[0].schema.key)
+                out.extend(_delete(dialect, [replace(c, before=c.after) for c in cs]) if keyed else [])
                 out.append(_insert(dialect, cs))
         elif op is Op.DELETE:
             out.extend(_delete(dialect, cs))

@@ -14,7 +14,7 @@ Avro primitives.
 compiled twin (``cynomys/_speedups.c``, ``encode_batch``) writes the same
 bytes straight from the Batch, without a Python object per value; on
 anything it does not handle exactly like the reference it raises
-``Fallback`` and the reference runs.  ``cynomys.compiled`` selects the path.
+``Fallback`` and the reference runs.  ``cynomys.core.compiled`` selects the path.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import fastavro
 
-from cynomys import compiled
+from cynomys.core import compiled
 from cynomys.core.columnar import KINDS, ColumnBlock, InsertRun
 from cynomys.core.errors import SchemaError
 from cynomys.core.model import Batch, Change, ColumnDef, Op, Position, RawTemporal, Row, TableSchema, Value

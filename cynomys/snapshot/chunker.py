@@ -72,7 +72,7 @@ def key_condition(key: Sequence[str], after: Sequence[Any]) -> tuple[str, tuple[
     return f"{row} AND ({' OR '.join(terms)})", tuple(params)
 
 
-# -- key order (snapshot/checksum.py, "Key order") -----------------------------
+# -- key order (verify/checksum.py, "Key order") -----------------------------
 #: Character sets whose encoded bytes sort as their code points, i.e. as
 #: Python sorts the decoded str (UTF-8; ASCII is a part of it).
 _CODE_POINT_CHARSETS = frozenset({"utf8mb4", "utf8mb3", "utf8", "ascii"})
@@ -124,7 +124,7 @@ def unordered_columns(info_rows: Sequence[Sequence[Any]], names: Sequence[str]) 
 def byte_key_sql(quoted: str) -> str:
     """A text column as its UTF-8 bytes: compared and sorted byte by byte,
     whatever its charset and collation.  (No index on the column serves a
-    comparison of this expression: see snapshot/verify.py for the cost.)"""
+    comparison of this expression: see verify/coordinator.py for the cost.)"""
     return f"CAST(CONVERT({quoted} USING utf8mb4) AS BINARY)"
 
 

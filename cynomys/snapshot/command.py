@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import Any, TextIO
+from typing import TextIO
 
 from cynomys.core.config import Config
 from cynomys.parser.stream import TableFilter

@@ -53,11 +53,26 @@ from cynomys.snapshot.errors import SnapshotError, SnapshotRequestError
 from cynomys.snapshot.keyless import SNAPSHOT_TID_PREFIX, ConsistentRead, DropRules, KeylessRead, check_keyless
 from cynomys.snapshot.source import SnapshotConnection
 from cynomys.snapshot.state import (
-    CANCELLED, DONE, FAILED, JOB_ACTIVE, JOB_OVER, PAUSED, QUEUED, RUNNING, SKIPPED, SnapshotJob, SnapshotStore,
+    CANCELLED,
+    DONE,
+    FAILED,
+    JOB_ACTIVE,
+    JOB_OVER,
+    PAUSED,
+    QUEUED,
+    RUNNING,
+    SKIPPED,
+    SnapshotJob,
+    SnapshotStore,
     TableProgress,
 )
 from cynomys.snapshot.watermark import (
-    WATERMARK_TABLE, GtidWatermarker, WatermarkTable, read_watermark, same_statement, watermark_ddl,
+    WATERMARK_TABLE,
+    GtidWatermarker,
+    WatermarkTable,
+    read_watermark,
+    same_statement,
+    watermark_ddl,
 )
 from cynomys.snapshot.window import ChunkWindow, Phase
 

@@ -18,9 +18,9 @@ from typing import Any, Sequence
 import pymysql
 
 from cynomys.core.config import SourceConfig
-from cynomys.core.tls import source_connect_args, source_tls_error
 from cynomys.core.errors import CynomysError, SourceUnavailableError
 from cynomys.core.model import Position
+from cynomys.core.tls import source_connect_args, source_tls_error
 from cynomys.snapshot.columns import TableInfo, table_info
 from cynomys.snapshot.errors import SnapshotError
 

@@ -166,7 +166,7 @@ def status_report(state_dir: Path, recent: int = 5) -> dict[str, Any]:
     the chunk in flight, requests not yet picked up."""
     store = SnapshotStore(state_dir)
     jobs = store.load()
-    shown = [j for j in jobs if not (j.status in JOB_OVER)] + [j for j in jobs if j.status in JOB_OVER][-recent:]
+    shown = [j for j in jobs if j.status not in JOB_OVER] + [j for j in jobs if j.status in JOB_OVER][-recent:]
     out: dict[str, Any] = {"pending_requests": len(store.pending_requests()), "in_flight": store.load_live(),
                            "jobs": {}}
     for j in shown:

@@ -23,10 +23,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from cynomys.core.gtid import GtidSet
 from cynomys.core.model import Change, Position
 from cynomys.snapshot.chunker import ChunkQuery, quote_ident
 from cynomys.snapshot.errors import SnapshotError
-from cynomys.core.gtid import GtidSet
 from cynomys.snapshot.source import SnapshotConnection
 from cynomys.snapshot.window import GtidMarks
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Sequence
 
-from cynomys.core.model import Change, Position, Row, Value
 from cynomys.core.gtid import GtidSet
+from cynomys.core.model import Change, Position, Row, Value
 
 
 class Phase(str, Enum):

@@ -177,7 +177,7 @@ def column_wise(changes: list[Change]) -> list[Change]:
 
 @contextlib.contextmanager
 def compiled_path() -> Iterator[None]:
-    from cynomys import compiled
+    from cynomys.core import compiled
 
     if not compiled.available():
         pytest.skip("cynomys._speedups is not built: the column-wise path needs it")
@@ -434,7 +434,7 @@ def check_verify_checksum(factory: TargetFactory, db: str) -> None:
     """`cynomys verify`: the target's checksum of a key range (in SQL or
     read back) equals the producer's over the rows loaded, every type; a
     purged range is gone and nothing else."""
-    from cynomys.snapshot.checksum import KeyRange, RowHasher
+    from cynomys.verify.checksum import KeyRange, RowHasher
 
     target = factory()
     schema = all_types_schema(db)

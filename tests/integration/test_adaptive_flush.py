@@ -26,7 +26,7 @@ def test_a_backlog_is_flushed_in_few_large_flushes(fresh_mariadb: MariaDBServer,
     tgt = MariaDBServer(server_id=2).start()
     try:
         src.execute("CREATE DATABASE b", "CREATE TABLE b.t (id INT PRIMARY KEY, v INT)",
-                    *[f"INSERT INTO b.t VALUES " + ",".join(f"({i * 100 + j}, {j})" for j in range(100))
+                    *["INSERT INTO b.t VALUES " + ",".join(f"({i * 100 + j}, {j})" for j in range(100))
                       for i in range(200)])
         keys = generate_keys(tmp_path / "keys", rsa_bits=2048)
         cfg = load_config(write_config(

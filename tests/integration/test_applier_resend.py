@@ -12,11 +12,11 @@ import pytest
 
 from cynomys.applier.loop import Applier
 from cynomys.applier.receive import make_subscriber
-from cynomys.transport.channel import make_opener
 from cynomys.applier.targets.base import open_target
 from cynomys.core.config import Config, load_config
 from cynomys.core.errors import TerminalError
-from cynomys.core.model import Batch, ColumnDef, Change, Op, Position, TableSchema
+from cynomys.core.model import Batch, Change, ColumnDef, Op, Position, TableSchema
+from cynomys.transport.channel import make_opener
 from cynomys.transport.keys import generate_keys
 from tests.helpers import write_config
 from tests.servers.mariadb import MariaDBServer

@@ -20,7 +20,7 @@ from cynomys.applier.targets.columnstore.target import ColumnStoreTarget
 from cynomys.applier.targets.columnstore.types import COLUMNSTORE, INNODB, PROFILES
 from cynomys.core.config import ApplierConfig, Config, TargetConfig
 from cynomys.core.errors import TargetRejectedError, TargetUnavailableError
-from cynomys.core.model import ColumnDef, Op, Position, Row, TableSchema
+from cynomys.core.model import ColumnDef, Op, Row, TableSchema
 from tests.integration import target_contract as contract
 from tests.servers.mariadb import MariaDBServer, free_port
 

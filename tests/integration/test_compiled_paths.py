@@ -12,7 +12,7 @@ from typing import Iterator
 
 import pytest
 
-from cynomys import compiled
+from cynomys.core import compiled
 from cynomys.core.config import SourceConfig
 from cynomys.core.model import Batch, Change, Position, Row
 from cynomys.parser.stream import BinlogSource

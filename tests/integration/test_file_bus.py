@@ -11,8 +11,8 @@ from cynomys.core.config import TransportConfig
 from cynomys.core.errors import ConfigError, SequenceGapError
 from cynomys.transport.bus import Delivery, TransportStateAltered, open_publisher, open_subscriber
 from cynomys.transport.envelope import Sealer
-from cynomys.transport.keys import generate_keys, load_private_key, load_public_key
 from cynomys.transport.file_bus import CorruptTransportFile, FilePublisher, FileSubscriber
+from cynomys.transport.keys import generate_keys, load_private_key, load_public_key
 from cynomys.transport.sequence import SequenceTracker
 
 PID = "producer-1"

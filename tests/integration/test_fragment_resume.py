@@ -23,12 +23,11 @@ import pytest
 
 from cynomys.applier.loop import Applier
 from cynomys.applier.receive import make_subscriber
-from cynomys.transport.channel import make_opener
 from cynomys.applier.targets.base import open_target
 from cynomys.core.config import Config, load_config
 from cynomys.core.model import Batch
 from cynomys.producer import Producer
-from cynomys.transport.channel import SealedSink
+from cynomys.transport.channel import SealedSink, make_opener
 from cynomys.transport.keys import generate_keys
 from tests.helpers import transport_batches, write_config
 from tests.servers.mariadb import MariaDBServer

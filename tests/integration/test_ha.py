@@ -30,15 +30,14 @@ import redis
 from cynomys.core.config import TransportConfig, load_config
 from cynomys.core.errors import LeaseLost
 from cynomys.transport.envelope import peek_header
+from cynomys.transport.keys import generate_keys
 from cynomys.transport.lease import RedisLease
 from cynomys.transport.redis_bus import RedisPubSubPublisher, RedisStreamPublisher
-from cynomys.transport.keys import generate_keys
 from tests.helpers import transport_batches, wait_for, write_config
 from tests.integration.test_e2e_columnstore import (
     ROOT,
     TABLES,
     MariaDBSide,
-    _diff,
     _reports_caught_up,
     _run,
     _small_txn,
@@ -111,8 +110,8 @@ def test_lease_terms_tokens_and_fenced_writes(redis_url: str) -> None:
 
 def test_state_in_redis_is_signed_and_a_forgery_is_refused(tmp_path: Path, redis_url: str) -> None:
     from cynomys.core.errors import TerminalError
-    from cynomys.producer.ha import RedisStateStore
     from cynomys.producer import ProducerState
+    from cynomys.producer.ha import RedisStateStore
     from cynomys.transport.envelope import Sealer
     from cynomys.transport.keys import load_private_key, load_public_key
 

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import redis
 
-from cynomys.applier.receive import make_subscriber
 from cynomys.applier.partition import Partitioning, PartitionTarget, table_partition
+from cynomys.applier.receive import make_subscriber
 from cynomys.applier.targets.base import AppliedState, Flush, Target, open_target
 from cynomys.core.config import Config, load_config
 from cynomys.core.errors import TerminalError
@@ -164,8 +164,8 @@ def test_envelopes_without_the_partitions_tables_move_its_state_without_a_write_
     is written for them one by one; their progress is committed with the
     next flush of its own data, or after progress_interval_ms."""
     from cynomys.applier.loop import Applier
-    from cynomys.transport.channel import make_opener
     from cynomys.core.model import Batch, Change, ColumnDef, Op, TableSchema
+    from cynomys.transport.channel import make_opener
     from cynomys.transport.keys import generate_keys
 
     db = f"pp_{uuid.uuid4().hex[:8]}"

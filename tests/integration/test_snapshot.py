@@ -29,8 +29,8 @@ from typing import Any
 import pymysql
 import pytest
 
-from cynomys.core.checkpoint import read_json
 from cynomys.applier.batcher import Mark, Span
+from cynomys.core.checkpoint import read_json
 from cynomys.core.config import Config, load_config
 from cynomys.core.model import Batch, Change, Op, Position
 from cynomys.producer import Producer

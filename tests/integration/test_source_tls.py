@@ -13,8 +13,8 @@ import pytest
 
 from cynomys.core.config import load_config
 from cynomys.core.errors import ConfigError, CynomysError
-from cynomys.core.tls import source_ssl_context
 from cynomys.core.model import Position
+from cynomys.core.tls import source_ssl_context
 from cynomys.parser.stream import BinlogSource, SourceInspector
 from cynomys.producer import Producer
 from cynomys.snapshot.source import SnapshotConnection

@@ -18,8 +18,8 @@ from typing import Any, Iterator
 import pytest
 
 from cynomys.applier.targets.base import AppliedState, Flush, Target, open_target
-from cynomys.applier.targets.spark.target import SparkTarget
 from cynomys.applier.targets.spark.merge import TablePlan, marker_of
+from cynomys.applier.targets.spark.target import SparkTarget
 from cynomys.core.config import ApplierConfig, Config, SparkConfig, TargetConfig
 from cynomys.core.errors import TargetRejectedError
 from cynomys.core.model import ColumnDef, Op, RawTemporal, TableSchema

@@ -15,12 +15,13 @@ from typing import Any, Iterator
 import pytest
 
 from cynomys.applier.partition import Partitioning, PartitionTarget
-from cynomys.applier.targets.base import RepairRefused, Target
+from cynomys.applier.targets.base import Target
 from cynomys.applier.targets.columnstore import verify as cs_verify
 from cynomys.applier.targets.columnstore.target import ColumnStoreTarget
-from cynomys.applier.verify import Verifier, read_results
 from cynomys.core.model import ColumnDef, Op, TableSchema
-from cynomys.snapshot.checksum import KeyRange, RowHasher
+from cynomys.verify.applier import Verifier, read_results
+from cynomys.verify.checksum import KeyRange, RowHasher
+from cynomys.verify.errors import RepairRefused
 from tests.integration import target_contract as contract
 from tests.integration.test_columnstore_target import EmulatedColumnStore, columnstore_rows, make_config
 from tests.servers.mariadb import MariaDBServer

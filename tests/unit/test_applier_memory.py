@@ -6,7 +6,8 @@ import os
 import subprocess
 import sys
 
-from cynomys.cli.apply import APPLIER_ARROW_POOL, choose_arrow_pool as _choose_arrow_pool
+from cynomys.cli.apply import APPLIER_ARROW_POOL
+from cynomys.cli.apply import choose_arrow_pool as _choose_arrow_pool
 
 
 def test_the_applier_sets_its_arrow_pool_unless_one_is_set() -> None:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from cynomys import compiled
 from cynomys.applier.batcher import DelayBuffer
 from cynomys.applier.targets.base import AppliedState, build_flush
 from cynomys.applier.targets.columnstore.target import ColumnStoreTarget
+from cynomys.core import compiled
 from cynomys.core.columnar import InsertRun, row_count
 from cynomys.core.model import Batch, Change, ColumnDef, Op, Position, TableSchema
 from cynomys.schemas import codec
@@ -186,7 +186,7 @@ def test_the_columnar_path_never_imports_pandas() -> None:
     # for any column kind, with rows taken out of runs (excluded) too.
     script = (
         "import sys\n"
-        "from cynomys import compiled\n"
+        "from cynomys.core import compiled\n"
         "compiled.use_compiled(True)\n"
         "from tests.unit.test_columnar import _bulk, _envelopes\n"
         "import random\n"
@@ -201,7 +201,7 @@ def test_the_pure_python_columnstore_applier_never_imports_pyarrow() -> None:
     # target writes row images and needs no pyarrow (~50 MB of RSS).
     script = (
         "import sys\n"
-        "from cynomys import compiled\n"
+        "from cynomys.core import compiled\n"
         "compiled.use_compiled(False)\n"
         "import cynomys.applier.loop\n"
         "from tests.unit.test_columnar import _bulk, _envelopes\n"

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from cynomys import compiled
+from cynomys.core import compiled
 from cynomys.core.errors import SchemaError
 from cynomys.core.model import Batch, Change, ColumnDef, Op, Position, RawTemporal, TableSchema, Value
 from cynomys.schemas import codec

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from cynomys import compiled
+from cynomys.core import compiled
 from cynomys.parser import rows as R
 
 pytestmark = pytest.mark.skipif(not compiled.available(), reason="cynomys._speedups is not built")

@@ -10,7 +10,7 @@ from typing import Iterator
 
 import pytest
 
-from cynomys import compiled
+from cynomys.core import compiled
 
 
 @pytest.fixture(autouse=True)
@@ -22,7 +22,7 @@ def _restore() -> Iterator[None]:
 
 def test_pure_python_is_said_once_as_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     compiled.use_compiled(False)
-    with caplog.at_level(logging.INFO, logger="cynomys.compiled"):
+    with caplog.at_level(logging.INFO, logger="cynomys.core.compiled"):
         compiled.announce()
         compiled.announce()
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -34,7 +34,7 @@ def test_pure_python_is_said_once_as_a_warning(caplog: pytest.LogCaptureFixture)
 @pytest.mark.skipif(not compiled.available(), reason="cynomys._speedups is not built")
 def test_compiled_path_is_selected_when_built(caplog: pytest.LogCaptureFixture) -> None:
     assert compiled.use_compiled(True)
-    with caplog.at_level(logging.INFO, logger="cynomys.compiled"):
+    with caplog.at_level(logging.INFO, logger="cynomys.core.compiled"):
         compiled.announce()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert compiled.status()["hot_path"] == "compiled" and compiled.ext is not None
@@ -45,7 +45,7 @@ def test_environment_variable_forces_pure_python(value: str, expect: str) -> Non
     if expect == "compiled" and not compiled.available():
         pytest.skip("cynomys._speedups is not built")
     env = {**os.environ, compiled.ENV: value}
-    out = subprocess.run([sys.executable, "-c", "from cynomys import compiled; print(compiled.status())"],
+    out = subprocess.run([sys.executable, "-c", "from cynomys.core import compiled; print(compiled.status())"],
                          env=env, capture_output=True, text=True, check=True, cwd=Path(__file__).parents[2]).stdout
     assert f"'hot_path': '{expect}'" in out
     if expect == "pure-python":

@@ -1,4 +1,4 @@
-"""applier/ddl.py: one source DDL statement -> neutral operations."""
+"""parser/ddl.py: one source DDL statement -> neutral operations."""
 from __future__ import annotations
 
 import decimal
@@ -7,7 +7,7 @@ import pytest
 
 from cynomys.core.errors import TerminalError
 from cynomys.core.model import ColumnDef, RawTemporal
-from cynomys.applier.ddl import (
+from cynomys.parser.ddl import (
     AddColumn,
     AddPrimaryKey,
     CreateDatabase,

@@ -5,9 +5,9 @@ import importlib
 
 import pytest
 
-from cynomys.applier import ddl
 from cynomys.applier.targets.ddl_runner import missing_ops
 from cynomys.core.targets import TARGETS
+from cynomys.parser import ddl
 
 
 def _handlers(kind: str) -> dict[type[ddl.DdlOp], object]:

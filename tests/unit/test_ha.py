@@ -38,7 +38,7 @@ def test_ha_needs_the_redis_transport(tmp_path: Path) -> None:
         run_ha(cfg, None, threading.Event(), None)  # type: ignore[arg-type]
 
 
-def test_envelope_carries_the_fencing_token_signed(keys: Keys) -> None:
+def test_envelope_carries_the_fencing_token_signed(keys: Keys) -> None:  # noqa: F811 (the fixture)
     s, o = sealer(keys), opener(keys)
     plain, fenced = s.seal(payload(), 1), s.seal(payload(), 2, fence=7)
     assert (peek_header(plain).version, peek_header(plain).fence) == (VERSION, 0)  # older appliers read it

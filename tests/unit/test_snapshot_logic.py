@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from cynomys.core.gtid import GtidError, GtidSet
 from cynomys.core.model import Change, ColumnDef, Op, Position, RawTemporal, TableSchema
 from cynomys.snapshot.chunker import build_chunk_query, decode_key, encode_key, key_condition
 from cynomys.snapshot.columns import normalize_type, row_converter, table_info
 from cynomys.snapshot.errors import SnapshotError
-from cynomys.core.gtid import GtidError, GtidSet
 from cynomys.snapshot.state import DONE, FAILED, FINISHED, QUEUED, SnapshotJob, SnapshotStore, TableProgress
 from cynomys.snapshot.watermark import read_watermark, same_statement, watermark_ddl
 from cynomys.snapshot.window import ChunkWindow, GtidMarks, Phase

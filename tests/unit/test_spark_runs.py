@@ -11,9 +11,9 @@ from typing import Any, Callable
 
 import pytest
 
-from cynomys import compiled
 from cynomys.applier.targets.spark import types as st
 from cynomys.applier.targets.spark.runs import RULES, run_columns, run_images
+from cynomys.core import compiled
 from cynomys.core.columnar import InsertRun
 from cynomys.core.model import Batch, Change, ColumnDef, Op, Position, TableSchema, Value
 from cynomys.schemas import codec

@@ -13,11 +13,19 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
+from cynomys.applier.targets.base import AppliedState, TableFlush  # noqa: E402
 from cynomys.applier.targets.spark import session as spark_session  # noqa: E402
 from cynomys.applier.targets.spark import types as st  # noqa: E402
-from cynomys.applier.targets.base import AppliedState, TableFlush  # noqa: E402
 from cynomys.applier.targets.spark.merge import (  # noqa: E402
-    key_range, keyed_merge, keyed_rows, keyless_merge, keyless_rows, lit, marker, marker_of, order,
+    key_range,
+    keyed_merge,
+    keyed_rows,
+    keyless_merge,
+    keyless_rows,
+    lit,
+    marker,
+    marker_of,
+    order,
 )
 from cynomys.core.config import Config, SparkConfig, TargetConfig  # noqa: E402
 from cynomys.core.errors import ConfigError  # noqa: E402

@@ -11,11 +11,11 @@ import random
 
 import pytest
 
-from cynomys import compiled
+from cynomys.core import compiled
 from cynomys.core.model import Batch, Change, ColumnDef, Op, Position, TableSchema
 from cynomys.reducer.fold import fold
 from cynomys.schemas import codec
-from cynomys.snapshot.checksum import MASK, Checksum, KeyRange, RowHasher, range_checksum
+from cynomys.verify.checksum import MASK, Checksum, KeyRange, RowHasher, range_checksum
 
 COLS = (ColumnDef("id", "int(11)"), ColumnDef("f", "float"), ColumnDef("d", "double"),
         ColumnDef("m", "decimal(10,2)"), ColumnDef("ts", "timestamp(6)"), ColumnDef("y", "year(4)"),
@@ -113,7 +113,7 @@ def test_key_predicate_selects_what_contains_selects() -> None:
     db.execute("CREATE TABLE t (a INT, b TEXT, PRIMARY KEY (a, b))")
     keys = [(a, b) for a in range(6) for b in ("x", "y", "z")]
     db.executemany("INSERT INTO t VALUES (?, ?)", keys)
-    from cynomys.snapshot.checksum import key_predicate
+    from cynomys.verify.checksum import key_predicate
 
     for rng in (KeyRange((1, "y"), (4, "x")), KeyRange(None, (2, "z")), KeyRange((3, "x"), None), KeyRange()):
         where, params = key_predicate(("a", "b"), rng, lambda n: f'"{n}"', lambda i: "?")
@@ -132,8 +132,8 @@ def test_tail_shows_verification_records_as_comments() -> None:
 def _window(tmp_path, rows: list[tuple], rng: KeyRange):  # type: ignore[no-untyped-def]
     from cynomys.core.config import Config, ProducerConfig
     from cynomys.snapshot.columns import TableInfo
-    from cynomys.snapshot.verify import RUNNING, VerifyCoordinator, VerifyJob, VerifyTask, _Active
     from cynomys.snapshot.window import Phase
+    from cynomys.verify.coordinator import RUNNING, VerifyCoordinator, VerifyJob, VerifyTask, _Active
 
     cfg = Config(producer=ProducerConfig(state_dir=str(tmp_path)))
     co = VerifyCoordinator(cfg, start=POS)
@@ -223,7 +223,7 @@ def test_key_predicate_in_byte_order_selects_what_contains_selects() -> None:
     (sqlite3 compares BLOBs bytewise, TEXT in NOCASE here)."""
     import sqlite3
 
-    from cynomys.snapshot.checksum import key_predicate
+    from cynomys.verify.checksum import key_predicate
 
     db = sqlite3.connect(":memory:")
     db.execute("CREATE TABLE t (s TEXT COLLATE NOCASE, n INT, PRIMARY KEY (s, n))")
@@ -242,7 +242,7 @@ def test_key_predicate_in_byte_order_selects_what_contains_selects() -> None:
 
 def test_stream_select_of_a_collated_key_is_in_byte_order() -> None:
     from cynomys.snapshot.columns import TableInfo
-    from cynomys.snapshot.verify import range_sql, stream_sql
+    from cynomys.verify.coordinator import range_sql, stream_sql
 
     schema = TableSchema("app", "t%", (ColumnDef("s", "varchar(10)"), ColumnDef("n", "int")), ("s", "n"))
     sql, params = stream_sql(TableInfo(schema, "InnoDB", 0), {"s": "collation utf8mb4_general_ci"},
@@ -279,8 +279,8 @@ def _stream(tmp_path, rows: list[tuple], *, schema: TableSchema = S_SCHEMA, chun
             repair: bool = False, max_envelope: int = 64 << 20, phase=None):
     from cynomys.core.config import Config, ProducerConfig, TransportConfig
     from cynomys.snapshot.columns import TableInfo
-    from cynomys.snapshot.verify import RUNNING, VerifyCoordinator, VerifyJob, VerifyTask, _Stream
     from cynomys.snapshot.window import Phase
+    from cynomys.verify.coordinator import RUNNING, VerifyCoordinator, VerifyJob, VerifyTask, _Stream
 
     cfg = Config(producer=ProducerConfig(state_dir=str(tmp_path)),
                  transport=TransportConfig(max_envelope_bytes=max_envelope))
@@ -397,8 +397,8 @@ def test_a_keyless_repair_too_large_for_an_envelope_fails_alone(tmp_path) -> Non
     """It would be one transaction of every row: past the envelope limit the
     producer would stop on it at every start.  The task fails instead, with
     the reason and the fix; nothing is emitted."""
-    from cynomys.snapshot.verify import FAILED, store_for
     from cynomys.snapshot.window import Phase
+    from cynomys.verify.coordinator import FAILED, store_for
 
     keyless = TableSchema("app", "t", S_COLS, ())
     rows = [(f"r{i}", "y" * 500) for i in range(400)]
@@ -416,8 +416,8 @@ def test_a_repair_the_producer_keeps_stopping_on_is_given_up(tmp_path) -> None: 
     uncounted when the checkpoint passes it; a count that reaches
     _SHIP_ATTEMPTS means the producer stopped on it every time: the task
     fails alone rather than stop replication at every restart."""
-    from cynomys.snapshot.verify import FAILED, VerifyCoordinator, store_for
     from cynomys.snapshot.window import Phase
+    from cynomys.verify.coordinator import FAILED, VerifyCoordinator, store_for
 
     rows = [(f"k{i}", "v") for i in range(2)]
     co, s, _ = _stream(tmp_path, rows, chunk=5, repair=True, phase=Phase.CLOSING)
@@ -440,7 +440,7 @@ class _MemTarget:
     """Just enough of a target for the Verifier: purge refused."""
 
     def __init__(self) -> None:
-        from cynomys.applier.targets.base import RepairRefused
+        from cynomys.verify.errors import RepairRefused
 
         self.exc = RepairRefused("repair of app.t refused: key column k has collation utf8mb4_general_ci",
                                  hint="ALTER TABLE ...")
@@ -454,8 +454,8 @@ class _MemTarget:
 
 def test_a_refused_repair_leaves_the_range_and_says_why(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from cynomys.applier.targets.base import AppliedState, Flush, TableFlush
-    from cynomys.applier.verify import Verifier, read_results
     from cynomys.core.config import ApplierConfig, Config
+    from cynomys.verify.applier import Verifier, read_results
 
     cfg = Config(applier=ApplierConfig(state_dir=str(tmp_path)))
     v = Verifier(cfg, _MemTarget())  # type: ignore[arg-type]
@@ -473,8 +473,9 @@ def test_a_refused_repair_leaves_the_range_and_says_why(tmp_path) -> None:  # ty
 
 def test_base_purge_runs_the_targets_purge_check(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from cynomys.applier.targets import base
-    from cynomys.applier.targets.base import AppliedState, Flush, RepairRefused, Target
+    from cynomys.applier.targets.base import AppliedState, Flush, Target
     from cynomys.core.config import Config, TargetConfig
+    from cynomys.verify.errors import RepairRefused
 
     class Mem(Target):
         def connect(self) -> None: ...

@@ -19,13 +19,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
-from cynomys.core.config import Config
-from cynomys.core.errors import ConfigError, TargetRejectedError, TerminalError
 from cynomys.core.columnar import InsertRun
+from cynomys.core.config import Config
+from cynomys.core.errors import ConfigError, TargetRejectedError
 from cynomys.core.model import Change, Op, Position, Row, TableSchema, Value
-from cynomys.applier.ddl import SKIP_HINT, DdlOp, UnsupportedDdl, parse_ddl
 from cynomys.core.targets import TARGETS
-from cynomys.snapshot.checksum import Checksum, KeyRange, range_checksum
+from cynomys.parser.ddl import SKIP_HINT, DdlOp, UnsupportedDdl, parse_ddl
+from cynomys.verify.checksum import Checksum, KeyRange, range_checksum
 
 log = logging.getLogger(__name__)
 
@@ -264,11 +264,11 @@ class Target(ABC):
     def fetch_rows(self, database: str, table: str) -> list[Row]:
         """Every row, values in the Python domain of core.model (for checks)."""
 
-    # -- `cynomys verify` (cynomys/applier/verify.py) ----------------------------
+    # -- `cynomys verify` (cynomys/verify/applier.py) ----------------------------
     # The defaults work on every target: the table read back and filtered in
     # Python.  Targets that can read or hash just the range in SQL override
     # them (targets/<kind>/verify.py).  A range is compared in byte order
-    # (snapshot/checksum.py, "Key order"): so is ``KeyRange.contains`` here
+    # (verify/checksum.py, "Key order"): so is ``KeyRange.contains`` here
     # (Python compares text by code points, the order of its UTF-8 bytes),
     # and the SQL of every override must be too, whatever collation a
     # target column has.
@@ -282,7 +282,7 @@ class Target(ABC):
         return rows if not idx else [r for r in rows if rng.contains(tuple(r[i] for i in idx))]
 
     def checksum_range(self, schema: TableSchema, rng: KeyRange) -> Checksum:
-        """The canonical checksum (snapshot/checksum.py) of a key range."""
+        """The canonical checksum (verify/checksum.py) of a key range."""
         return range_checksum(schema, rng, self.range_rows(schema, rng))
 
     def purge_into(self, flush: Flush, schema: TableSchema, rng: KeyRange) -> int:
@@ -304,15 +304,6 @@ class Target(ABC):
         else:
             tf.delete_rows.update(rows)
         return len(rows)
-
-
-class RepairRefused(TerminalError):
-    """The target cannot replace one key range of a table exactly (``cynomys
-    verify --repair``): the applier leaves the range as it is and reports
-    why in the chunk's result; replication goes on."""
-
-    def one_line(self) -> str:
-        return self.message + (f" (fix: {self.hint})" if self.hint else "")
 
 
 #: ``[target] kind`` -> a check run before a repair deletes a key range of a

@@ -1,5 +1,5 @@
 """The one DDL runner: a source statement's neutral operations
-(``cynomys.applier.ddl``) applied through a target's table of handlers.
+(``cynomys.parser.ddl``) applied through a target's table of handlers.
 
 A target's ``ddl.py`` holds only what differs: a ``DdlRun`` subclass that
 knows how to read its catalog and run a statement, and ``HANDLERS``, one
@@ -18,9 +18,9 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Generic, Iterable, Mapping, TypeVar
 
-from cynomys.applier import ddl
 from cynomys.core.errors import TargetRejectedError
 from cynomys.core.model import TableSchema, Value
+from cynomys.parser import ddl
 
 log = logging.getLogger(__name__)
 

@@ -21,12 +21,12 @@ import time
 from abc import abstractmethod
 from typing import Any, Callable, ClassVar, Iterator, Sequence
 
-from cynomys.applier.ddl import SKIP_HINT
 from cynomys.applier.targets.base import AppliedState, Flush, TableFlush, Target, short_sql, statement_batches
 from cynomys.applier.targets.ddl_runner import DdlRun, Handlers, run_ops
 from cynomys.core.config import Config
 from cynomys.core.errors import TargetRejectedError, TargetUnavailableError
 from cynomys.core.model import Change, ColumnDef, Position, Row, TableSchema
+from cynomys.parser.ddl import SKIP_HINT
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Protocol, Sequence
 
-from cynomys.applier import ddl
 from cynomys.applier.targets.columnstore.types import EngineProfile
 from cynomys.applier.targets.ddl_runner import TMP_SUFFIX, DdlRun, handler_table
 from cynomys.core.model import ColumnDef
+from cynomys.parser import ddl
 from cynomys.reducer.sql import MARIADB
 
 log = logging.getLogger(__name__)

@@ -47,7 +47,6 @@ from pymysql.protocol import LoadLocalPacketWrapper
 from cynomys.applier.targets.base import AppliedState, Capabilities, TableFlush
 from cynomys.applier.targets.columnstore import ddl as columnstore_ddl
 from cynomys.applier.targets.columnstore import verify as columnstore_verify
-from cynomys.applier.targets.sql import SqlTarget
 from cynomys.applier.targets.columnstore.types import (
     FIELD_ENCODERS,
     INNODB,
@@ -57,13 +56,14 @@ from cynomys.applier.targets.columnstore.types import (
     fetch_plan,
     literal,
 )
+from cynomys.applier.targets.sql import SqlTarget
 from cynomys.core import columnar as core_columnar
 from cynomys.core.columnar import InsertRun
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, TargetRejectedError
-from cynomys.snapshot.checksum import Checksum, KeyRange
 from cynomys.core.model import ColumnDef, Row, TableSchema, Value
 from cynomys.reducer.sql import MARIADB
+from cynomys.verify.checksum import Checksum, KeyRange
 
 log = logging.getLogger(__name__)
 

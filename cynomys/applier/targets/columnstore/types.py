@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime
 import decimal
-
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping

@@ -1,13 +1,13 @@
 """`cynomys verify` on the ColumnStore / MariaDB target.
 
-The checksum of a key range (snapshot/checksum.py) is computed by the
+The checksum of a key range (verify/checksum.py) is computed by the
 server in one aggregate query when every column's type has an exact SQL
 rendering of the canonical text (``checksum_sql``); otherwise the range's
 rows are read (one range scan of the primary key on InnoDB), converted to
 the model's domain as ``fetch_rows`` does, and hashed in Python.
 
 Key order.  The range is compared in byte order ("Key order" in
-snapshot/checksum.py).  Cynomys creates target tables in
+verify/checksum.py).  Cynomys creates target tables in
 ``utf8mb4_nopad_bin``, which compares that way, so the predicate is the
 plain (indexed) one.  A key column in another collation (a table made by
 hand, or before Cynomys created it) is compared as its bytes,
@@ -21,12 +21,13 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, cast
 
-from cynomys.applier.targets.base import RepairRefused, Target, register_purge_check
+from cynomys.applier.targets.base import Target, register_purge_check
 from cynomys.applier.targets.columnstore.types import fetch_plan
 from cynomys.core.model import Row, TableSchema, Value
 from cynomys.reducer.sql import MARIADB
-from cynomys.snapshot.checksum import MASK, Checksum, KeyRange, key_predicate
 from cynomys.snapshot.chunker import COLUMN_ORDER_SQL, byte_key_param, byte_key_sql, byte_ordered, unordered_columns
+from cynomys.verify.checksum import MASK, Checksum, KeyRange, key_predicate
+from cynomys.verify.errors import RepairRefused
 
 if TYPE_CHECKING:
     from pymysql.cursors import Cursor
@@ -113,7 +114,7 @@ def purge_check(target: Target, schema: TableSchema) -> None:
 register_purge_check("columnstore", purge_check)
 
 
-# Source base type -> SQL giving the canonical text of snapshot/checksum.py
+# Source base type -> SQL giving the canonical text of verify/checksum.py
 # for a non-NULL value.  FLOAT and DOUBLE are missing on purpose: their
 # canonical text is Python's shortest round-trip repr(), which MariaDB's
 # number-to-text conversion does not reproduce ('1e16' vs '1e+16'), so a

@@ -16,10 +16,10 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from cynomys.applier import ddl
 from cynomys.applier.targets.ddl_runner import DdlRun, handler_table
 from cynomys.applier.targets.duckdb.types import DuckType, Unstorable, arrow_column, duck_type, literal
 from cynomys.core.model import ColumnDef
+from cynomys.parser import ddl
 
 log = logging.getLogger(__name__)
 

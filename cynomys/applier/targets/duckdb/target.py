@@ -36,8 +36,8 @@ from cynomys.applier.targets.source_types import source_type_comment, source_typ
 from cynomys.applier.targets.sql import SqlTarget
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, TargetRejectedError
-from cynomys.snapshot.checksum import KeyRange
 from cynomys.core.model import ColumnDef, Row, TableSchema
+from cynomys.verify.checksum import KeyRange
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """`cynomys verify` on the DuckDB target: the key range read in SQL, values
 decoded to the model's domain as ``fetch_rows`` does, hashed in Python
-(snapshot/checksum.py).
+(verify/checksum.py).
 
-The range is compared in byte order ("Key order" in snapshot/checksum.py).
+The range is compared in byte order ("Key order" in verify/checksum.py).
 DuckDB compares VARCHARs by their UTF-8 bytes unless a collation is
 declared; the tables Cynomys creates declare none, and ``COLLATE "binary"``
 on text key columns keeps the comparison bytewise on a table made with one
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from cynomys.applier.targets.duckdb.types import duck_type
 from cynomys.core.model import Row, TableSchema
-from cynomys.snapshot.checksum import KeyRange, key_predicate
+from cynomys.verify.checksum import KeyRange, key_predicate
 
 if TYPE_CHECKING:
     from cynomys.applier.targets.duckdb.target import DuckDBTarget

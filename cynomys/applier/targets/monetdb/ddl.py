@@ -23,7 +23,6 @@ from typing import Any, Protocol, Sequence
 
 import pymonetdb
 
-from cynomys.applier import ddl
 from cynomys.applier.targets.ddl_runner import TMP_SUFFIX, DdlRun, handler_table
 from cynomys.applier.targets.monetdb.types import (
     CASTABLE,
@@ -37,6 +36,7 @@ from cynomys.applier.targets.monetdb.types import (
 from cynomys.applier.targets.source_types import source_type_from_comment
 from cynomys.core.errors import TargetRejectedError
 from cynomys.core.model import ColumnDef, TableSchema
+from cynomys.parser import ddl
 
 log = logging.getLogger(__name__)
 

@@ -46,7 +46,6 @@ import pymonetdb
 from cynomys.applier.targets.base import AppliedState, Capabilities, TableFlush
 from cynomys.applier.targets.monetdb import ddl as monetdb_ddl
 from cynomys.applier.targets.monetdb.ddl import TargetColumn
-from cynomys.applier.targets.sql import SqlTarget
 from cynomys.applier.targets.monetdb.types import (
     Codec,
     ServerFeatures,
@@ -57,8 +56,9 @@ from cynomys.applier.targets.monetdb.types import (
     quote_ident,
     string_literal,
 )
+from cynomys.applier.targets.sql import SqlTarget
 from cynomys.core.config import Config
-from cynomys.core.errors import ConfigError, TargetRejectedError, TargetUnavailableError
+from cynomys.core.errors import ConfigError, TargetRejectedError
 from cynomys.core.model import ColumnDef, Row, TableSchema, Value
 
 log = logging.getLogger(__name__)

@@ -56,8 +56,8 @@ from typing import Any, Callable, Mapping
 
 from cynomys.applier.targets.source_types import (
     SOURCE_TYPE_TAG,
-    source_type_comment,
     members,
+    source_type_comment,
     type_params,
 )
 from cynomys.core.model import ColumnDef, RawTemporal, Value

@@ -84,16 +84,32 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from cynomys.applier.targets.spark import ddl as spark_ddl, session as spark_session
+from cynomys.applier.targets.base import AppliedState, Capabilities, Flush, TableFlush, Target, short_sql
+from cynomys.applier.targets.spark import ddl as spark_ddl
+from cynomys.applier.targets.spark import session as spark_session
 from cynomys.applier.targets.spark import types as st
 from cynomys.applier.targets.spark import verify as spark_verify
 from cynomys.applier.targets.spark import warmup as spark_warmup
-from cynomys.applier.targets.base import short_sql, AppliedState, Capabilities, Flush, TableFlush, Target
 from cynomys.applier.targets.spark.iceberg import IcebergApi, Snapshot
 from cynomys.applier.targets.spark.maintenance import Maintenance
 from cynomys.applier.targets.spark.merge import (
-    COUNT_COLUMN, OP_COLUMN, Columns, Layout, TablePlan, append, key_range, keyed_merge, keyed_rows, keyless_merge,
-    keyless_rows, lit, marker, marker_of, order, q, same_flush,
+    COUNT_COLUMN,
+    OP_COLUMN,
+    Columns,
+    Layout,
+    TablePlan,
+    append,
+    key_range,
+    keyed_merge,
+    keyed_rows,
+    keyless_merge,
+    keyless_rows,
+    lit,
+    marker,
+    marker_of,
+    order,
+    q,
+    same_flush,
 )
 from cynomys.applier.targets.spark.runs import run_columns, run_images
 from cynomys.applier.targets.spark.session import CATALOGS, CatalogProfile
@@ -101,8 +117,8 @@ from cynomys.core.columnar import InsertRun
 from cynomys.core.config import Config
 from cynomys.core.errors import CynomysError, TargetRejectedError, TargetUnavailableError
 from cynomys.core.model import Change, ColumnDef, Position, RawTemporal, Row, TableSchema, Value
-from cynomys.applier.ddl import SKIP_HINT
-from cynomys.snapshot.checksum import KeyRange
+from cynomys.parser.ddl import SKIP_HINT
+from cynomys.verify.checksum import KeyRange
 
 log = logging.getLogger(__name__)
 

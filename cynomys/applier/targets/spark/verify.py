@@ -1,9 +1,9 @@
 """`cynomys verify` on the Spark/Iceberg target: the key range read with
 one Spark SQL query (named parameters; Iceberg prunes data files by the key
 bounds), decoded to the model's domain as ``fetch_rows`` does, hashed in
-Python (snapshot/checksum.py) on the driver.
+Python (verify/checksum.py) on the driver.
 
-The range is compared in byte order ("Key order" in snapshot/checksum.py),
+The range is compared in byte order ("Key order" in verify/checksum.py),
 as Spark compares strings (UTF8String: unsigned bytes; Spark 3 has no
 collations) and as Iceberg prunes files by string bounds."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from cynomys.applier.targets.spark.merge import q
 from cynomys.core.model import Row, TableSchema
-from cynomys.snapshot.checksum import KeyRange, key_predicate
+from cynomys.verify.checksum import KeyRange, key_predicate
 
 if TYPE_CHECKING:
     from cynomys.applier.targets.spark.target import SparkTarget

@@ -43,7 +43,7 @@ padding: ``'B' < 'a'``, ``'a' < 'a '``, ``'f' < 'é'``.  A collation's order
 is never used to cut or test a range: a range cut in one order and purged
 in another deletes rows outside it (the bug this replaced).  So a source
 key column whose collation is not that order is read with ``CAST(... AS
-BINARY)`` (snapshot/verify.py), a MariaDB target compares such a column
+BINARY)`` (verify/coordinator.py), a MariaDB target compares such a column
 the same way, DuckDB with ``COLLATE "binary"``; Spark, MonetDB and the
 Python fallback compare text by its bytes already.
 """

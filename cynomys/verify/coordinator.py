@@ -16,13 +16,13 @@ go on:
    so once the log is past the high watermark the chunk holds the range
    exactly as the source had it at the stream's current position.
 3. At the next transaction boundary the chunk leaves as one CHECKSUM record
-   (row count + canonical multiset hash, snapshot/checksum.py) in a
+   (row count + canonical multiset hash, verify/checksum.py) in a
    transaction of its own; the producer ships it at once, and the applier
    computes the same checksum over the same range on the target once
    everything before it is committed.
 
 Key order.  A range means the same keys on both sides only if both compare
-keys alike: byte order (snapshot/checksum.py, "Key order").  A key whose
+keys alike: byte order (verify/checksum.py, "Key order").  A key whose
 columns MariaDB already compares that way (numbers, temporals, binary
 strings, text in ``utf8mb4_nopad_bin``) is read as above, one indexed
 ``key > lo ORDER BY key LIMIT n`` select per chunk.  A key with a text
@@ -87,7 +87,6 @@ from cynomys.core.gtid import GtidSet
 from cynomys.core.model import Batch, Change, Op, Position, Row, TableSchema, Value
 from cynomys.parser.stream import TableFilter
 from cynomys.parser.txn import Commit, Item, Progress
-from cynomys.snapshot.checksum import MASK, Checksum, KeyRange, RowHasher, key_of, key_predicate, sort_key
 from cynomys.snapshot.chunker import (
     COLUMN_ORDER_SQL,
     ChunkQuery,
@@ -106,6 +105,7 @@ from cynomys.snapshot.source import SnapshotConnection, translate
 from cynomys.snapshot.state import SnapshotStore
 from cynomys.snapshot.watermark import WATERMARK_TABLE, GtidWatermarker, WatermarkTable, read_watermark
 from cynomys.snapshot.window import GtidMarks, Phase
+from cynomys.verify.checksum import MASK, Checksum, KeyRange, RowHasher, key_of, key_predicate, sort_key
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ checksums must be equal.
 
 - CHECKSUM: the target computes the checksum of the key range
   (``Target.checksum_range``: in SQL where the target can, else the range's
-  rows read back and hashed in Python, snapshot/checksum.py); the result is
+  rows read back and hashed in Python, verify/checksum.py); the result is
   appended to ``<applier state_dir>/verify-results.jsonl``, one JSON object
   per line (the last line of a chunk id wins), which `cynomys verify` and
   `cynomys status` read without a target connection.
@@ -36,13 +36,16 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cynomys.applier.targets.base import Flush, RepairRefused, Target
 from cynomys.core.config import Config
 from cynomys.core.errors import TerminalError
 from cynomys.core.model import Change, Op, TableSchema
-from cynomys.snapshot.checksum import Checksum, KeyRange
+from cynomys.verify.checksum import Checksum, KeyRange
+from cynomys.verify.errors import RepairRefused
+
+if TYPE_CHECKING:  # the applier's types; verify sits below the applier
+    from cynomys.applier.targets.base import Flush, Target
 
 log = logging.getLogger(__name__)
 

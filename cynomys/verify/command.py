@@ -4,9 +4,9 @@ Like `cynomys snapshot`, the work happens in the running daemons: this
 command writes a request into the producer's state_dir
 (``verify-requests/``); the producer checksums each key-range chunk inside
 a watermark window and sends the checksum in the stream
-(snapshot/verify.py); the applier computes the same checksum on the target
+(verify/coordinator.py); the applier computes the same checksum on the target
 once it has committed everything before it and appends the result to
-``<applier state_dir>/verify-results.jsonl`` (applier/verify.py).  This
+``<applier state_dir>/verify-results.jsonl`` (verify/applier.py).  This
 command reads both files -- no source lock, no target connection -- and
 exits like diff: 0 when every chunk matches, 1 when a mismatch remains
 (each named by table and key range), 2 on error.
@@ -21,14 +21,13 @@ import fnmatch
 import sys
 from typing import Any, TextIO
 
-from cynomys.applier.verify import read_results, results_path
 from cynomys.core.config import Config
 from cynomys.parser.stream import TableFilter
 from cynomys.snapshot.errors import SnapshotRequestError
 from cynomys.snapshot.jobwait import JobView, wait_for_job
 from cynomys.snapshot.source import SnapshotConnection
-from cynomys.snapshot.verify import CANCELLED, DONE, FAILED, RUNNING, VerifyJob, VerifyStore, new_job_id, store_for
-
+from cynomys.verify.applier import read_results, results_path
+from cynomys.verify.coordinator import CANCELLED, DONE, FAILED, RUNNING, VerifyJob, VerifyStore, new_job_id, store_for
 
 OK, MISMATCH, ERROR = 0, 1, 2
 
