@@ -21,7 +21,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Generic, Protocol, TypeVar
 
 from cynomys.core.checkpoint import read_json, write_json_atomic
 
@@ -112,21 +112,35 @@ def new_job_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
 
 
+class Job(Protocol):
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+J = TypeVar("J", bound=Job)
+
+
 @dataclass
-class SnapshotStore:
+class JobStore(Generic[J]):
+    """A producer task's jobs (``<state_dir>/<file>``, written atomically) and
+    the request files commands leave for the producer (``<state_dir>/<dir>/``):
+    one store for snapshots and verify, each with its job type."""
+
     state_dir: Path
+    file: str
+    request_dir: str
+    job_of: Callable[[dict[str, Any]], J]
     path: Path = field(init=False)
     requests: Path = field(init=False)
 
     def __post_init__(self) -> None:
-        self.path = self.state_dir / STATE_FILE
-        self.requests = self.state_dir / REQUEST_DIR
+        self.path = self.state_dir / self.file
+        self.requests = self.state_dir / self.request_dir
 
-    def load(self) -> list[SnapshotJob]:
+    def load(self) -> list[J]:
         d = read_json(self.path)
-        return [] if d is None else [SnapshotJob.from_dict(j) for j in d.get("jobs", [])]
+        return [] if d is None else [self.job_of(j) for j in d.get("jobs", [])]
 
-    def save(self, jobs: list[SnapshotJob], live: dict[str, Any] | None = None) -> None:
+    def save(self, jobs: list[J], live: dict[str, Any] | None = None) -> None:
         """``live``: the chunk in flight, for `cynomys status` (not needed to resume)."""
         write_json_atomic(self.path, {"jobs": [j.to_dict() for j in jobs], "live": live, "updated": time.time()})
 
@@ -184,3 +198,10 @@ def status_report(state_dir: Path, recent: int = 5) -> dict[str, Any]:
             "errors": {t.name: t.error for t in j.tables if t.error} or (j.error or None),
         }
     return out
+
+
+class SnapshotStore(JobStore[SnapshotJob]):
+    """snapshot.json and snapshot-requests/."""
+
+    def __init__(self, state_dir: Path) -> None:
+        super().__init__(state_dir, STATE_FILE, REQUEST_DIR, SnapshotJob.from_dict)

@@ -76,7 +76,7 @@ def _wait(cfg: Config, store: VerifyStore, job_id: str, out: TextIO, progress: b
                        job.status == DONE)
 
     job = wait_for_job(f"verify {job_id}", store.state_dir,
-                       lambda: next((j for j in store.load_jobs() if j.id == job_id), None), view, out, progress,
+                       lambda: next((j for j in store.load() if j.id == job_id), None), view, out, progress,
                        timeout_s=timeout_s, interval_s=0.3)
     return job, results
 
@@ -157,7 +157,7 @@ def print_status(cfg: Config, out: TextIO | None = None, recent: int = 5) -> int
 
 def status_report(cfg: Config, recent: int = 5) -> dict[str, Any]:
     """The verify section of `cynomys status`."""
-    jobs = store_for(cfg).load_jobs()
+    jobs = store_for(cfg).load()
     shown = [j for j in jobs if j.status == RUNNING] + [j for j in jobs if j.status != RUNNING][-recent:]
     out: dict[str, Any] = {"jobs": {}}
     for j in shown:

@@ -81,7 +81,6 @@ from typing import Any
 import pymysql
 import pymysql.cursors
 
-from cynomys.core.checkpoint import read_json, write_json_atomic
 from cynomys.core.config import Config
 from cynomys.core.gtid import GtidSet
 from cynomys.core.model import Batch, Change, Op, Position, Row, TableSchema, Value
@@ -102,7 +101,7 @@ from cynomys.snapshot.chunker import (
 from cynomys.snapshot.columns import TableInfo, row_converter
 from cynomys.snapshot.errors import SnapshotError
 from cynomys.snapshot.source import SnapshotConnection, translate
-from cynomys.snapshot.state import SnapshotStore
+from cynomys.snapshot.state import JobStore
 from cynomys.snapshot.watermark import WATERMARK_TABLE, GtidWatermarker, WatermarkTable, read_watermark
 from cynomys.snapshot.window import GtidMarks, Phase
 from cynomys.verify.checksum import MASK, Checksum, KeyRange, RowHasher, key_of, key_predicate, sort_key
@@ -191,19 +190,11 @@ class VerifyJob:
         return self
 
 
-class VerifyStore(SnapshotStore):
-    """verify.json and verify-requests/ (the snapshot store's request files)."""
+class VerifyStore(JobStore[VerifyJob]):
+    """verify.json and verify-requests/."""
 
-    def __post_init__(self) -> None:
-        self.path = self.state_dir / STATE_FILE
-        self.requests = self.state_dir / REQUEST_DIR
-
-    def load_jobs(self) -> list[VerifyJob]:
-        d = read_json(self.path)
-        return [] if d is None else [VerifyJob.from_dict(j) for j in d.get("jobs", [])]
-
-    def save_jobs(self, jobs: list[VerifyJob], live: dict[str, Any] | None = None) -> None:
-        write_json_atomic(self.path, {"jobs": [j.to_dict() for j in jobs], "live": live, "updated": time.time()})
+    def __init__(self, state_dir: Path) -> None:
+        super().__init__(state_dir, STATE_FILE, REQUEST_DIR, VerifyJob.from_dict)
 
 
 def store_for(cfg: Config) -> VerifyStore:
@@ -354,7 +345,7 @@ class VerifyCoordinator:
         self.scfg = cfg.snapshot
         self.enabled = enabled
         self.store = store_for(cfg)
-        self.jobs = self.store.load_jobs()
+        self.jobs = self.store.load()
         self.filter = TableFilter(cfg.source.include_tables, cfg.source.exclude_tables)
         self.wm_schema = self.scfg.watermark_schema
         # In memory the next chunk starts as soon as one is emitted; the
@@ -922,7 +913,7 @@ class VerifyCoordinator:
         elif s is not None:
             live = {"job": s.job_id, "table": s.info.name, "phase": s.phase.value,
                     "range": s.remaining.describe(s.info.schema.key), "streamed": True}
-        self.store.save_jobs(self.jobs, live)
+        self.store.save(self.jobs, live)
 
     def _take_requests(self) -> None:
         for path, req in self.store.pending_requests():

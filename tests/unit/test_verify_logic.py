@@ -408,7 +408,7 @@ def test_a_keyless_repair_too_large_for_an_envelope_fails_alone(tmp_path) -> Non
     job = co.jobs[0]
     assert job.status == FAILED and co._stream is None
     assert "no primary key" in job.error and "cynomys snapshot --tables app.t" in job.error
-    assert store_for(co.cfg).load_jobs()[0].status == FAILED  # durable: a restart does not try again
+    assert store_for(co.cfg).load()[0].status == FAILED  # durable: a restart does not try again
 
 
 def test_a_repair_the_producer_keeps_stopping_on_is_given_up(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -422,14 +422,14 @@ def test_a_repair_the_producer_keeps_stopping_on_is_given_up(tmp_path) -> None: 
     rows = [(f"k{i}", "v") for i in range(2)]
     co, s, _ = _stream(tmp_path, rows, chunk=5, repair=True, phase=Phase.CLOSING)
     assert co.poll(at_boundary=True)
-    assert store_for(co.cfg).load_jobs()[0].tasks[0].attempts == 1  # before the producer ships it
+    assert store_for(co.cfg).load()[0].tasks[0].attempts == 1  # before the producer ships it
     co.checkpointed(POS)
     assert co.jobs[0].tasks[0].attempts == 0
     # three starts that each stopped while shipping (the request never got past it)
     from dataclasses import replace
 
     job = co.jobs[0]
-    co.store.save_jobs([replace(job, status="running", tasks=(replace(job.tasks[0], done=False, attempts=3),))])
+    co.store.save([replace(job, status="running", tasks=(replace(job.tasks[0], done=False, attempts=3),))])
     again = VerifyCoordinator(co.cfg, start=POS)  # no source: it must not need one to give up
     assert again.poll(at_boundary=True) == []
     job = again.jobs[0]
