@@ -137,7 +137,7 @@ def _producer_side(cfg: Path, lat: Latency) -> tuple[dict[str, Any], list[float]
         def watch() -> None:
             t_pick = None
             while True:
-                job = next((j for j in store.load_jobs() if j.id == ident), None)
+                job = next((j for j in store.load() if j.id == ident), None)
                 if job is not None and t_pick is None:
                     t_pick = time.monotonic()
                 if job is not None and job.status != RUNNING:
