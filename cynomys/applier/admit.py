@@ -132,7 +132,10 @@ class Admission:
             lin.incarnation = meta.incarnation
         if meta.server:
             lin.server = meta.server
-        lin.fence = max(lin.fence, fence)
+        if fence > lin.fence:
+            if lin.fence:
+                log.info("producer %s: new HA lease term (fencing token %d, was %d)", pid, fence, lin.fence)
+            lin.fence = fence
 
     def advance(self, pid: str, seq: int) -> None:
         """Envelope ``seq`` is taken: it is the chain's last.  (A DDL inside
@@ -148,9 +151,6 @@ class Admission:
         lin = self.lineage(pid)
         meta = EnvelopeMeta.of(batch.meta)
         nxt = lin.last is None or seq == lin.last + 1
-        fenced = self._fence(pid, seq, fence, lin, nxt)
-        if fenced is not None:
-            return fenced
         if lin.last is not None and seq > lin.last + 1:
             raise SequenceGapError(
                 f"envelopes {lin.last + 1}..{seq - 1} of producer {pid!r} are missing (taken up to {lin.last}, "
@@ -163,6 +163,8 @@ class Admission:
             return Decision(Verdict.TAKE, batch)
         new_life = bool(meta.incarnation and lin.incarnation and meta.incarnation != lin.incarnation)
         kept, all_held = self._content(pid, seq, batch, meta, lin)
+        if 0 < fence < lin.fence:
+            return self._fenced(pid, seq, fence, lin, nxt, all_held)
         if nxt and not new_life:
             return Decision(Verdict.TAKE, kept)  # even when empty: it moves the chain on
         # Not the plain successor: a number taken before, or a new incarnation.
@@ -187,20 +189,23 @@ class Admission:
                         "what the target lacks", pid, seq, lin.last, meta.after)
         return Decision(Verdict.TAKE, kept)
 
-    def _fence(self, pid: str, seq: int, fence: int, lin: Lineage, nxt: bool) -> Decision | None:
-        if fence == 0 or fence >= lin.fence:
-            if fence > lin.fence and lin.fence:
-                log.info("producer %s: new HA lease term (fencing token %d, was %d) from envelope %d",
-                         pid, fence, lin.fence, seq)
-            return None
-        if nxt:
-            raise TerminalError(
-                f"envelope {seq} of producer {pid!r}, the next expected, carries HA fencing token {fence}, older "
-                f"than token {lin.fence} already taken: the fencing counter went backwards (S:fence:{pid} reset "
-                "in Redis?) or a deposed leader's envelope got past the transport; not applied, not acknowledged",
-                hint=f"if the counter was reset, set it above {lin.fence} (redis-cli SET <stream>:fence:{pid} "
-                     f"{lin.fence + 1}) and restart the producer; the envelopes are delivered again")
-        return Decision(Verdict.DEAD, reason=f"fenced: token {fence} < newest {lin.fence} of producer {pid!r}")
+    def _fenced(self, pid: str, seq: int, fence: int, lin: Lineage, nxt: bool, all_held: bool) -> Decision:
+        """An envelope sealed under an older lease term than one taken.  A
+        deposed leader's envelope at a number already taken, holding nothing
+        the target lacks, is dead-lettered.  At the next number, or carrying
+        changes the target lacks, it is not a stale copy: the fencing
+        counter went backwards (reset, or a Redis that lost its increments)
+        -- stop, unacknowledged, rather than drop changes."""
+        if not nxt and all_held:
+            return Decision(Verdict.DEAD, reason=f"fenced: token {fence} < newest {lin.fence} of producer {pid!r}")
+        raise TerminalError(
+            f"envelope {seq} of producer {pid!r}"
+            + (", the next expected," if nxt else ", carrying changes the target lacks,")
+            + f" has HA fencing token {fence}, older than token {lin.fence} already taken: the fencing counter went "
+              f"backwards (S:fence:{pid} reset or lost in Redis?) or a deposed leader's envelope got past the "
+              "transport; not applied, not acknowledged",
+            hint=f"if the counter was reset, set it above {lin.fence} (redis-cli SET <stream>:fence:{pid} "
+                 f"{lin.fence + 1}) and restart the producer; the envelopes are delivered again")
 
     def _continuity(self, pid: str, seq: int, meta: EnvelopeMeta, lin: Lineage, new_life: bool) -> None:
         held = lin.held

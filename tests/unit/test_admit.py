@@ -130,6 +130,10 @@ def test_an_older_fence_at_the_next_number_stops_at_an_old_number_is_dead_letter
     with pytest.raises(TerminalError, match="fencing counter went backwards"):
         adm.judge("p", 4, 1, batch([txn(FA, 400, 4)], Position(FA, 450)), EMPTY)
     assert adm.judge("p", 3, 1, batch([txn(FA, 250, 3)], Position(FA, 300)), EMPTY).verdict is Verdict.DEAD
+    # An old number carrying changes the target lacks is no stale copy: stop, never drop them.
+    with pytest.raises(TerminalError, match="carrying changes the target lacks"):
+        adm.judge("p", 3, 1, batch([txn(FA, 250, 3), txn(FA, 400, 4)], Position(FA, 450), after=Position(FA, 150)),
+                  EMPTY)
 
 
 def test_the_recorded_number_never_moves_back() -> None:
