@@ -10,7 +10,7 @@ Every integrity rule of the applier lives here, in the order they run
    a deposed leader's envelope: dead-letter it.
 2. **Sequence chain**: envelopes of one producer are numbered without holes.
    A number past the next one is a gap (stop).  The chain is kept in memory
-   (``last``); the target keeps the highest number taken (``hwm``), so that
+   (transport.sequence.SequenceTracker); the target keeps the highest number taken (``hwm``), so that
    state never moves backwards.
 3. **Continuity**: an envelope that does not simply follow the last one --
    a number already taken (a producer whose state was rolled back re-sends
@@ -40,9 +40,10 @@ from enum import Enum
 from typing import Callable
 
 from cynomys.applier.targets.base import AppliedState
-from cynomys.core.errors import SequenceGapError, TerminalError
+from cynomys.core.errors import TerminalError
 from cynomys.core.gtid import GtidSet, flavor_of, parse_any
 from cynomys.core.model import Batch, Change, EnvelopeMeta, Position
+from cynomys.transport.sequence import SequenceTracker
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,6 @@ class Lineage:
     """What the applier knows of one producer."""
 
     held: AppliedState | None = None   # committed in the target
-    last: int | None = None            # number of the last envelope taken (the chain)
     hwm: int = 0                       # highest number taken: what the target records
     incarnation: str = ""
     server: str = ""
@@ -97,13 +97,21 @@ class Admission:
 
     def __init__(self) -> None:
         self.lineages: dict[str, Lineage] = {}
+        # The chain: per producer, the number of the last envelope taken.  It
+        # moves back when a re-sent number is taken (the producer renumbers
+        # from there), unlike the recorded ``hwm``.
+        self.chain = SequenceTracker()
+
+    def _chain_to(self, pid: str, seq: int) -> None:
+        self.chain.restore({**self.chain.snapshot(), pid: seq})
 
     # -- state ---------------------------------------------------------------
     def restore(self, state: AppliedState) -> None:
         """The target's committed state for a producer, read at start."""
         self.lineages[state.producer_id] = Lineage(
-            held=state, last=state.seq if state.seq >= 1 else None, hwm=state.seq,
-            incarnation=state.incarnation, server=state.server, fence=state.fence)
+            held=state, hwm=state.seq, incarnation=state.incarnation, server=state.server, fence=state.fence)
+        if state.seq >= 1:
+            self._chain_to(state.producer_id, state.seq)
 
     def lineage(self, pid: str) -> Lineage:
         return self.lineages.setdefault(pid, Lineage())
@@ -141,7 +149,7 @@ class Admission:
         """Envelope ``seq`` is taken: it is the chain's last.  (A DDL inside
         it committed states before this, as of the envelope before it.)"""
         lin = self.lineage(pid)
-        lin.last = seq
+        self._chain_to(pid, seq)
         lin.hwm = max(lin.hwm, seq)
 
     # -- the rules -----------------------------------------------------------
@@ -150,15 +158,9 @@ class Admission:
             raise TerminalError(f"envelope of producer {pid!r} has sequence number {seq}, below 1")
         lin = self.lineage(pid)
         meta = EnvelopeMeta.of(batch.meta)
-        nxt = lin.last is None or seq == lin.last + 1
-        if lin.last is not None and seq > lin.last + 1:
-            raise SequenceGapError(
-                f"envelopes {lin.last + 1}..{seq - 1} of producer {pid!r} are missing (taken up to {lin.last}, "
-                f"received {seq})" if seq > lin.last + 2 else
-                f"envelope {lin.last + 1} of producer {pid!r} is missing (taken up to {lin.last}, received {seq})",
-                hint="with pub/sub transport, messages sent while the applier was down are lost: re-snapshot the "
-                     "affected tables (`cynomys snapshot`) or switch [transport] mode to \"stream\"")
-        first_contact = lin.held is None and lin.last is None
+        last = self.chain.hwm(pid)
+        nxt = self.chain.classify(pid, seq) == "new"  # a gap raises SequenceGapError
+        first_contact = lin.held is None and last is None
         if first_contact:
             return Decision(Verdict.TAKE, batch)
         new_life = bool(meta.incarnation and lin.incarnation and meta.incarnation != lin.incarnation)
@@ -186,7 +188,7 @@ class Admission:
         else:
             log.warning("producer %s sends envelope %d again (taken up to %s) with changes the target lacks, "
                         "resuming at %s inside what the target holds (its state was rolled back): applying "
-                        "what the target lacks", pid, seq, lin.last, meta.after)
+                        "what the target lacks", pid, seq, last, meta.after)
         return Decision(Verdict.TAKE, kept)
 
     def _fenced(self, pid: str, seq: int, fence: int, lin: Lineage, nxt: bool, all_held: bool) -> Decision:
@@ -211,7 +213,7 @@ class Admission:
         held = lin.held
         what = (f"producer {pid!r} started anew (incarnation {meta.incarnation}, was {lin.incarnation})"
                 if new_life else f"envelope {seq} of producer {pid!r} re-sends a number already taken "
-                                 f"(up to {lin.last}) with changes the target lacks")
+                                 f"(up to {self.chain.hwm(pid)}) with changes the target lacks")
         if held is None:
             raise TerminalError(f"{what}, and the target records no position to compare with",
                                 hint=RESNAPSHOT_HINT)

@@ -82,7 +82,7 @@ def test_the_next_envelope_drops_only_what_the_target_holds() -> None:
 
 
 def test_a_gap_stops() -> None:
-    with pytest.raises(SequenceGapError, match="envelope 4 of producer 'p' is missing"):
+    with pytest.raises(SequenceGapError, match="envelope 4 from p is missing"):
         held(3, Position(FA, 300)).judge("p", 5, 0, batch([txn(FA, 400, 4)], Position(FA, 450)), EMPTY)
 
 
