@@ -138,4 +138,4 @@ class InsertRun(Change):
 
 def row_count(changes: Iterable[Change]) -> int:
     """How many row changes ``changes`` hold (an InsertRun counts its rows)."""
-    return sum(c.rows if type(c) is InsertRun else 1 for c in changes)  # type: ignore[attr-defined]
+    return sum(c.rows if type(c) is InsertRun else 1 for c in changes)

@@ -383,7 +383,8 @@ def load_config(path: str | os.PathLike[str] | None, env: Mapping[str, str] | No
     """Read and validate a TOML file (or only defaults + env when ``path`` is None)."""
     env = os.environ if env is None else env
     if path is None:
-        return _build(Config, {}, "", "<defaults>", env)
+        cfg: Config = _build(Config, {}, "", "<defaults>", env)
+        return cfg
     file = str(path)
     try:
         with open(file, "rb") as fh:
@@ -404,7 +405,8 @@ def load_config(path: str | os.PathLike[str] | None, env: Mapping[str, str] | No
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {file} is not valid TOML: {exc}") from None
     cfg = _build(Config, data, "", file, env)
-    return _resolve_paths(dataclasses.replace(cfg, path=os.path.abspath(file)))
+    resolved: Config = _resolve_paths(dataclasses.replace(cfg, path=os.path.abspath(file)))
+    return resolved
 
 
 def _resolve_paths(cfg: Any) -> Any:

@@ -30,10 +30,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 import sqlglot
-from sqlglot import exp
+from sqlglot import Token, TokenType, exp
 from sqlglot.dialects.mysql import MySQL
 from sqlglot.errors import SqlglotError
-from sqlglot.tokens import Token, TokenType
 
 from cynomys.core.errors import TerminalError
 from cynomys.core.model import ColumnDef, RawTemporal, Value

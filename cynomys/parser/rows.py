@@ -412,7 +412,7 @@ def compile_decoder(col: Any) -> Decoder:
     t = col.type
     cs = _charset(col)
     codec = _PY_CODEC.get(cs, cs)
-    text_or_bytes: Callable[[bytes], Value] = bytes if cs == "binary" else _text(codec, col.name)  # type: ignore[assignment]
+    text_or_bytes: Callable[[bytes], Value] = bytes if cs == "binary" else _text(codec, col.name)
     u = bool(col.unsigned)
     table: dict[int, Callable[[], Decoder]] = {
         TINY: lambda: _int_decoder("B" if u else "b", 1),

@@ -140,7 +140,7 @@ def key_getter(schema: TableSchema) -> KeyOf | None:
     if len(idx) == 1:
         (i,) = idx
         return lambda row: (row[i],)
-    return operator.itemgetter(*idx)  # type: ignore[return-value]  # a tuple for 2+ indexes
+    return operator.itemgetter(*idx)  # a tuple for 2+ indexes
 
 
 def split_key_change(c: Change) -> list[Change]:

@@ -69,15 +69,15 @@ def normalize_type(column_type: str) -> str:
 def _timestamp(v: Any) -> Value:
     if isinstance(v, datetime.datetime):
         return v.replace(tzinfo=_UTC)
-    return RawTemporal(v) if isinstance(v, str) else v  # type: ignore[no-any-return]
+    return RawTemporal(v) if isinstance(v, str) else v
 
 
 def _temporal(v: Any) -> Value:
-    return RawTemporal(v) if isinstance(v, str) else v  # type: ignore[no-any-return]
+    return RawTemporal(v) if isinstance(v, str) else v
 
 
 def _bit(v: Any) -> Value:
-    return int.from_bytes(v, "big") if isinstance(v, (bytes, bytearray)) else v  # type: ignore[no-any-return]
+    return int.from_bytes(v, "big") if isinstance(v, (bytes, bytearray)) else v
 
 
 _F32 = struct.Struct("<f")
@@ -88,7 +88,7 @@ def _float(v: Any) -> Value:
 
 
 def _binary(v: Any) -> Value:
-    return v.encode() if isinstance(v, str) else v  # type: ignore[no-any-return]
+    return v.encode() if isinstance(v, str) else v
 
 
 _CONVERT: dict[str, Callable[[Any], Value]] = {

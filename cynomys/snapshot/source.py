@@ -91,8 +91,7 @@ class SnapshotConnection:
         rows = self.query("SHOW MASTER STATUS")
         if not rows or len(rows[0]) < 4:
             return [], []
-        split = lambda s: [x for x in str(s or "").split(",") if x]  # noqa: E731
-        return split(rows[0][2]), split(rows[0][3])
+        return _names(rows[0][2]), _names(rows[0][3])
 
     # -- tables ----------------------------------------------------------------
     def describe(self, database: str, table: str) -> TableInfo:
@@ -123,3 +122,8 @@ class SnapshotConnection:
             "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES "
             f"WHERE TABLE_TYPE = 'BASE TABLE' AND TABLE_SCHEMA NOT IN ({marks}) ORDER BY 1, 2", _SYSTEM_SCHEMAS)
         return [(str(d), str(t)) for d, t in rows]
+
+
+def _names(listed: object) -> list[str]:
+    """'a,b' (a SHOW MASTER STATUS filter column) -> ['a', 'b']."""
+    return [x for x in str(listed or "").split(",") if x]

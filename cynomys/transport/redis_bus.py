@@ -797,7 +797,7 @@ class RedisPubSubSubscriber:
         self._r = _client(cfg.url, SUBSCRIBE_SOCKET_TIMEOUT_S)
         self._dead = _DeadLetters(self._r, cfg)
         self._channel = cfg.stream
-        self._ps = self._r.pubsub(ignore_subscribe_messages=True)
+        self._ps = self._r.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
         self._subscribed = False
         self._counter = 0
 
@@ -824,7 +824,7 @@ class RedisPubSubSubscriber:
             # The subscription died with the connection; subscribe afresh next
             # time.  Whatever was published meanwhile is lost (at-most-once).
             self._ps.close()
-            self._ps = self._r.pubsub(ignore_subscribe_messages=True)
+            self._ps = self._r.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
             self._subscribed = False
             raise translate(exc, self._cfg.url, f"receiving from channel {self._channel}") from exc
         return out

@@ -42,13 +42,13 @@ class IcebergApi:
     def __init__(self, spark: SparkSession, catalog: str) -> None:
         self.spark = spark
         self.catalog_name = catalog
-        self._jvm: Any = spark.sparkContext._jvm  # type: ignore[attr-defined]
-        self._gateway: Any = spark.sparkContext._gateway  # type: ignore[attr-defined]
+        self._jvm: Any = spark.sparkContext._jvm
+        self._gateway: Any = spark.sparkContext._gateway
         self._commit_local: Any = None
 
     # -- catalog and tables ------------------------------------------------
     def _catalog(self) -> Any:
-        plugin = self.spark._jsparkSession.sessionState().catalogManager().catalog(self.catalog_name)  # type: ignore[attr-defined]
+        plugin = self.spark._jsparkSession.sessionState().catalogManager().catalog(self.catalog_name)
         return plugin.icebergCatalog()
 
     def _namespace(self, database: str) -> Any:
@@ -160,5 +160,5 @@ class IcebergApi:
             table.to_batches(), ArrowStreamSerializer(),
             lambda path: jvm.PythonSQLUtils.readArrowStreamFromFile(path),
             lambda: jvm.ArrowIteratorServer())
-        jdf = jvm.PythonSQLUtils.toDataFrame(jiter, schema.json(), self.spark._jsparkSession)  # type: ignore[attr-defined]
+        jdf = jvm.PythonSQLUtils.toDataFrame(jiter, schema.json(), self.spark._jsparkSession)
         return DataFrame(jdf, self.spark)

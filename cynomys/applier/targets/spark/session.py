@@ -213,8 +213,8 @@ def acquire(conf: dict[str, str]) -> tuple[SparkSession, int]:
 
 def _alive(session: SparkSession) -> bool:
     try:
-        session._jsparkSession.version()  # type: ignore[attr-defined]
-        return not session.sparkContext._jsc.sc().isStopped()  # type: ignore[union-attr]
+        session._jsparkSession.version()
+        return not session.sparkContext._jsc.sc().isStopped()
     except Exception:  # Py4J cannot reach the JVM
         return False
 
@@ -251,11 +251,11 @@ def _forget_jvm() -> None:
     """Drop PySpark's handles on a dead JVM so the next session launches a new one."""
     from pyspark import SparkContext
 
-    SparkContext._active_spark_context = None  # type: ignore[attr-defined]
-    SparkContext._gateway = None  # type: ignore[attr-defined]
-    SparkContext._jvm = None  # type: ignore[attr-defined]
-    SparkSession._instantiatedSession = None  # type: ignore[attr-defined]
-    SparkSession._activeSession = None  # type: ignore[attr-defined]
+    SparkContext._active_spark_context = None
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    SparkSession._instantiatedSession = None
+    SparkSession._activeSession = None
 
 
 # --------------------------------------------------------------------------
