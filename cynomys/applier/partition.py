@@ -39,6 +39,7 @@ from typing import Any
 
 from cynomys.applier.targets.base import AppliedState, Flush, Target
 from cynomys.core.config import Config
+from cynomys.core.dialect import MARIADB
 from cynomys.core.errors import TerminalError
 from cynomys.core.model import Batch, Change, Op, Position, Row, TableSchema
 from cynomys.parser.ddl import (
@@ -67,10 +68,6 @@ def table_partition(database: str, table: str, partitions: int) -> int:
 
 class CrossPartitionDdl(TerminalError):
     """A DDL statement whose tables belong to different partitions."""
-
-
-def _quote(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 @dataclass(frozen=True)
@@ -165,7 +162,7 @@ class Partitioning:
             # Dropping tables is independent per table: drop this partition's own.
             mine = [ref for ref in ops[0].tables if self.owns(*ref)]
             head = "DROP TABLE IF EXISTS " if ops[0].if_exists else "DROP TABLE "
-            return replace(c, sql=head + ", ".join(f"{_quote(db)}.{_quote(t)}" for db, t in mine))
+            return replace(c, sql=head + ", ".join(MARIADB.table(db, t) for db, t in mine))
         names = ", ".join(f"{db}.{t} (partition {table_partition(db, t, self.partitions)})" for db, t in refs)
         raise CrossPartitionDdl(
             f"DDL at {position} names tables of several partitions: {names}: {' '.join(sql.split())[:200]!r}; "

@@ -18,9 +18,10 @@ from typing import Any, Iterator, TextIO
 
 from cynomys.cli.common import config_of, stop_on_signals, with_config
 from cynomys.core.config import Config
+from cynomys.core.dialect import MARIADB
 from cynomys.core.errors import EnvelopeRejected, SchemaError
 from cynomys.core.model import Op
-from cynomys.reducer.sql import MARIADB, render
+from cynomys.reducer.sql import render
 from cynomys.schemas import codec
 
 log = logging.getLogger(__name__)

@@ -34,8 +34,10 @@ from sqlglot import Token, TokenType, exp
 from sqlglot.dialects.mysql import MySQL
 from sqlglot.errors import SqlglotError
 
+from cynomys.core.dialect import MARIADB
 from cynomys.core.errors import TerminalError
 from cynomys.core.model import ColumnDef, RawTemporal, Value
+from cynomys.core.sourcetypes import BINARY_OF_TEXT, BINARY_TYPES, INT_FAMILIES, TEXT_TYPES, members_text, smallest_lob
 
 log = logging.getLogger(__name__)
 
@@ -228,18 +230,13 @@ def _params(dt: exp.DataType) -> list[int]:
     return out
 
 
-def _quote_value(v: str) -> str:
-    # As SHOW CREATE TABLE writes ENUM/SET members: ' doubled, \ escaped.
-    return "'" + v.replace("\\", "\\\\").replace("'", "''") + "'"
-
-
 def _members(dt: exp.DataType) -> str:
     values = []
     for e in dt.expressions:
         if not isinstance(e, exp.Literal) or not e.is_string:
             raise ValueError(f"ENUM/SET member {e.sql()} is not a string")
-        values.append(_quote_value(e.this))
-    return ",".join(values)
+        values.append(e.this)
+    return members_text(values)
 
 
 def _sized(name: str, default: int | None = None) -> Callable[[exp.DataType], str]:
@@ -284,9 +281,7 @@ def _lob(family: str) -> Callable[[exp.DataType], str]:
         p = _params(dt)
         if not p:
             return family
-        n = p[0] * (4 if family == "text" else 1)
-        prefix = "tiny" if n < 2 ** 8 else "" if n < 2 ** 16 else "medium" if n < 2 ** 24 else "long"
-        return prefix + family
+        return smallest_lob(family, p[0] * (4 if family == "text" else 1))
     return render
 
 
@@ -294,10 +289,10 @@ def _const(text: str) -> Callable[[exp.DataType], str]:
     return lambda dt: text
 
 
-_INTS = {T.TINYINT: "tinyint", T.SMALLINT: "smallint", T.MEDIUMINT: "mediumint", T.INT: "int",
-         T.BIGINT: "bigint"}
-_UINTS = {T.UTINYINT: "tinyint", T.USMALLINT: "smallint", T.UMEDIUMINT: "mediumint", T.UINT: "int",
-          T.UBIGINT: "bigint"}
+# sqlglot names its integer types as the catalog names the families
+# (TINYINT .. BIGINT; UTINYINT .. UBIGINT for the UNSIGNED ones).
+_INTS: dict[exp.DType, str] = {getattr(T, name.upper()): name for name in INT_FAMILIES}
+_UINTS: dict[exp.DType, str] = {getattr(T, "U" + name.upper()): name for name in INT_FAMILIES}
 
 #: sqlglot type -> renderer of the COLUMN_TYPE text (without ' unsigned').
 TYPE_TEXT: dict[exp.DType, Callable[[exp.DataType], str]] = {
@@ -327,9 +322,6 @@ TYPE_TEXT: dict[exp.DType, Callable[[exp.DataType], str]] = {
 }
 _UNSIGNED = frozenset(_UINTS) | {T.UDECIMAL, T.UDOUBLE, T.SERIAL}
 
-#: A character type declared CHARACTER SET binary is the binary type.
-_BINARY_CHARSET = {"char": "binary", "varchar": "varbinary", "tinytext": "tinyblob", "text": "blob",
-                   "mediumtext": "mediumblob", "longtext": "longblob"}
 
 
 def _column(node: exp.ColumnDef) -> tuple[ColumnDef, bool]:
@@ -353,7 +345,7 @@ def _column(node: exp.ColumnDef) -> tuple[ColumnDef, bool]:
             unsigned = True  # ZEROFILL implies UNSIGNED
         elif isinstance(kind, exp.CharacterSetColumnConstraint) and kind.name.lower() == "binary":
             base, paren, rest = text.partition("(")
-            text = _BINARY_CHARSET.get(base, base) + paren + rest
+            text = BINARY_OF_TEXT.get(base, base) + paren + rest  # CHARACTER SET binary: the binary type
         # Everything else (DEFAULT, COMMENT, AUTO_INCREMENT, COLLATE, CHECK,
         # ON UPDATE, REFERENCES, generated-column expressions) does not change
         # what values the column holds on a replica: its rows come from the
@@ -368,9 +360,8 @@ def _column(node: exp.ColumnDef) -> tuple[ColumnDef, bool]:
 _IMPLICIT_ZERO: dict[str, Value] = {
     "date": RawTemporal("0000-00-00"), "datetime": RawTemporal("0000-00-00 00:00:00"),
     "timestamp": RawTemporal("0000-00-00 00:00:00"), "time": datetime.timedelta(0), "year": 0,
-    "char": "", "varchar": "", "tinytext": "", "text": "", "mediumtext": "", "longtext": "", "json": "",
-    "set": "", "binary": b"", "varbinary": b"", "tinyblob": b"", "blob": b"", "mediumblob": b"",
-    "longblob": b"", "decimal": decimal.Decimal(0), "float": 0.0, "double": 0.0,
+    **dict.fromkeys(TEXT_TYPES + ("json", "set"), ""), **dict.fromkeys(BINARY_TYPES, b""),
+    "decimal": decimal.Decimal(0), "float": 0.0, "double": 0.0,
 }
 
 
@@ -408,7 +399,7 @@ def _fill(node: exp.ColumnDef, col: ColumnDef) -> tuple[Value, bool]:
         return int(bool(lit.this)), False
     if isinstance(lit, exp.Literal):
         if lit.is_string:
-            if col.base_type in ("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"):
+            if col.base_type in BINARY_TYPES:
                 return lit.this.encode(), False
             return lit.this, False
         text = ("-" if negative else "") + lit.this
@@ -420,14 +411,10 @@ def _fill(node: exp.ColumnDef, col: ColumnDef) -> tuple[Value, bool]:
 def column_def(type_sql: str, name: str = "c") -> ColumnDef:
     """Normalise a column definition's SQL text ('INT(11) ZEROFILL NOT NULL')
     the way DDL statements are normalised (for callers and tests)."""
-    created = sqlglot.parse_one(f"CREATE TABLE t ({_ident(name)} {type_sql})", dialect=_DIALECT)
+    created = sqlglot.parse_one(f"CREATE TABLE t ({MARIADB.ident(name)} {type_sql})", dialect=_DIALECT)
     node = created.find(exp.ColumnDef)
     assert node is not None
     return _column(node)[0]
-
-
-def _ident(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 # --------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from typing import Any, Callable, Sequence
 from cynomys.core import compiled
 from cynomys.core.errors import UnsupportedEventError
 from cynomys.core.model import ColumnDef, RawTemporal, Row, Value
+from cynomys.core.sourcetypes import INT_FAMILIES, IntFamily, lob_type, members_text
 
 # MySQL field type codes (include/field_types.h).
 DECIMAL, TINY, SHORT, LONG, FLOAT, DOUBLE, NULL, TIMESTAMP, LONGLONG, INT24 = range(10)
@@ -81,14 +82,11 @@ def _enum_members(values: Sequence[str] | None) -> list[str]:
     return list(values or [])
 
 
-def _q(values: Sequence[str]) -> str:
-    # As SHOW CREATE TABLE writes them: quote doubled, backslash escaped.
-    return ",".join("'" + v.replace("\\", "\\\\").replace("'", "''") + "'" for v in values)
-
-
-_INT_NAMES = {TINY: "tinyint", SHORT: "smallint", INT24: "mediumint", LONG: "int", LONGLONG: "bigint"}
-_BLOB_NAMES = {1: ("tinyblob", "tinytext"), 2: ("blob", "text"), 3: ("mediumblob", "mediumtext"),
-               4: ("longblob", "longtext")}
+#: The integer family of each integer field type.
+_INT_FIELDS: dict[int, IntFamily] = {
+    TINY: INT_FAMILIES["tinyint"], SHORT: INT_FAMILIES["smallint"], INT24: INT_FAMILIES["mediumint"],
+    LONG: INT_FAMILIES["int"], LONGLONG: INT_FAMILIES["bigint"],
+}
 
 
 def _fsp_suffix(name: str, col: Any) -> str:
@@ -99,8 +97,8 @@ def _fsp_suffix(name: str, col: Any) -> str:
 def column_type_text(col: Any) -> str:
     """Rebuild the SQL column type from TABLE_MAP metadata (FULL row metadata)."""
     t = col.type
-    if t in _INT_NAMES:
-        return _INT_NAMES[t] + (" unsigned" if col.unsigned else "")
+    if t in _INT_FIELDS:
+        return _INT_FIELDS[t].name + (" unsigned" if col.unsigned else "")
     cs = _charset(col)
     mb = _MBMAXLEN.get(cs, 1)
     simple: dict[int, Callable[[], str]] = {
@@ -110,9 +108,9 @@ def column_type_text(col: Any) -> str:
         VARCHAR: lambda: f"varbinary({col.max_length})" if cs == "binary" else f"varchar({col.max_length // mb})",
         VAR_STRING: lambda: f"varbinary({col.max_length})" if cs == "binary" else f"varchar({col.max_length // mb})",
         STRING: lambda: f"binary({col.max_length})" if cs == "binary" else f"char({col.max_length // mb})",
-        BLOB: lambda: _BLOB_NAMES[col.length_size][0 if cs == "binary" else 1],
-        ENUM: lambda: f"enum({_q(_enum_members(col.enum_values))})",
-        SET: lambda: f"set({_q(col.set_values or [])})",
+        BLOB: lambda: lob_type("blob" if cs == "binary" else "text", col.length_size),
+        ENUM: lambda: f"enum({members_text(_enum_members(col.enum_values))})",
+        SET: lambda: f"set({members_text(col.set_values or [])})",
         BIT: lambda: f"bit({col.bits})",
         DATE: lambda: "date",
         NEWDATE: lambda: "date",
@@ -453,7 +451,6 @@ def compile_decoder(col: Any) -> Decoder:
 # Column kinds of the compiled decoder's plan (the enum in _speedups.c).
 K_PY, K_INT, K_FLOAT, K_DOUBLE, K_DECIMAL, K_TEXT_UTF8, K_TEXT_CODEC, K_BYTES, K_BINARY_FIXED = range(9)
 K_DATE, K_DATETIME2, K_TIMESTAMP2, K_TIME2, K_YEAR, K_BIT, K_ENUM, K_NULL = range(9, 17)
-_INT_SIZES = {TINY: 1, SHORT: 2, INT24: 3, LONG: 4, LONGLONG: 8}
 # (kind, a, b, obj, pure decoder): one column of the compiled decoder's plan.
 PlanEntry = tuple[int, int, int, Any, Decoder]
 
@@ -473,8 +470,8 @@ def _plan_for(col: Any, pydec: Decoder) -> PlanEntry:
             return (K_TEXT_UTF8, prefix, 0, None, pydec)
         return (K_TEXT_CODEC, prefix, 0, codec, pydec)
 
-    if t in _INT_SIZES:
-        return (K_INT, _INT_SIZES[t], int(bool(col.unsigned)), None, pydec)
+    if t in _INT_FIELDS:
+        return (K_INT, _INT_FIELDS[t].size, int(bool(col.unsigned)), None, pydec)
     if t in (VARCHAR, VAR_STRING):
         return text(1 if col.max_length < 256 else 2)
     if t == STRING:

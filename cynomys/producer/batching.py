@@ -14,11 +14,12 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from cynomys.core.dialect import MARIADB
 from cynomys.core.errors import TerminalError
 from cynomys.core.model import Batch, Change, EnvelopeMeta, Op, Position
 from cynomys.parser.txn import Assembler, Commit, Item, Progress
 from cynomys.reducer.fold import PRODUCER_RULES, Folder
-from cynomys.reducer.sql import MARIADB, render_one
+from cynomys.reducer.sql import render_one
 from cynomys.snapshot.keyless import KeylessRead
 
 if TYPE_CHECKING:

@@ -6,95 +6,17 @@ columns that changed.  Rows of keyless tables are matched on every column
 with the NULL-safe comparison and ``LIMIT 1``, since identical rows cannot be
 told apart.  Statements (DDL) keep their source text.
 
-Dialects differ as data (quoting, literal forms), not branches.
+Dialects differ as data (quoting, literal forms), not branches: the
+``Dialect`` values of ``cynomys.core.dialect``.
 """
 from __future__ import annotations
 
-import datetime
-import decimal
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from itertools import groupby
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
-from cynomys.core.model import Change, Op, RawTemporal, TableSchema, Value
-
-
-def _td_text(td: datetime.timedelta) -> str:
-    total = td.days * 86400_000000 + td.seconds * 1000000 + td.microseconds
-    sign = "-" if total < 0 else ""
-    total = abs(total)
-    secs, micro = divmod(total, 1000000)
-    h, rem = divmod(secs, 3600)
-    m, s = divmod(rem, 60)
-    return f"{sign}{h:02d}:{m:02d}:{s:02d}" + (f".{micro:06d}" if micro else "")
-
-
-def _dt_text(v: datetime.datetime) -> str:
-    if v.tzinfo is not None:  # TIMESTAMP: rendered in UTC; sessions run with time_zone '+00:00'
-        v = v.astimezone(datetime.timezone.utc).replace(tzinfo=None)
-    return v.isoformat(sep=" ", timespec="microseconds" if v.microsecond else "seconds")
-
-
-@dataclass(frozen=True)
-class Dialect:
-    """How one SQL dialect spells identifiers and literals."""
-
-    name: str
-    ident_quote: str
-    # String literal escaping: MariaDB also treats backslash as an escape.
-    backslash_escapes: bool
-    bytes_literal: Callable[[bytes], str]
-    null_safe_eq: str  # operator for NULL-safe equality
-    supports_limit_in_dml: bool
-    upsert_keyword: str  # how a READ (upsert of a full row) is written
-    # Spark SQL reads 'it''s' as 'its': quotes must be backslash-escaped there.
-    doubled_quotes: bool = True
-
-    def ident(self, name: str) -> str:
-        q = self.ident_quote
-        return q + name.replace(q, q + q) + q
-
-    def table(self, database: str, table: str) -> str:
-        return f"{self.ident(database)}.{self.ident(table)}"
-
-    def string(self, s: str) -> str:
-        if self.backslash_escapes:
-            s = s.replace("\\", "\\\\").replace("\0", "\\0")
-        if self.doubled_quotes:
-            return "'" + s.replace("'", "''") + "'"
-        return "'" + s.replace("'", "\\'") + "'"
-
-    def literal(self, v: Value) -> str:
-        if v is None:
-            return "NULL"
-        if isinstance(v, bool):
-            return "1" if v else "0"
-        if isinstance(v, int):
-            return str(v)
-        if isinstance(v, decimal.Decimal):
-            # Positional notation: str() gives '1.23E-7' for small values,
-            # which servers read as an (inexact) DOUBLE.
-            return format(v, "f")
-        if isinstance(v, float):
-            return repr(v)
-        if isinstance(v, bytes):
-            return self.bytes_literal(v)
-        if isinstance(v, datetime.datetime):
-            return self.string(_dt_text(v))
-        if isinstance(v, datetime.date):
-            return self.string(v.isoformat())
-        if isinstance(v, datetime.timedelta):
-            return self.string(_td_text(v))
-        if isinstance(v, (str, RawTemporal)):
-            return self.string(str(v))
-        raise TypeError(f"cannot render {type(v).__name__} as SQL")
-
-
-MARIADB = Dialect("mariadb", "`", True, lambda b: "X'" + b.hex() + "'" if b else "''", "<=>", True, "REPLACE")
-# MonetDB reads backslash escapes in '...' literals unless started with raw_strings.
-MONETDB = Dialect("monetdb", '"', True, lambda b: "BLOB '" + b.hex() + "'", "IS NOT DISTINCT FROM", False, "")
-SPARK = Dialect("spark", "`", True, lambda b: "X'" + b.hex() + "'", "<=>", False, "", doubled_quotes=False)
-DIALECTS = {d.name: d for d in (MARIADB, MONETDB, SPARK)}
+from cynomys.core.dialect import MARIADB, Dialect
+from cynomys.core.model import Change, Op, TableSchema, Value
 
 
 def _where_row(d: Dialect, schema: TableSchema, row: Sequence[Value]) -> str:

@@ -27,12 +27,11 @@ import decimal
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from cynomys.core.dialect import MARIADB
 from cynomys.core.model import ColumnDef, Value
 
-
-def quote_ident(name: str) -> str:
-    """A MySQL identifier in backquotes (backquotes doubled)."""
-    return "`" + name.replace("`", "``") + "`"
+#: A source (MariaDB/MySQL) identifier in backquotes, backquotes doubled.
+quote_ident = MARIADB.ident
 
 
 def _pct(sql: str) -> str:

@@ -29,11 +29,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from cynomys.core.model import ColumnDef, RawTemporal, Row, TableSchema, Value
+from cynomys.core.sourcetypes import BINARY_TYPES, INT_FAMILIES, SPATIAL_TYPES
 from cynomys.snapshot.errors import SnapshotError
 
-_INTS = ("tinyint", "smallint", "mediumint", "int", "bigint")
-_SPATIAL = ("geometry", "point", "linestring", "polygon", "multipoint", "multilinestring",
-            "multipolygon", "geometrycollection")
 # Types whose binlog image the row decoder reads as something else than the
 # SQL value (MariaDB's INET4/INET6/UUID are binary in the binlog, text in a SELECT).
 _UNSUPPORTED = ("inet4", "inet6", "uuid", "vector")
@@ -51,13 +49,13 @@ def normalize_type(column_type: str) -> str:
         return base + t[len(base):]  # member text keeps its case
     low = low.replace(" zerofill", "")
     unsigned = " unsigned" in low
-    if base in _INTS:
+    if base in INT_FAMILIES:
         return base + (" unsigned" if unsigned else "")
     if base in ("float", "double", "real"):
         return "double" if base == "real" else base
     if base == "year":
         return "year"
-    if base in _SPATIAL:
+    if base in SPATIAL_TYPES:
         return "geometry"
     if base in ("decimal", "numeric"):
         m = re.match(r"\w+\((\d+)(?:,(\d+))?\)", low)
@@ -93,8 +91,7 @@ def _binary(v: Any) -> Value:
 
 _CONVERT: dict[str, Callable[[Any], Value]] = {
     "timestamp": _timestamp, "date": _temporal, "datetime": _temporal, "bit": _bit, "float": _float,
-    "binary": _binary, "varbinary": _binary, "tinyblob": _binary, "blob": _binary, "mediumblob": _binary,
-    "longblob": _binary, "geometry": _binary,
+    **dict.fromkeys(BINARY_TYPES, _binary), "geometry": _binary,
 }
 
 

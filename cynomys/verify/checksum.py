@@ -58,13 +58,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 from cynomys.core.model import ColumnDef, Row, TableSchema, Value
+from cynomys.core.sourcetypes import BINARY_TYPES, BOOLEAN_NAMES, DECIMAL_NAMES, INT_FAMILIES, INT_SYNONYMS
 from cynomys.snapshot.chunker import decode_key, encode_key
 
 MASK = (1 << 64) - 1
 _NULL = b"\xff"  # not valid UTF-8: no rendered value equals it
 
-_INTS = {"tinyint", "smallint", "mediumint", "int", "integer", "bigint", "bit", "year", "bool", "boolean"}
-_BINARY = {"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"}
+#: Types whose values render as decimal digits.
+_INTS = frozenset({*INT_FAMILIES, *INT_SYNONYMS, *BOOLEAN_NAMES, "bit", "year"})
 _SCALE = re.compile(r"\(\s*\d+\s*,\s*(\d+)\s*\)")
 
 
@@ -129,7 +130,7 @@ def renderer(col: ColumnDef) -> Callable[[Any], str]:
     base = col.base_type
     if base in _INTS:
         return _int
-    if base in ("decimal", "numeric", "dec", "fixed"):
+    if base in DECIMAL_NAMES:
         m = _SCALE.search(col.type)
         return _decimal(int(m.group(1)) if m else 0)
     if base == "float":
@@ -142,7 +143,7 @@ def renderer(col: ColumnDef) -> Callable[[Any], str]:
         return _datetime
     if base == "time":
         return _time
-    if base in _BINARY:
+    if base in BINARY_TYPES:
         return _binary
     return _text
 

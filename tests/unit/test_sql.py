@@ -4,8 +4,9 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 
+from cynomys.core.dialect import MONETDB
 from cynomys.core.model import Change, ColumnDef, Op, Position, RawTemporal, TableSchema
-from cynomys.reducer.sql import MONETDB, render
+from cynomys.reducer.sql import render
 
 S = TableSchema("shop", "order", (ColumnDef("id", "int"), ColumnDef("note", "text"), ColumnDef("at", "datetime")), ("id",))
 S2 = TableSchema("shop", "pair", (ColumnDef("a", "int"), ColumnDef("b", "int"), ColumnDef("v", "text")), ("a", "b"))
@@ -67,7 +68,7 @@ def test_small_and_large_decimals_render_without_exponent() -> None:
     reads as an inexact DOUBLE: a DECIMAL(65,30) key would not match."""
     import decimal
 
-    from cynomys.reducer.sql import MARIADB, MONETDB, SPARK
+    from cynomys.core.dialect import MARIADB, MONETDB, SPARK
 
     for d in (MARIADB, MONETDB, SPARK):
         assert d.literal(decimal.Decimal("0.000000123456789012345678901234")) == "0.000000123456789012345678901234"

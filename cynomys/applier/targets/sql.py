@@ -24,6 +24,7 @@ from typing import Any, Callable, ClassVar, Iterator, Sequence
 from cynomys.applier.targets.base import AppliedState, Flush, TableFlush, Target, short_sql, statement_batches
 from cynomys.applier.targets.ddl_runner import DdlRun, Handlers, run_ops
 from cynomys.core.config import Config
+from cynomys.core.dialect import MONETDB, Dialect
 from cynomys.core.errors import TargetRejectedError, TargetUnavailableError
 from cynomys.core.model import Change, ColumnDef, Position, Row, TableSchema
 from cynomys.parser.ddl import SKIP_HINT
@@ -76,15 +77,14 @@ class SqlTarget(Target):
             return ""
         return ",\n  PRIMARY KEY (" + ", ".join(self.ident(k) for k in key) + ")"
 
-    #: Quote character of identifiers (doubled inside a name).
-    ident_quote: ClassVar[str] = '"'
+    #: How the target spells identifiers and literals (core/dialect.py).
+    dialect: ClassVar[Dialect] = MONETDB
 
     def ident(self, name: str) -> str:
-        q = self.ident_quote
-        return q + name.replace(q, q + q) + q
+        return self.dialect.ident(name)
 
     def table_name(self, database: str, table: str) -> str:
-        return f"{self.ident(database)}.{self.ident(table)}"
+        return self.dialect.table(database, table)
 
     # ------------------------------------------------------------------
     # What a driver supplies

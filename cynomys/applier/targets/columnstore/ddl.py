@@ -17,9 +17,10 @@ from typing import Any, Callable, Protocol, Sequence
 
 from cynomys.applier.targets.columnstore.types import EngineProfile
 from cynomys.applier.targets.ddl_runner import TMP_SUFFIX, DdlRun, handler_table
+from cynomys.core.dialect import MARIADB
 from cynomys.core.model import ColumnDef
+from cynomys.core.sourcetypes import INT_FAMILIES
 from cynomys.parser import ddl
-from cynomys.reducer.sql import MARIADB
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ def _tbl(database: str, table: str) -> str:
 
 def _norm_type(text: str) -> str:
     # information_schema shows 'int(11)' for 'int': display widths mean nothing.
-    return re.sub(r"^(tinyint|smallint|mediumint|int|bigint)\(\d+\)", r"\1", text.lower().strip())
+    return re.sub(rf"^({'|'.join(INT_FAMILIES)})\(\d+\)", r"\1", text.lower().strip())
 
 
 # --------------------------------------------------------------------------

@@ -30,10 +30,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cynomys.applier.targets.arrow import binary_scalar, parts, text_array
-from cynomys.applier.targets.source_types import time_text
 from cynomys.core import columnar as core_columnar
 from cynomys.core.columnar import InsertRun
 from cynomys.core.model import ColumnDef, TableSchema
+from cynomys.core.sourcetypes import time_text
 
 Text = Callable[[Any, ColumnDef], Any]
 

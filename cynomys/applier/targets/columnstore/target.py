@@ -60,9 +60,9 @@ from cynomys.applier.targets.sql import SqlTarget
 from cynomys.core import columnar as core_columnar
 from cynomys.core.columnar import InsertRun
 from cynomys.core.config import Config
+from cynomys.core.dialect import MARIADB, Dialect
 from cynomys.core.errors import ConfigError, TargetRejectedError
 from cynomys.core.model import ColumnDef, Row, TableSchema, Value
-from cynomys.reducer.sql import MARIADB
 from cynomys.verify.checksum import Checksum, KeyRange
 
 log = logging.getLogger(__name__)
@@ -181,7 +181,7 @@ class ColumnStoreTarget(SqlTarget):
     #: MariaDB DDL commits on its own.  Keys: see ``declares_keys``.
     capabilities: ClassVar[Capabilities] = Capabilities(
         transactional_ddl=False, max_statement_rows=1000, supports_keys=True, columnar_inserts=True)
-    ident_quote: ClassVar[str] = "`"
+    dialect: ClassVar[Dialect] = MARIADB
     driver_errors: ClassVar[tuple[type[BaseException], ...]] = (pymysql.err.Error,)
     ddl_handlers = columnstore_ddl.HANDLERS
     statement_bytes: ClassVar[int] = 8 * 1024 * 1024  # below max_allowed_packet

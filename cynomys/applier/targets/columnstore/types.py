@@ -14,9 +14,9 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from cynomys.applier.targets.source_types import datetime_text, members, time_text, type_params
+from cynomys.core.dialect import MARIADB
 from cynomys.core.model import ColumnDef, RawTemporal, Value
-from cynomys.reducer.sql import MARIADB
+from cynomys.core.sourcetypes import datetime_text, members, time_text, type_params
 
 TypeRule = Callable[[ColumnDef], str]
 

@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 from cynomys.applier.targets.base import Target, register_purge_check
 from cynomys.applier.targets.columnstore.types import fetch_plan
+from cynomys.core.dialect import MARIADB
 from cynomys.core.model import Row, TableSchema, Value
-from cynomys.reducer.sql import MARIADB
+from cynomys.core.sourcetypes import BOOLEAN_NAMES, DECIMAL_NAMES, INT_FAMILIES, INT_SYNONYMS
 from cynomys.snapshot.chunker import COLUMN_ORDER_SQL, byte_key_param, byte_key_sql, byte_ordered, unordered_columns
 from cynomys.verify.checksum import MASK, Checksum, KeyRange, key_predicate
 from cynomys.verify.errors import RepairRefused
@@ -122,11 +123,11 @@ register_purge_check("columnstore", purge_check)
 _SCALE = re.compile(r"\(\s*\d+\s*,\s*(\d+)\s*\)")
 _INT = "CAST({c} AS CHAR)"
 _SQL_TEXT: dict[str, str] = {
-    **{t: _INT for t in ("tinyint", "smallint", "mediumint", "int", "integer", "bigint", "bool", "boolean")},
+    **{t: _INT for t in (*INT_FAMILIES, *INT_SYNONYMS, *BOOLEAN_NAMES)},
     "bit": "CAST(CAST({c} AS UNSIGNED) AS CHAR)",
     "year": "CAST({c} + 0 AS CHAR)",
     # {s}: the source scale (a target column may keep fewer digits: ColumnStore's DECIMAL(38, 3))
-    "decimal": "CAST(CAST({c} AS DECIMAL(65, {s})) AS CHAR)", "numeric": "CAST(CAST({c} AS DECIMAL(65, {s})) AS CHAR)",
+    **dict.fromkeys(DECIMAL_NAMES, "CAST(CAST({c} AS DECIMAL(65, {s})) AS CHAR)"),
     "date": "CAST({c} AS CHAR)",
     "datetime": "DATE_FORMAT({c}, '%Y-%m-%d %H:%i:%s.%f')",
     "timestamp": "DATE_FORMAT({c}, '%Y-%m-%d %H:%i:%s.%f')",   # the session runs in UTC

@@ -35,6 +35,7 @@ from cynomys.applier.targets.duckdb.types import DuckType, Unstorable, arrow_col
 from cynomys.applier.targets.source_types import source_type_comment, source_type_from_comment
 from cynomys.applier.targets.sql import SqlTarget
 from cynomys.core.config import Config
+from cynomys.core.dialect import DUCKDB, Dialect
 from cynomys.core.errors import ConfigError, TargetRejectedError
 from cynomys.core.model import ColumnDef, Row, TableSchema
 from cynomys.verify.checksum import KeyRange
@@ -46,6 +47,8 @@ Cursor = Any  # a duckdb connection: DuckDB's cursor() is a second connection wi
 
 class DuckDBTarget(SqlTarget):
     """DuckDB over its Python API; see the module docstring."""
+
+    dialect: ClassVar[Dialect] = DUCKDB
 
     capabilities: ClassVar[Capabilities] = Capabilities(
         transactional_ddl=True, max_statement_rows=100_000, supports_keys=False)

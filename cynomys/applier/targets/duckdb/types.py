@@ -17,8 +17,8 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from cynomys.applier.targets.source_types import timedelta_micros, type_params
 from cynomys.core.model import ColumnDef, RawTemporal, Value
+from cynomys.core.sourcetypes import timedelta_micros, type_params
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 

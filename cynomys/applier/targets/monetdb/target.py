@@ -58,6 +58,7 @@ from cynomys.applier.targets.monetdb.types import (
 )
 from cynomys.applier.targets.sql import SqlTarget
 from cynomys.core.config import Config
+from cynomys.core.dialect import MONETDB, Dialect
 from cynomys.core.errors import ConfigError, TargetRejectedError
 from cynomys.core.model import ColumnDef, Row, TableSchema, Value
 
@@ -110,6 +111,8 @@ def is_transient(exc: BaseException) -> bool:
 
 class MonetDBTarget(SqlTarget):
     """MonetDB over pymonetdb; see the module docstring."""
+
+    dialect: ClassVar[Dialect] = MONETDB
 
     capabilities: ClassVar[Capabilities] = Capabilities(
         transactional_ddl=True, max_statement_rows=1000, supports_keys=True)

@@ -54,13 +54,21 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from cynomys.applier.targets.source_types import (
-    SOURCE_TYPE_TAG,
+from cynomys.applier.targets.source_types import SOURCE_TYPE_TAG, source_type_comment
+from cynomys.core.dialect import MONETDB
+from cynomys.core.model import ColumnDef, RawTemporal, Value
+from cynomys.core.sourcetypes import (
+    BINARY_TYPES,
+    BOOLEAN_FAMILY,
+    BOOLEAN_NAMES,
+    DECIMAL_NAMES,
+    INT_FAMILIES,
+    INT_SYNONYMS,
+    TEXT_LOBS,
+    int_family,
     members,
-    source_type_comment,
     type_params,
 )
-from cynomys.core.model import ColumnDef, RawTemporal, Value
 
 _UTC = datetime.timezone.utc
 _FLT_MAX = struct.unpack("<f", b"\xff\xff\x7f\x7f")[0]
@@ -124,12 +132,9 @@ class Codec:
 # --------------------------------------------------------------------------
 # Literals and COPY fields
 # --------------------------------------------------------------------------
-def quote_ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def qualified(schema: str, table: str) -> str:
-    return f"{quote_ident(schema)}.{quote_ident(table)}"
+#: A MonetDB identifier, double-quoted; a schema-qualified table name.
+quote_ident = MONETDB.ident
+qualified = MONETDB.table
 
 
 def string_literal(s: str, features: ServerFeatures) -> str:
@@ -166,10 +171,11 @@ def _text_check(s: str, limit: int | None) -> str:
 # --------------------------------------------------------------------------
 # Integers (and YEAR, BIT)
 # --------------------------------------------------------------------------
-#: Source integer base type -> (bits, MonetDB type one step wider).
-_INTS: dict[str, tuple[int, str]] = {
-    "tinyint": (8, "SMALLINT"), "smallint": (16, "INT"), "mediumint": (24, "INT"),
-    "int": (32, "BIGINT"), "integer": (32, "BIGINT"), "bigint": (64, "HUGEINT"),
+#: Source integer family -> (MonetDB type one step wider, the MonetDB type
+#: of the same width for ``integers=native``).
+INT_TYPES: dict[str, tuple[str, str]] = {
+    "tinyint": ("SMALLINT", "TINYINT"), "smallint": ("INT", "SMALLINT"), "mediumint": ("INT", "INT"),
+    "int": ("BIGINT", "INT"), "bigint": ("HUGEINT", "BIGINT"),
 }
 
 
@@ -212,20 +218,15 @@ def _int_codec(col: ColumnDef, lo: int, hi: int, sql_type: str, what: str, featu
     return Codec(col, sql_type, "int", lambda v: str(check(v)), field, int, coerce=_as_int)
 
 
-#: Source signed integer base type -> the MonetDB type of the same width
-#: (``integers=native``).
-_NATIVE_INTS: dict[str, str] = {"tinyint": "TINYINT", "smallint": "SMALLINT", "mediumint": "INT", "int": "INT",
-                                "integer": "INT", "bigint": "BIGINT"}
-
-
 def _integer(col: ColumnDef, features: ServerFeatures, native: bool = False) -> Codec:
-    bits, sql_type = _INTS[col.base_type]
-    lo, hi = (0, 2 ** bits - 1) if col.unsigned else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+    family = int_family(col.base_type)
+    assert family is not None
+    sql_type, native_type = INT_TYPES[family.name]
+    lo, hi = family.bounds(col.unsigned)
     if native and not col.unsigned:
         # Same width as the source: the type's minimum is MonetDB's NULL,
         # so that one value is refused instead of stored.
-        native_type = _NATIVE_INTS[col.base_type]
-        if native_type == "INT" and bits < 32:  # MEDIUMINT: INT holds all of it
+        if native_type == "INT" and family.bits < 32:  # MEDIUMINT: INT holds all of it
             return _int_codec(col, lo, hi, native_type, col.type, features)
 
         def check(v: Value) -> str:
@@ -250,6 +251,10 @@ def _bit(col: ColumnDef, features: ServerFeatures) -> Codec:
     # BIGINT keeps its minimum as NULL but BIT(63) tops out at 2^63-1.
     sql_type = "BIGINT" if bits < 64 else "HUGEINT" if features.hugeint else "TEXT_INT"
     return _int_codec(col, 0, 2 ** bits - 1, sql_type, col.type, features)
+
+
+def _boolean(col: ColumnDef, features: ServerFeatures) -> Codec:
+    return _int_codec(col, *BOOLEAN_FAMILY.signed, INT_TYPES[BOOLEAN_FAMILY.name][0], BOOLEAN_FAMILY.name, features)
 
 
 def _year(col: ColumnDef, features: ServerFeatures) -> Codec:
@@ -592,12 +597,11 @@ def _blob(col: ColumnDef, features: ServerFeatures) -> Codec:
 Rule = Callable[[ColumnDef, ServerFeatures], Codec]
 
 RULES: dict[str, Rule] = {
-    **{name: _integer for name in _INTS},
+    **{name: _integer for name in (*INT_FAMILIES, *INT_SYNONYMS)},
     "bit": _bit,
     "year": _year,
-    "bool": lambda c, f: _int_codec(c, -128, 127, "SMALLINT", "tinyint", f),
-    "boolean": lambda c, f: _int_codec(c, -128, 127, "SMALLINT", "tinyint", f),
-    "decimal": _decimal, "numeric": _decimal, "dec": _decimal, "fixed": _decimal,
+    **{name: _boolean for name in BOOLEAN_NAMES},
+    **{name: _decimal for name in DECIMAL_NAMES},
     "float": lambda c, f: _floating(c, f, single=True),
     "double": lambda c, f: _floating(c, f, single=False),
     "real": lambda c, f: _floating(c, f, single=False),
@@ -606,11 +610,10 @@ RULES: dict[str, Rule] = {
     "timestamp": _timestamp,
     "time": _time,
     "char": _varchar, "varchar": _varchar,
-    "tinytext": _clob, "text": _clob, "mediumtext": _clob, "longtext": _clob,
+    **{name: _clob for name in TEXT_LOBS},
     "enum": _enum, "set": _set,
     "json": _json,
-    "binary": _blob, "varbinary": _blob, "tinyblob": _blob, "blob": _blob, "mediumblob": _blob,
-    "longblob": _blob, "geometry": _blob,
+    **{name: _blob for name in BINARY_TYPES}, "geometry": _blob,
 }
 
 
@@ -620,7 +623,7 @@ def codec(col: ColumnDef, features: ServerFeatures, native_integers: bool = Fals
     ``native_integers`` ([target] url option ``integers=native``) keeps
     signed integers at their source width and refuses the one value MonetDB
     reserves for NULL (TINYINT -128, ..., BIGINT -2^63) instead of widening."""
-    if native_integers and col.base_type in _INTS:
+    if native_integers and int_family(col.base_type) is not None:
         return _integer(col, features, native=True)
     rule = RULES.get(col.base_type)
     if rule is None:

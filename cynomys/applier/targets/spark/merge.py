@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 from pyspark.sql import types as T
 
 from cynomys.applier.targets.base import AppliedState, TableFlush
+from cynomys.core.dialect import SPARK
 from cynomys.core.model import Position, Row, TableSchema, Value
 
 log = logging.getLogger(__name__)
@@ -52,9 +53,8 @@ def same_flush(a: AppliedState, b: AppliedState) -> bool:
     return a.seq == b.seq and a.position == b.position
 
 
-def q(name: str) -> str:
-    """A Spark SQL identifier."""
-    return "`" + name.replace("`", "``") + "`"
+#: A Spark SQL identifier, in backquotes (backquotes doubled).
+q = SPARK.ident
 
 
 def lit(text: str) -> str:

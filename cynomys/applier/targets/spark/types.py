@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import datetime
 import decimal
-import re
 import struct
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -62,6 +61,14 @@ import pyarrow as pa
 from pyspark.sql import types as T
 
 from cynomys.core.model import ColumnDef, RawTemporal, Value
+from cynomys.core.sourcetypes import (
+    BINARY_TYPES,
+    DECIMAL_NAMES,
+    INT_FAMILIES,
+    SPATIAL_TYPES,
+    STRING_TYPES,
+    type_params,
+)
 
 Encoder = Callable[[Any], Any]
 Decoder = Callable[[Any], Value]
@@ -69,7 +76,6 @@ Decoder = Callable[[Any], Value]
 UTC = datetime.timezone.utc
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=UTC)
 _US = datetime.timedelta(microseconds=1)
-_PARAMS = re.compile(r"\(([\d,\s]+)\)")
 
 #: Suffix of the STRING column that keeps zero/partial dates of a temporal column.
 COMPANION_SUFFIX = "__cynomys_raw"
@@ -86,12 +92,6 @@ class ValueRejected(ValueError):
         super().__init__(message)
         self.row = row
         self.column = column
-
-
-def type_params(type_text: str) -> list[int]:
-    """'decimal(65,30)' -> [65, 30]; 'int' -> []."""
-    m = _PARAMS.search(type_text)
-    return [int(p) for p in m.group(1).split(",")] if m else []
 
 
 @dataclass(frozen=True)
@@ -265,18 +265,9 @@ _INT = T.IntegerType()
 _LONG = T.LongType()
 _U64 = T.DecimalType(20, 0)
 
-#: (signed range, unsigned range) of the MySQL integer types.
-_INT_RANGES: dict[str, tuple[tuple[int, int], tuple[int, int]]] = {
-    "tinyint": ((-2 ** 7, 2 ** 7 - 1), (0, 2 ** 8 - 1)),
-    "smallint": ((-2 ** 15, 2 ** 15 - 1), (0, 2 ** 16 - 1)),
-    "mediumint": ((-2 ** 23, 2 ** 23 - 1), (0, 2 ** 24 - 1)),
-    "int": ((-2 ** 31, 2 ** 31 - 1), (0, 2 ** 32 - 1)),
-    "bigint": ((-2 ** 63, 2 ** 63 - 1), (0, 2 ** 64 - 1)),
-}
-
-
 def _integer(c: ColumnDef) -> Mapping:
-    (lo, hi) = _INT_RANGES[c.base_type][1 if c.unsigned else 0]
+    # The narrowest Iceberg type holding the MySQL type's whole range.
+    (lo, hi) = INT_FAMILIES[c.base_type].bounds(c.unsigned)
     if hi >= 2 ** 63:  # BIGINT UNSIGNED
         return Mapping(_U64, pa.decimal128(20, 0), "uint64", _uint64_as_decimal(hi), _to_int,
                        note="unsigned 64-bit integer", bounds=(lo, hi))
@@ -314,10 +305,10 @@ _BINARY = Mapping(T.BinaryType(), pa.binary(), "binary", _bytes, _to_bytes)
 
 #: MySQL base type (ColumnDef.base_type) -> rule.  A type not listed is refused.
 TYPE_RULES: dict[str, Callable[[ColumnDef], Mapping]] = {
-    **{t: _integer for t in _INT_RANGES},
+    **{t: _integer for t in INT_FAMILIES},
     "bit": _bit,
     "year": _const(Mapping(_INT, pa.int32(), "integer", _int(0, 2155), _to_int, bounds=(0, 2155))),
-    "decimal": _decimal, "numeric": _decimal, "dec": _decimal, "fixed": _decimal,
+    **{t: _decimal for t in DECIMAL_NAMES},
     "float": _const(Mapping(T.FloatType(), pa.float32(), "float", _float32, _same)),
     "double": _const(Mapping(T.DoubleType(), pa.float64(), "double", _float64, _same)),
     "real": _const(Mapping(T.DoubleType(), pa.float64(), "double", _float64, _same)),
@@ -327,11 +318,8 @@ TYPE_RULES: dict[str, Callable[[ColumnDef], Mapping]] = {
     "timestamp": _const(Mapping(T.TimestampType(), pa.timestamp("us", tz="UTC"), "timestamp", _aware,
                                 _from_micros, select="unix_micros({c})", temporal=True)),
     "time": _const(Mapping(_LONG, pa.int64(), "time", _micros, _to_timedelta, note="signed microseconds")),
-    **{t: _const(_STRING) for t in ("char", "varchar", "tinytext", "text", "mediumtext", "longtext",
-                                    "enum", "set", "json")},
-    **{t: _const(_BINARY) for t in ("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob",
-                                    "geometry", "point", "linestring", "polygon", "multipoint",
-                                    "multilinestring", "multipolygon", "geometrycollection")},
+    **{t: _const(_STRING) for t in STRING_TYPES},
+    **{t: _const(_BINARY) for t in BINARY_TYPES + SPATIAL_TYPES},
 }
 
 #: Iceberg/Spark type of a column with no source type in its comment (a
