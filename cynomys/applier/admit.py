@@ -129,8 +129,24 @@ class Admission:
         re-sent number does not move the recorded chain back), and who
         wrote it (server, incarnation, fence)."""
         lin = self.lineage(pid)
+        server = server or lin.server
+        held = lin.held
+        if held is not None and self._behind(position, server, held):
+            # A producer whose state was rolled back re-batches what it sends
+            # again: its numbers can pass the highest taken while its
+            # positions are still inside what the target holds.  Recording
+            # such an envelope's end would move the target's position back,
+            # and the changes between would then be admitted a second time.
+            position, commit_ts = held.position, max(commit_ts, held.commit_ts)
         return AppliedState(pid, max(seq, lin.hwm), position, commit_ts,
-                            server=server or lin.server, incarnation=lin.incarnation, fence=lin.fence)
+                            server=server, incarnation=lin.incarnation, fence=lin.fence)
+
+    def _behind(self, position: Position, server: str, held: AppliedState) -> bool:
+        """``position`` lies strictly before what the target holds."""
+        if self._same_server(server, held):
+            return position.sort_key() < held.position.sort_key()
+        mine, theirs = _gtids(held.position.gtid), _gtids(position.gtid)
+        return mine is not None and theirs is not None and mine.covers(theirs) and not theirs.covers(mine)
 
     def adopt(self, pid: str, meta: EnvelopeMeta, fence: int) -> None:
         """An admitted envelope is being taken: the states committed from now

@@ -180,6 +180,32 @@ def test_a_resent_number_with_other_boundaries_applies_its_tail(mariadb: MariaDB
     assert app.target.applied(db).seq == 3  # the recorded number never moves back
 
 
+def test_a_resent_stream_numbered_past_the_highest_never_moves_the_position_back(
+        mariadb: MariaDBServer, tmp_path: Path) -> None:
+    """The producer's state went back to after envelope 1 while the target
+    took 2 and 3 (up to 350); re-batching, it sends 2 and 3 again covering
+    less, then 4, which still ends inside what the target holds.  Number 4
+    follows the highest taken, but recording its end (250) moved the
+    target's position back, and envelope 5 then applied 300's keyless row a
+    second time: silently (a keyed row stops on its duplicate key).  Found
+    by tests/unit/test_exactly_once.py on the fakes."""
+    app, db = _applier(tmp_path, mariadb)
+    for seq, at in ((1, 100), (2, 200), (3, 300)):
+        app.offer(db, seq, _batch(db, _txn(db, at, range(seq, seq + 1)), end=at + 50, complete=True, start=(at, 0),
+                                  after=at - 50))
+    app.flush()
+    app.offer(db, 2, _batch(db, [], end=150, complete=True, start=(150, 0), after=150))
+    app.offer(db, 3, _batch(db, [], end=200, complete=True, start=(200, 0), after=150))
+    app.offer(db, 4, _batch(db, _txn(db, 200, range(2, 3)), end=250, complete=True, start=(200, 0), after=200))
+    app.flush()
+    assert app.target.applied(db).position == Position(F, 350)
+    app.offer(db, 5, _batch(db, _txn(db, 300, range(3, 4)) + _txn(db, 400, range(4, 5)), end=450, complete=True,
+                            start=(300, 0), after=250))
+    app.flush()
+    assert _rows(mariadb, db) == ([(i, i * 100) for i in range(1, 5)], [(i * 100, 1) for i in range(1, 5)])
+    assert app.target.applied(db).position == Position(F, 450)
+
+
 def test_changes_of_another_server_are_placed_by_gtid(mariadb: MariaDBServer, tmp_path: Path) -> None:
     """A failover: the target holds the old primary (binlog.000004) up to
     GTID 0-1-11; the new primary writes binlog.000001.  By file number every
