@@ -55,7 +55,7 @@ def test_read_is_an_upsert() -> None:
 
 
 def test_statement_batches_bound_rows_and_bytes() -> None:
-    from cynomys.applier.targets.base import statement_batches
+    from cynomys.applier.targets.sql_client import statement_batches
 
     texts = ["(1)"] * 5 + ["(" + "x" * 50 + ")"] + ["(2)"] * 3
     assert statement_batches(texts, max_rows=2, max_bytes=1000) == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 9)]

@@ -12,7 +12,6 @@ changes nothing: the state read back at start says what is already in.
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 from abc import ABC, abstractmethod
 from collections import Counter
@@ -34,21 +33,6 @@ def short_sql(text: str, limit: int = 200) -> str:
     """A statement on one line, cut for messages."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit] + "..."
-
-
-def statement_batches(texts: list[str], max_rows: int, max_bytes: int) -> list[tuple[int, int]]:
-    """Split row literals into multi-row statements bounded by rows and bytes;
-    (start, end) index ranges, so a rejected statement can name its rows."""
-    out: list[tuple[int, int]] = []
-    start, size = 0, 0
-    for i, text in enumerate(texts):
-        if i > start and (i - start >= max_rows or size + len(text) > max_bytes):
-            out.append((start, i))
-            start, size = i, 0
-        size += len(text)
-    if start < len(texts):
-        out.append((start, len(texts)))
-    return out
 
 
 @dataclass(frozen=True)
@@ -87,20 +71,6 @@ class AppliedState:
     server: str = ""
     incarnation: str = ""
     fence: int = 0
-
-    def lineage_json(self) -> str:
-        """The identity fields as one JSON text (one column on SQL targets)."""
-        return json.dumps({"server": self.server, "incarnation": self.incarnation, "fence": self.fence},
-                          sort_keys=True)
-
-    @staticmethod
-    def lineage_of(text: object) -> dict[str, Any]:
-        """``lineage_json``'s fields back ({} for a state written before they existed)."""
-        if not text:
-            return {}
-        data = json.loads(str(text))
-        return {"server": str(data.get("server", "")), "incarnation": str(data.get("incarnation", "")),
-                "fence": int(data.get("fence", 0))}
 
 
 @dataclass

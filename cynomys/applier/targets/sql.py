@@ -1,69 +1,70 @@
-"""The shared base of targets reached through a DB-API driver (ColumnStore,
-MonetDB, DuckDB).
+"""The shared base of targets spoken to in SQL (ColumnStore, MonetDB, DuckDB).
 
-What every such target does the same way lives here, driven by class data:
-the connection (kept between flushes, or opened per transaction when
-``hold_connection`` is False), one transaction per unit of work with
-rollback, error translation to transient/terminal at the edge, statement
-batching of multi-row INSERTs, naming what a target rejected, and where a
-DDL statement's transaction goes (``Capabilities.transactional_ddl``).
+It joins the SQL client (targets/sql_client.py: connection, transactions,
+error translation, statement batches) and the state/DDL base every target
+shares (targets/stateful.py), and adds what only SQL targets do, driven by
+class data:
+
+- a flush: tables prepared first, each in a transaction of its own, then
+  one transaction holding every table's deletes and inserts and the state
+  row;
+- the applied state as a row of ``cynomys_state.applied``: its columns are
+  ``state.COLUMNS`` with this target's types (``state_types``), its values
+  ``state.encode``'s;
+- where a DDL statement's transaction goes (``Capabilities.transactional_ddl``);
+- naming what a target rejected: the table, the column, the one value, and
+  the key only when ``[target] show_keys`` asks for it.
 
 A subclass supplies the driver (``_connect``, ``driver_errors``,
-``is_transient``), its state table (``applied``, ``_write_state``), its flush
-(``apply``) and its DDL (``ddl_handlers`` + ``ddl_run``).
+``is_transient``), its state types (and ``_write_state`` where a plain
+DELETE + INSERT is not the best upsert), its flush (``_prepare``,
+``_apply_table``) and its DDL (``ddl_handlers`` + ``ddl_run``).
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 import time
 from abc import abstractmethod
-from typing import Any, Callable, ClassVar, Iterator, Sequence
+from typing import Any, ClassVar, ContextManager, Mapping, Sequence
 
-from cynomys.applier.targets.base import AppliedState, Flush, TableFlush, Target, short_sql, statement_batches
-from cynomys.applier.targets.ddl_runner import DdlRun, Handlers, run_ops
+from cynomys.applier.targets import state as applied_state
+from cynomys.applier.targets.base import AppliedState, Flush, TableFlush, short_sql
+from cynomys.applier.targets.ddl_runner import DdlRun
+from cynomys.applier.targets.sql_client import Cursor, SqlClient
+from cynomys.applier.targets.stateful import StatefulTarget
 from cynomys.core.config import Config
 from cynomys.core.dialect import MONETDB, Dialect
-from cynomys.core.errors import TargetRejectedError, TargetUnavailableError
-from cynomys.core.model import Change, ColumnDef, Position, Row, TableSchema
-from cynomys.parser.ddl import SKIP_HINT
+from cynomys.core.errors import TargetRejectedError
+from cynomys.core.model import Change, ColumnDef, Row, TableSchema
 
 log = logging.getLogger(__name__)
 
-Cursor = Any  # DB-API cursors are untyped in the drivers used here
 
-
-class SqlTarget(Target):
+class SqlTarget(SqlClient, StatefulTarget):
     """A column store spoken to in SQL through a DB-API connection."""
 
-    #: Keep one connection between flushes.  False: open it for each
-    #: transaction and close it after (DuckDB: one writing process per file,
-    #: so the file must be free for readers between flushes).
-    hold_connection: ClassVar[bool] = True
-    #: The driver's exceptions; anything else passes through untranslated.
-    driver_errors: ClassVar[tuple[type[BaseException], ...]] = ()
-    #: Upper bound of one multi-row INSERT statement.
-    statement_bytes: ClassVar[int] = 4 * 1024 * 1024
-    #: Where the applier state lives on the target (schema/database, table).
-    state_schema: ClassVar[str] = "cynomys_state"
-    state_table: ClassVar[str] = "applied"
-    #: DDL operation type -> handler (the target's ddl.py HANDLERS).
-    ddl_handlers: ClassVar[Handlers] = {}
-    #: What to do when the target is unreachable (said in transient errors).
-    unavailable_hint: ClassVar[str] = "check that the target server is running and reachable; Cynomys retries"
     #: Finds the 1-based row a server error names, and the column it names.
     error_row_pattern: ClassVar[str] = r"(?:at row|line) (\d+)"
     error_column_pattern: ClassVar[str] = r"column '([^']+)'"
+    #: How the target spells identifiers and literals (core/dialect.py).
+    dialect: ClassVar[Dialect] = MONETDB
+    #: A bound parameter in a statement ('%s', '?'); '' = values written as
+    #: literals (``sql_literal``).
+    placeholder: ClassVar[str] = "%s"
+    #: The state table's column types: one for each of ``state.COLUMNS``.
+    state_types: ClassVar[Mapping[str, str]] = {}
+    #: After the state table's column list (ColumnStore: its engine).
+    state_table_options: ClassVar[str] = ""
+    #: What to do when the state table cannot be created.
+    state_grant_hint: ClassVar[str | None] = None
+    #: The time of a state write, in SQL.
+    now_sql: ClassVar[str] = "CURRENT_TIMESTAMP"
 
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
-        self._conn: Any = None
         # Tables known to match a schema (created, columns present); cleared by DDL.
         self._ready: dict[tuple[str, str], TableSchema] = {}
-        # Source schemas seen (flushes, DDL), for fetch_rows to give values
-        # their source type and order; kept in step by the DDL handlers.
-        self.schemas: dict[tuple[str, str], TableSchema] = {}
 
     @property
     def declares_keys(self) -> bool:
@@ -77,104 +78,79 @@ class SqlTarget(Target):
             return ""
         return ",\n  PRIMARY KEY (" + ", ".join(self.ident(k) for k in key) + ")"
 
-    #: How the target spells identifiers and literals (core/dialect.py).
-    dialect: ClassVar[Dialect] = MONETDB
-
     def ident(self, name: str) -> str:
         return self.dialect.ident(name)
 
     def table_name(self, database: str, table: str) -> str:
         return self.dialect.table(database, table)
 
-    # ------------------------------------------------------------------
-    # What a driver supplies
-    # ------------------------------------------------------------------
-    @abstractmethod
-    def _connect(self) -> Any:
-        """A new, set-up driver connection (autocommit off)."""
+    def sql_literal(self, value: Any) -> str:
+        """A value as a literal in this target's SQL (where ``placeholder`` is '')."""
+        return self.dialect.literal(value)
 
-    @abstractmethod
-    def is_transient(self, exc: BaseException) -> bool:
-        """Whether retrying later may help."""
-
-    def describe(self, exc: BaseException) -> str:
-        """A driver error as text for messages."""
-        return str(exc) or type(exc).__name__
-
-    def target_error(self, exc: BaseException, what: str,
-                     hint: str | None = None) -> TargetUnavailableError | TargetRejectedError:
-        """A driver error -> TargetUnavailableError (transient) or TargetRejectedError."""
-        if self.is_transient(exc):
-            return TargetUnavailableError(f"{what}: target unavailable ({self.describe(exc)})",
-                                          hint=self.unavailable_hint)
-        return TargetRejectedError(f"{what}: target refused it ({self.describe(exc)})", hint=hint)
+    def bind(self, values: Sequence[Any]) -> tuple[list[str], list[Any] | None]:
+        """What stands for each value in a statement, and the parameters to
+        pass with it (None where they are written as literals)."""
+        if self.placeholder:
+            return [self.placeholder] * len(values), list(values)
+        return [self.sql_literal(v) for v in values], None
 
     # ------------------------------------------------------------------
-    # Connection and transactions
+    # The applied state: a row of cynomys_state.applied
     # ------------------------------------------------------------------
-    def _open(self) -> Any:
-        if self._conn is None:
-            self._conn = self._connect()
-        return self._conn
+    def _state_name(self) -> str:
+        return self.table_name(self.state_namespace, self.state_table)
 
-    def _discard(self, conn: Any = None) -> None:
-        """Drop a connection (failed, or done with); the next call opens a new one."""
-        conn = conn or self._conn
-        if conn is self._conn:
-            self._conn = None
-        if conn is not None:
-            try:
-                conn.close()
-            except self.driver_errors + (OSError,) as exc:  # already broken; nothing more to release
-                log.debug("closing a connection to %s: %s", self.where, exc)
+    def state_table_sql(self) -> str:
+        """CREATE TABLE of the state table (``state.COLUMNS``, this target's types)."""
+        cols = ", ".join(f"{c} {self.state_types[c]}" for c in applied_state.COLUMNS)
+        return f"CREATE TABLE IF NOT EXISTS {self._state_name()} ({cols}){self.state_table_options}"
 
-    def _rollback(self, conn: Any) -> None:
-        try:
-            conn.rollback()
-        except self.driver_errors + (OSError,) as exc:
-            # The connection is gone: the server rolls back on disconnect.
-            log.warning("rollback on %s failed (%s); the server rolls back when the connection drops",
-                        self.where, exc)
-            self._discard(conn)
+    def _create_state_table(self, cur: Cursor) -> None:
+        """Create the state table, or add the columns an older one lacks."""
+        cur.execute(f"CREATE SCHEMA IF NOT EXISTS {self.ident(self.state_namespace)}")
+        cur.execute(self.state_table_sql())
+        for col in applied_state.ADDED_LATER:
+            cur.execute(f"ALTER TABLE {self._state_name()} ADD COLUMN IF NOT EXISTS {col} {self.state_types[col]}")
 
-    @contextlib.contextmanager
-    def _transaction(self, what: str, hint: str | None = None) -> Iterator[Cursor]:
-        """One target transaction: commit on success; roll back, translate
-        the driver error and raise on failure."""
-        conn = self._open()
-        cur = self._cursor(conn)
-        try:
-            yield cur
-            conn.commit()
-        except BaseException as exc:
-            self._rollback(conn)
-            if isinstance(exc, self.driver_errors + (OSError,)):
-                err = self.target_error(exc, f"{what} on {self.where}", hint)
-                if isinstance(err, TargetUnavailableError):
-                    self._discard(conn)
-                raise err from exc
-            raise
-        finally:
-            with contextlib.suppress(*self.driver_errors, OSError):  # closing a cursor frees client memory only
-                cur.close()
-            if not self.hold_connection:
-                self._discard(conn)
+    def connect_note(self) -> str:
+        """What ``connect`` adds to its log line (an engine, a version)."""
+        return ""
 
-    def _cursor(self, conn: Any) -> Cursor:
-        """Where a transaction's statements go (DuckDB: the connection itself)."""
-        return conn.cursor()
+    def connect(self) -> None:
+        with self.transaction("creating the state table", hint=self.state_grant_hint) as cur:
+            self._create_state_table(cur)
+        log.info("connected to %s%s", self.where, self.connect_note())
 
-    def query(self, fn: Callable[[Cursor], Any], what: str, hint: str | None = None) -> Any:
-        """Run ``fn`` in a transaction of its own (DDL steps, tests, tools)."""
-        with self._transaction(what, hint) as cur:
-            return fn(cur)
+    def _read_state(self, cur: Cursor, producer_id: str) -> Sequence[Any] | None:
+        """The stored values (``state.FIELDS``) of a producer, or None."""
+        (mark,), params = self.bind([producer_id])
+        cur.execute(f"SELECT {', '.join(applied_state.FIELDS)} FROM {self._state_name()} "
+                    f"WHERE {applied_state.KEY} = {mark}", params)
+        row = cur.fetchone()
+        return None if row is None else tuple(row)
 
-    def ping(self) -> None:
-        """Health checks: one round trip on the connection flushes use."""
-        self.query(lambda cur: cur.execute("SELECT 1"), "a health check (SELECT 1)")
+    def _write_state(self, cur: Cursor, state: AppliedState) -> None:
+        """Replace the producer's state row (DELETE + INSERT, inside the
+        caller's transaction)."""
+        names = [applied_state.KEY, *applied_state.FIELDS]
+        marks, params = self.bind([state.producer_id, *applied_state.encode(state)])
+        tbl = self._state_name()
+        cur.execute(f"DELETE FROM {tbl} WHERE {applied_state.KEY} = {marks[0]}", params[:1] if params else None)
+        cur.execute(f"INSERT INTO {tbl} ({', '.join(names)}, {applied_state.WRITTEN_AT}) "
+                    f"VALUES ({', '.join(marks)}, {self.now_sql})", params)
 
-    def close(self) -> None:
-        self._discard()
+    def applied(self, producer_id: str) -> AppliedState | None:
+        with self.transaction("reading the applier state") as cur:
+            row = self._read_state(cur, producer_id)
+        return None if row is None else applied_state.decode(producer_id, row)
+
+    def record_state(self, state: AppliedState, scope: Any = None) -> None:
+        if scope is not None:
+            self._write_state(scope, state)
+            return
+        with self.transaction(f"recording the applier state at {state.position}") as cur:
+            self._write_state(cur, state)
 
     # ------------------------------------------------------------------
     # A flush: tables prepared first, then one transaction with the state
@@ -198,7 +174,7 @@ class SqlTarget(Target):
             self._prepare(tf.schema)
         what = f"applying a flush of {len(flush.tables)} table(s) up to {flush.state.position}"
         try:
-            with self._transaction(what) as cur:
+            with self.transaction(what) as cur:
                 self._begin_flush(cur, flush.state)
                 for tf in flush.tables:
                     self._apply_table(cur, tf)
@@ -216,29 +192,19 @@ class SqlTarget(Target):
     # ------------------------------------------------------------------
     def _execute(self, cur: Cursor, sql: str, schema: TableSchema) -> None:
         """A statement on a table; a refusal names the table and the fix."""
-        try:
-            cur.execute(sql)
-        except self.driver_errors as exc:
-            if self.is_transient(exc):
-                raise
-            raise TargetRejectedError(
-                f"table {schema.name} on {self.where}: target refused it ({self.describe(exc)})",
-                hint=f"check that {schema.name} on the target has the source's columns and types; "
-                     "fix it with ALTER TABLE on the target") from exc
+        self.execute(cur, sql, lambda message: TargetRejectedError(
+            f"table {schema.name} on {self.where}: target refused it ({message})",
+            hint=f"check that {schema.name} on the target has the source's columns and types; "
+                 "fix it with ALTER TABLE on the target"))
 
     def _insert_values(self, cur: Cursor, schema: TableSchema, head: str, texts: list[str], rows: list[Row]) -> None:
         """``head`` + row literals as multi-row INSERTs bounded by rows and bytes."""
-        for start, end in statement_batches(texts, self.capabilities.max_statement_rows, self.statement_bytes):
-            self._run_rows(cur, schema, head + ", ".join(texts[start:end]), rows[start:end])
+        self.execute_batched(head, texts, self.capabilities.max_statement_rows,
+                             lambda sql, start, end: self._run_rows(cur, schema, sql, rows[start:end]))
 
     def _run_rows(self, cur: Cursor, schema: TableSchema, sql: str, rows: list[Row]) -> None:
         """A statement that loads ``rows``; a refusal names table and column."""
-        try:
-            cur.execute(sql)
-        except self.driver_errors as exc:
-            if self.is_transient(exc):
-                raise
-            raise self.rejected(schema, rows, self.describe(exc)) from exc
+        self.execute(cur, sql, lambda message: self.rejected(schema, rows, message))
         self._check_loaded(cur, schema, rows)
 
     def _check_loaded(self, cur: Cursor, schema: TableSchema, rows: list[Row]) -> None:
@@ -293,63 +259,18 @@ class SqlTarget(Target):
                  "the flush was rolled back and will be retried from the same position")
 
     # ------------------------------------------------------------------
-    # DDL: one runner; the transaction goes where the capabilities say
+    # DDL: the shared runner (stateful.py); the transaction goes where
+    # the capabilities say
     # ------------------------------------------------------------------
+    def ddl_scope(self, what: str, hint: str) -> ContextManager[Any]:
+        if self.capabilities.transactional_ddl:
+            return self.transaction(what, hint)
+        return super().ddl_scope(what, hint)
+
     @abstractmethod
-    def ddl_run(self, sql: str, commit_ts: int, cur: Cursor | None) -> DdlRun[Any]:
-        """The per-statement context this target's handlers take; ``cur``
+    def ddl_run(self, change: Change, state: AppliedState, scope: Cursor | None) -> DdlRun[Any]:
+        """The per-statement context this target's handlers take; ``scope``
         is the open transaction's cursor when DDL is transactional."""
 
-    @abstractmethod
-    def _write_state(self, cur: Cursor, state: AppliedState) -> None: ...
-
-    def _state_name(self) -> str:
-        return self.table_name(self.state_schema, self.state_table)
-
-    @abstractmethod
-    def _read_state(self, cur: Cursor, producer_id: str) -> tuple[Any, ...] | None:
-        """(seq, file, pos, gtid, commit_ts, lineage) of a producer, or None."""
-
-    #: The state table's column added after its first version: created by
-    #: ``connect`` on a table that lacks it (AppliedState.lineage_json).
-    LINEAGE_COLUMN: ClassVar[str] = "lineage"
-
-    def applied(self, producer_id: str) -> AppliedState | None:
-        with self._transaction("reading the applier state") as cur:
-            row = self._read_state(cur, producer_id)
-        if row is None:
-            return None
-        seq, file, pos, gtid, commit_ts, lineage = row
-        return AppliedState(producer_id, int(seq), Position(str(file), int(pos), str(gtid or "")), int(commit_ts),
-                            **AppliedState.lineage_of(lineage))
-
-    def apply_ddl(self, change: Change, state: AppliedState) -> None:
-        sql = change.sql or ""
-        position = f"{change.txn.file}:{change.txn.pos}"
-        ops = self.ddl_ops(change) or []  # None: skipped on purpose, only the state moves
-        schemas_before = dict(self.schemas)
-        try:
-            if self.capabilities.transactional_ddl:
-                # The operations and the state commit together, or neither does.
-                with self._transaction(f"DDL at {position}: {short_sql(sql)!r}",
-                                       hint="fix the target by hand, or " + SKIP_HINT) as cur:
-                    run_ops(self.ddl_handlers, self.ddl_run(sql, change.commit_ts, cur), ops)
-                    self._write_state(cur, state)
-            else:
-                # Each step commits on its own and checks the target first,
-                # so replaying the statement after a crash before the state
-                # write changes nothing.
-                run_ops(self.ddl_handlers, self.ddl_run(sql, change.commit_ts, None), ops)
-                with self._transaction(f"recording the state after DDL at {position}") as cur:
-                    self._write_state(cur, state)
-        except BaseException:
-            if self.capabilities.transactional_ddl:
-                self.schemas.clear()
-                self.schemas.update(schemas_before)  # nothing of the statement stayed
-            raise
-        finally:
-            self._ready.clear()
-            self._forget_caches()
-
-    def _forget_caches(self) -> None:
-        """Hook: drop what a target caches per table shape (after DDL)."""
+    def forget_caches(self) -> None:
+        self._ready.clear()

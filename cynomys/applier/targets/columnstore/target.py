@@ -37,13 +37,14 @@ import os
 import re
 import ssl
 import tempfile
-from typing import IO, Any, ClassVar, Sequence
+from typing import IO, Any, ClassVar, Mapping, Sequence
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import pymysql
 from pymysql.cursors import Cursor
 from pymysql.protocol import LoadLocalPacketWrapper
 
+from cynomys.applier.targets import state as applied_state
 from cynomys.applier.targets.base import AppliedState, Capabilities, TableFlush
 from cynomys.applier.targets.columnstore import ddl as columnstore_ddl
 from cynomys.applier.targets.columnstore import verify as columnstore_verify
@@ -62,7 +63,7 @@ from cynomys.core.columnar import InsertRun
 from cynomys.core.config import Config
 from cynomys.core.dialect import MARIADB, Dialect
 from cynomys.core.errors import ConfigError, TargetRejectedError
-from cynomys.core.model import ColumnDef, Row, TableSchema, Value
+from cynomys.core.model import Change, ColumnDef, Row, TableSchema, Value
 from cynomys.verify.checksum import Checksum, KeyRange
 
 log = logging.getLogger(__name__)
@@ -185,6 +186,14 @@ class ColumnStoreTarget(SqlTarget):
     driver_errors: ClassVar[tuple[type[BaseException], ...]] = (pymysql.err.Error,)
     ddl_handlers = columnstore_ddl.HANDLERS
     statement_bytes: ClassVar[int] = 8 * 1024 * 1024  # below max_allowed_packet
+    #: The state table (targets/state.py): InnoDB whatever the engine of the data.
+    state_types: ClassVar[Mapping[str, str]] = {
+        "producer_id": "VARCHAR(191) NOT NULL PRIMARY KEY", "seq": "BIGINT NOT NULL", "file": "VARCHAR(255) NOT NULL",
+        "pos": "BIGINT NOT NULL", "gtid": "TEXT NOT NULL", "commit_ts": "BIGINT NOT NULL",
+        "updated_at": "TIMESTAMP(6) NULL", "lineage": "TEXT NULL"}
+    state_table_options: ClassVar[str] = " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
+    state_grant_hint: ClassVar[str | None] = "grant CREATE on *.* to the target user"
+    now_sql: ClassVar[str] = "CURRENT_TIMESTAMP(6)"
     #: [target] engine (lower case) -> profile; engines not listed use INNODB.
     profiles: ClassVar[dict[str, EngineProfile]] = PROFILES
     #: Session settings: UTC for TIMESTAMP, a sql_mode that keeps zero and
@@ -276,28 +285,12 @@ class ColumnStoreTarget(SqlTarget):
         text = exc.args[1] if len(exc.args) > 1 else str(exc)
         return f"{code} {text}"
 
-    def connect(self) -> None:
-        with self._transaction("creating the state table", hint="grant CREATE on *.* to the target user") as cur:
-            db, tbl = MARIADB.ident(self.state_schema), MARIADB.ident(self.state_table)
-            cur.execute(f"CREATE DATABASE IF NOT EXISTS {db}")
-            # Always InnoDB: see the module docstring.
-            cur.execute(
-                f"CREATE TABLE IF NOT EXISTS {db}.{tbl} ("
-                "producer_id VARCHAR(191) NOT NULL PRIMARY KEY, seq BIGINT NOT NULL, file VARCHAR(255) NOT NULL,"
-                " pos BIGINT NOT NULL, gtid TEXT NOT NULL, commit_ts BIGINT NOT NULL, updated_at TIMESTAMP(6) NULL,"
-                " lineage TEXT NULL) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4")
-            cur.execute(f"ALTER TABLE {db}.{tbl} ADD COLUMN IF NOT EXISTS lineage TEXT NULL")  # older state tables
-        log.info("connected to %s (engine %s)", self.where, self.engine)
+    def connect_note(self) -> str:
+        return f" (engine {self.engine})"
 
     # ------------------------------------------------------------------
-    # State
+    # State: always InnoDB (see the module docstring)
     # ------------------------------------------------------------------
-    def _read_state(self, cur: Cursor, producer_id: str) -> tuple[Any, ...] | None:
-        cur.execute(f"SELECT seq, file, pos, gtid, commit_ts, lineage FROM {self._state_name()} "
-                    "WHERE producer_id = %s", (producer_id,))
-        row = cur.fetchone()
-        return None if row is None else tuple(row)
-
     def _begin_flush(self, cur: Cursor, state: AppliedState) -> None:
         # First statement of every flush: registers InnoDB first in the
         # transaction (so it commits last, after ColumnStore) and keeps a
@@ -306,19 +299,20 @@ class ColumnStoreTarget(SqlTarget):
         cur.fetchall()
 
     def _write_state(self, cur: Cursor, state: AppliedState) -> None:
-        p = state.position
+        # An upsert on the key: the row stays (and stays locked by
+        # _begin_flush) instead of going and coming back.
+        names = [applied_state.KEY, *applied_state.FIELDS]
         cur.execute(
-            f"INSERT INTO {self._state_name()} (producer_id, seq, file, pos, gtid, commit_ts, updated_at, lineage)"
-            " VALUES (%s, %s, %s, %s, %s, %s, CURRENT_TIMESTAMP(6), %s) ON DUPLICATE KEY UPDATE seq = VALUES(seq),"
-            " file = VALUES(file), pos = VALUES(pos), gtid = VALUES(gtid), commit_ts = VALUES(commit_ts),"
-            " updated_at = VALUES(updated_at), lineage = VALUES(lineage)",
-            (state.producer_id, state.seq, p.file, p.pos, p.gtid, state.commit_ts, state.lineage_json()))
+            f"INSERT INTO {self._state_name()} ({', '.join(names)}, {applied_state.WRITTEN_AT}) VALUES ("
+            + ", ".join(["%s"] * len(names)) + f", {self.now_sql}) ON DUPLICATE KEY UPDATE "
+            + ", ".join(f"{c} = VALUES({c})" for c in [*applied_state.FIELDS, applied_state.WRITTEN_AT]),
+            (state.producer_id, *applied_state.encode(state)))
 
     # ------------------------------------------------------------------
     # Tables
     # ------------------------------------------------------------------
     def table_exists(self, database: str, table: str) -> bool:
-        with self._transaction(f"looking up {database}.{table}") as cur:
+        with self.transaction(f"looking up {database}.{table}") as cur:
             return self.exists(cur, database, table)
 
     @staticmethod
@@ -345,11 +339,6 @@ class ColumnStoreTarget(SqlTarget):
         return (f"CREATE TABLE IF NOT EXISTS {MARIADB.table(database, table)} (\n  " + ",\n  ".join(defs)
                 + self.key_clause(key) + f"\n) ENGINE={self.engine} {self.profile.table_options}")
 
-    def check_database(self, database: str) -> None:
-        if database.lower() == self.state_schema.lower():
-            raise TargetRejectedError(f"the source database {database!r} has the name of Cynomys' state database",
-                                      hint="exclude it in [source] exclude_tables")
-
     def _prepare(self, schema: TableSchema) -> None:
         """Create the table, or add columns the schema has and the target
         lacks (a DDL that was skipped or arrived late).  DDL commits on its
@@ -359,7 +348,7 @@ class ColumnStoreTarget(SqlTarget):
             return
         self.check_database(schema.database)
         self.schemas[ident] = schema
-        with self._transaction(f"preparing table {schema.name}") as cur:
+        with self.transaction(f"preparing table {schema.name}") as cur:
             have = {n.lower() for n, _, _ in self.target_columns(cur, *ident)}
             if not have:
                 cur.execute(f"CREATE DATABASE IF NOT EXISTS {MARIADB.ident(schema.database)}")
@@ -519,8 +508,8 @@ class ColumnStoreTarget(SqlTarget):
     # ------------------------------------------------------------------
     # DDL
     # ------------------------------------------------------------------
-    def ddl_run(self, sql: str, commit_ts: int, cur: Cursor | None) -> columnstore_ddl.Run:
-        return columnstore_ddl.Run(self, sql, self.where, self.schemas, commit_ts)
+    def ddl_run(self, change: Change, state: AppliedState, scope: Cursor | None) -> columnstore_ddl.Run:
+        return columnstore_ddl.Run(self, change.sql or "", self.where, self.schemas, change.commit_ts)
 
     # ------------------------------------------------------------------
     # Reading back
@@ -536,7 +525,7 @@ class ColumnStoreTarget(SqlTarget):
         return super().range_rows(schema, rng) if rows is None else rows
 
     def fetch_rows(self, database: str, table: str) -> list[Row]:
-        with self._transaction(f"reading {database}.{table}") as cur:
+        with self.transaction(f"reading {database}.{table}") as cur:
             have = self.target_columns(cur, database, table)
             if not have:
                 raise TargetRejectedError(f"table {database}.{table} does not exist on {self.where}")

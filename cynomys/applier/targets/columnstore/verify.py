@@ -73,7 +73,7 @@ def range_rows(target: ColumnStoreTarget, schema: TableSchema, rng: KeyRange) ->
     """The range's rows in ``schema``'s column order; None when the target
     table's columns are not ``schema``'s (the caller falls back)."""
     db, t = schema.database, schema.table
-    with target._transaction(f"reading {db}.{t} for verify") as cur:
+    with target.transaction(f"reading {db}.{t} for verify") as cur:
         have = _columns(cur, schema)
         if not have:
             return []
@@ -94,7 +94,7 @@ def purge_check(target: Target, schema: TableSchema) -> None:
     byte-order collation (see the module doc)."""
     cs = cast("ColumnStoreTarget", target)
     db, t = schema.database, schema.table
-    with cs._transaction(f"reading the key collations of {db}.{t}") as cur:
+    with cs.transaction(f"reading the key collations of {db}.{t}") as cur:
         cur.execute("SELECT COLUMN_NAME, COLUMN_TYPE, CHARACTER_SET_NAME, COLLATION_NAME, IS_NULLABLE "
                     "FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s", (db, t))
         rows = cur.fetchall()
@@ -161,7 +161,7 @@ def checksum_range(target: ColumnStoreTarget, schema: TableSchema, rng: KeyRange
     if sql is None:
         return None
     db, t = schema.database, schema.table
-    with target._transaction(f"checksumming {db}.{t} for verify") as cur:
+    with target.transaction(f"checksumming {db}.{t} for verify") as cur:
         have = _columns(cur, schema)
         if not have:
             return Checksum()

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Mapping
 
 import duckdb
 import pyarrow as pa
@@ -37,7 +37,7 @@ from cynomys.applier.targets.sql import SqlTarget
 from cynomys.core.config import Config
 from cynomys.core.dialect import DUCKDB, Dialect
 from cynomys.core.errors import ConfigError, TargetRejectedError
-from cynomys.core.model import ColumnDef, Row, TableSchema
+from cynomys.core.model import Change, ColumnDef, Row, TableSchema
 from cynomys.verify.checksum import KeyRange
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,14 @@ class DuckDBTarget(SqlTarget):
     unavailable_hint: ClassVar[str] = ("another process holds the DuckDB file open for writing, or it cannot be "
                                        "opened; Cynomys retries")
     #: Schemas a source database may not land on.
-    reserved_schemas: ClassVar[frozenset[str]] = frozenset({"cynomys_state", "information_schema", "pg_catalog"})
+    reserved_schemas: ClassVar[frozenset[str]] = frozenset({"information_schema", "pg_catalog"})
+    placeholder: ClassVar[str] = "?"
+    #: The state table (targets/state.py).
+    state_types: ClassVar[Mapping[str, str]] = {
+        "producer_id": "VARCHAR NOT NULL", "seq": "BIGINT NOT NULL", "file": "VARCHAR NOT NULL",
+        "pos": "BIGINT NOT NULL", "gtid": "VARCHAR NOT NULL", "commit_ts": "BIGINT NOT NULL",
+        "updated_at": "TIMESTAMPTZ", "lineage": "VARCHAR"}
+    now_sql: ClassVar[str] = "now()"
 
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
@@ -81,7 +88,7 @@ class DuckDBTarget(SqlTarget):
         while True:
             try:
                 conn = duckdb.connect(self.path)
-                conn.execute("BEGIN TRANSACTION")  # the API autocommits; _transaction commits
+                conn.execute("BEGIN TRANSACTION")  # the API autocommits; transaction() commits
                 return conn
             except duckdb.IOException as exc:
                 if "lock" not in str(exc).lower() or time.monotonic() > deadline:
@@ -98,30 +105,12 @@ class DuckDBTarget(SqlTarget):
         # one writing process they come from what the statements did.)
         return isinstance(exc, (duckdb.IOException, OSError))
 
-    def connect(self) -> None:
-        with self._transaction("creating the state table") as cur:
-            cur.execute(f"CREATE SCHEMA IF NOT EXISTS {self.ident(self.state_schema)}")
-            cur.execute(f"CREATE TABLE IF NOT EXISTS {self._state_name()} (producer_id VARCHAR NOT NULL, "
-                        "seq BIGINT NOT NULL, file VARCHAR NOT NULL, pos BIGINT NOT NULL, gtid VARCHAR NOT NULL, "
-                        "commit_ts BIGINT NOT NULL, updated_at TIMESTAMPTZ, lineage VARCHAR)")
-            cur.execute(f"ALTER TABLE {self._state_name()} ADD COLUMN IF NOT EXISTS lineage VARCHAR")  # older tables
-        log.info("connected to %s (DuckDB %s)", self.where, duckdb.__version__)
-
-    # -- state ------------------------------------------------------------------
-    def _read_state(self, cur: Cursor, producer_id: str) -> tuple[Any, ...] | None:
-        row = cur.execute(f"SELECT seq, file, pos, gtid, commit_ts, lineage FROM {self._state_name()} "
-                          "WHERE producer_id = ?", [producer_id]).fetchone()
-        return None if row is None else tuple(row)
-
-    def _write_state(self, cur: Cursor, state: AppliedState) -> None:
-        p = state.position
-        cur.execute(f"DELETE FROM {self._state_name()} WHERE producer_id = ?", [state.producer_id])
-        cur.execute(f"INSERT INTO {self._state_name()} (producer_id, seq, file, pos, gtid, commit_ts, updated_at, "
-                    "lineage) VALUES (?, ?, ?, ?, ?, ?, now(), ?)",
-                    [state.producer_id, state.seq, p.file, p.pos, p.gtid, state.commit_ts, state.lineage_json()])
+    def connect_note(self) -> str:
+        return f" (DuckDB {duckdb.__version__})"
 
     # -- catalog ----------------------------------------------------------------
     def check_database(self, database: str) -> None:
+        super().check_database(database)
         if database.lower() in self.reserved_schemas:
             raise TargetRejectedError(f"the source database {database!r} has the name of a schema Cynomys or "
                                       "DuckDB uses", hint="exclude it in [source] exclude_tables")
@@ -135,7 +124,7 @@ class DuckDBTarget(SqlTarget):
         return [ColumnDef(n, source_type_from_comment(c) or native_source_type(t)) for n, t, c in rows]
 
     def table_exists(self, database: str, table: str) -> bool:
-        with self._transaction(f"looking up {database}.{table}") as cur:
+        with self.transaction(f"looking up {database}.{table}") as cur:
             return bool(self.columns(cur, database, table))
 
     def duck_type(self, schema_name: str, col: ColumnDef) -> DuckType:
@@ -172,7 +161,7 @@ class DuckDBTarget(SqlTarget):
         ident = (schema.database, schema.table)
         if self._ready.get(ident) == schema:
             return
-        with self._transaction(f"preparing table {schema.name}") as cur:
+        with self.transaction(f"preparing table {schema.name}") as cur:
             have = {c.name.lower() for c in self.columns(cur, *ident)}
             if not have:
                 self.create_table(cur, schema.database, schema.table, list(schema.columns))
@@ -235,8 +224,8 @@ class DuckDBTarget(SqlTarget):
             return "none (unknown source type)"
 
     # -- DDL and reading back -----------------------------------------------------
-    def ddl_run(self, sql: str, commit_ts: int, cur: Cursor | None) -> duckdb_ddl.Run:
-        return duckdb_ddl.Run(self, sql, self.where, self.schemas, commit_ts, cur)
+    def ddl_run(self, change: Change, state: AppliedState, scope: Cursor | None) -> duckdb_ddl.Run:
+        return duckdb_ddl.Run(self, change.sql or "", self.where, self.schemas, change.commit_ts, scope)
 
     def range_rows(self, schema: TableSchema, rng: KeyRange) -> list[Row]:
         """`cynomys verify`: the key range read in SQL (duckdb/verify.py)."""
@@ -244,7 +233,7 @@ class DuckDBTarget(SqlTarget):
         return super().range_rows(schema, rng) if rows is None else rows
 
     def fetch_rows(self, database: str, table: str) -> list[Row]:
-        with self._transaction(f"reading {database}.{table}") as cur:
+        with self.transaction(f"reading {database}.{table}") as cur:
             columns = self.columns(cur, database, table)
             if not columns:
                 raise TargetRejectedError(f"table {database}.{table} does not exist on {self.where}")

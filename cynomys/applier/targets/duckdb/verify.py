@@ -24,7 +24,7 @@ def range_rows(target: DuckDBTarget, schema: TableSchema, rng: KeyRange) -> list
     """The range's rows in ``schema``'s column order; None when the target
     table's columns are not ``schema``'s (the caller falls back)."""
     db, t = schema.database, schema.table
-    with target._transaction(f"reading {db}.{t} for verify") as cur:
+    with target.transaction(f"reading {db}.{t} for verify") as cur:
         columns = {c.name.lower(): c for c in target.columns(cur, db, t)}
         if not columns:
             return []

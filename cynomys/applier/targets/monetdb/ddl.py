@@ -71,7 +71,7 @@ class MonetDBCatalog(Protocol):
     def table_id(self, cur: Any, schema: str, table: str) -> int | None: ...
     def target_columns(self, cur: Any, schema: str, table: str) -> list[TargetColumn]: ...
     def primary_key(self, cur: Any, schema: str, table: str) -> tuple[str, tuple[str, ...]] | None: ...
-    def check_database(self, cur: Any, database: str) -> None: ...
+    def check_schema(self, cur: Any, database: str) -> None: ...
     def ensure_schema(self, cur: Any, database: str) -> None: ...
     def create_table(self, cur: Any, database: str, table: str, columns: Sequence[ColumnDef],
                      key: Sequence[str]) -> None: ...
@@ -98,7 +98,7 @@ class Run(DdlRun[MonetDBCatalog]):
                                       hint="fix the target by hand, or " + ddl.SKIP_HINT) from exc
 
     def check_database(self, database: str) -> None:
-        self.target.check_database(self.cur, database)
+        self.target.check_schema(self.cur, database)
 
     def drop_table(self, database: str, table: str) -> None:
         if self.exists(database, table):  # no IF EXISTS on 11.33
@@ -139,7 +139,7 @@ def _create_database(r: Run, op: ddl.CreateDatabase) -> None:
 
 
 def _drop_database(r: Run, op: ddl.DropDatabase) -> None:
-    r.target.check_database(r.cur, op.database)
+    r.target.check_schema(r.cur, op.database)
     if r.target.schema_info(r.cur, op.database) is not None:
         r.step("drop database", f"DROP SCHEMA {quote_ident(op.database)} CASCADE")
 
@@ -172,7 +172,7 @@ def _create_table_like(r: Run, op: ddl.CreateTableLike) -> None:
 
 def _rename_table(r: Run, op: ddl.RenameTable) -> None:
     for (odb, old), (ndb, new) in op.pairs:
-        r.target.check_database(r.cur, ndb)
+        r.target.check_schema(r.cur, ndb)
         if not r.rename_table_wanted((odb, old), (ndb, new), r.exists(odb, old), r.exists(ndb, new)):
             continue
         # MonetDB 11.53.15 (seen on the build tested here) breaks a table

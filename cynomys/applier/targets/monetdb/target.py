@@ -38,11 +38,12 @@ import re
 import socket
 import ssl
 import uuid
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import pymonetdb
 
+from cynomys.applier.targets import state as applied_state
 from cynomys.applier.targets.base import AppliedState, Capabilities, TableFlush
 from cynomys.applier.targets.monetdb import ddl as monetdb_ddl
 from cynomys.applier.targets.monetdb.ddl import TargetColumn
@@ -60,7 +61,7 @@ from cynomys.applier.targets.sql import SqlTarget
 from cynomys.core.config import Config
 from cynomys.core.dialect import MONETDB, Dialect
 from cynomys.core.errors import ConfigError, TargetRejectedError
-from cynomys.core.model import ColumnDef, Row, TableSchema, Value
+from cynomys.core.model import Change, ColumnDef, Row, TableSchema, Value
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,14 @@ class MonetDBTarget(SqlTarget):
     driver_errors: ClassVar[tuple[type[BaseException], ...]] = (pymonetdb.Error,)
     ddl_handlers = monetdb_ddl.HANDLERS
     unavailable_hint: ClassVar[str] = "check that the MonetDB server is running and reachable; Cynomys retries"
+    case_sensitive_names: ClassVar[bool] = True
+    placeholder: ClassVar[str] = ""  # literals: how strings are escaped depends on the server (ServerFeatures)
+    #: The state table (targets/state.py).
+    state_types: ClassVar[Mapping[str, str]] = {
+        "producer_id": "VARCHAR(255) NOT NULL PRIMARY KEY", "seq": "BIGINT NOT NULL", "file": "VARCHAR(255) NOT NULL",
+        "pos": "BIGINT NOT NULL", "gtid": "CLOB NOT NULL", "commit_ts": "BIGINT NOT NULL", "updated_at": "TIMESTAMP",
+        "lineage": "CLOB"}
+    state_grant_hint: ClassVar[str | None] = "grant the target user the right to create schemas"
     error_row_pattern: ClassVar[str] = r"line (\d+)"
     #: [target] url query options and their allowed values.
     #: bulk: COPY INTO ... FROM STDIN or multi-row INSERT; integers: signed
@@ -254,19 +263,20 @@ class MonetDBTarget(SqlTarget):
         finally:
             conn.rollback()
 
-    def connect(self) -> None:
-        with self._transaction("creating the state table", hint="grant the target user the right to create schemas") as cur:
-            if self.schema_info(cur, self.state_schema) is None:
-                cur.execute(f"CREATE SCHEMA {quote_ident(self.state_schema)}")
-            if self.table_id(cur, self.state_schema, self.state_table) is None:
-                cur.execute(
-                    f"CREATE TABLE {self._state_name()} ("
-                    "producer_id VARCHAR(255) NOT NULL PRIMARY KEY, seq BIGINT NOT NULL, file VARCHAR(255) NOT NULL,"
-                    " pos BIGINT NOT NULL, gtid CLOB NOT NULL, commit_ts BIGINT NOT NULL, updated_at TIMESTAMP,"
-                    " lineage CLOB)")
-            elif "lineage" not in {c.name for c in self.target_columns(cur, self.state_schema, self.state_table)}:
-                cur.execute(f"ALTER TABLE {self._state_name()} ADD COLUMN lineage CLOB")
-        log.info("connected to %s (MonetDB %s)", self.where, self.features.version)
+    def connect_note(self) -> str:
+        return f" (MonetDB {self.features.version})"
+
+    def _create_state_table(self, cur: Cursor) -> None:
+        # No IF [NOT] EXISTS before 11.35: the catalog says what is there.
+        if self.schema_info(cur, self.state_namespace) is None:
+            cur.execute(f"CREATE SCHEMA {quote_ident(self.state_namespace)}")
+        if self.table_id(cur, self.state_namespace, self.state_table) is None:
+            cur.execute(self.state_table_sql().replace(" IF NOT EXISTS", "", 1))
+            return
+        have = {c.name for c in self.target_columns(cur, self.state_namespace, self.state_table)}
+        for col in applied_state.ADDED_LATER:
+            if col not in have:
+                cur.execute(f"ALTER TABLE {self._state_name()} ADD COLUMN {col} {self.state_types[col]}")
 
     # ------------------------------------------------------------------
     # Catalog
@@ -308,22 +318,20 @@ class MonetDBTarget(SqlTarget):
         return (str(rows[0][0]), tuple(str(r[1]) for r in rows)) if rows else None
 
     def table_exists(self, database: str, table: str) -> bool:
-        with self._transaction(f"looking up {database}.{table}") as cur:
+        with self.transaction(f"looking up {database}.{table}") as cur:
             return self.table_id(cur, database, table) is not None
 
-    def check_database(self, cur: Cursor, database: str) -> None:
+    def check_schema(self, cur: Cursor, database: str) -> None:
         """Refuse a source database that would land on Cynomys' state schema
         or one of MonetDB's own schemas (sys, tmp, json, ...)."""
-        if database == self.state_schema:
-            raise TargetRejectedError(f"the source database {database!r} has the name of Cynomys' state schema",
-                                      hint="exclude it in [source] exclude_tables")
+        self.check_database(database)
         info = self.schema_info(cur, database)
         if info is not None and info[1]:
             raise TargetRejectedError(f"the source database {database!r} has the name of a MonetDB system schema",
                                       hint="exclude it in [source] exclude_tables")
 
     def ensure_schema(self, cur: Cursor, database: str) -> None:
-        self.check_database(cur, database)
+        self.check_schema(cur, database)
         if self.schema_info(cur, database) is None:
             cur.execute(f"CREATE SCHEMA {quote_ident(database)}")
 
@@ -390,26 +398,21 @@ class MonetDBTarget(SqlTarget):
     # ------------------------------------------------------------------
     # State
     # ------------------------------------------------------------------
-    def _read_state(self, cur: Cursor, producer_id: str) -> tuple[Any, ...] | None:
-        cur.execute(f"SELECT seq, file, pos, gtid, commit_ts, lineage FROM {self._state_name()}"
-                    f" WHERE producer_id = {self.lit(producer_id)}")
-        row = cur.fetchone()
-        return None if row is None else tuple(row)
+    def sql_literal(self, value: Any) -> str:
+        return self.lit(value) if isinstance(value, str) else super().sql_literal(value)
 
     def _write_state(self, cur: Cursor, state: AppliedState) -> None:
         # No MERGE before 11.37 (and no upsert at all): UPDATE, then INSERT
-        # when no row was there.
+        # when no row was there (a DELETE would conflict more often under
+        # MonetDB's optimistic concurrency control).
         tbl = self._state_name()
-        p = state.position
-        values = (f"seq = {int(state.seq)}, file = {self.lit(p.file)}, pos = {int(p.pos)}, gtid = {self.lit(p.gtid)}, "
-                  f"commit_ts = {int(state.commit_ts)}, updated_at = CURRENT_TIMESTAMP, "
-                  f"lineage = {self.lit(state.lineage_json())}")
-        cur.execute(f"UPDATE {tbl} SET {values} WHERE producer_id = {self.lit(state.producer_id)}")
+        values = dict(zip(applied_state.FIELDS, map(self.sql_literal, applied_state.encode(state))))
+        key = self.sql_literal(state.producer_id)
+        cur.execute(f"UPDATE {tbl} SET " + ", ".join(f"{c} = {v}" for c, v in values.items())
+                    + f", {applied_state.WRITTEN_AT} = {self.now_sql} WHERE {applied_state.KEY} = {key}")
         if cur.rowcount == 0:
-            cur.execute(f"INSERT INTO {tbl} (producer_id, seq, file, pos, gtid, commit_ts, updated_at, lineage) "
-                        f"VALUES ({self.lit(state.producer_id)}, {int(state.seq)}, {self.lit(p.file)}, {int(p.pos)}, "
-                        f"{self.lit(p.gtid)}, {int(state.commit_ts)}, CURRENT_TIMESTAMP, "
-                        f"{self.lit(state.lineage_json())})")
+            cur.execute(f"INSERT INTO {tbl} ({applied_state.KEY}, {', '.join(values)}, {applied_state.WRITTEN_AT}) "
+                        f"VALUES ({key}, {', '.join(values.values())}, {self.now_sql})")
 
     # ------------------------------------------------------------------
     # Flush
@@ -422,7 +425,7 @@ class MonetDBTarget(SqlTarget):
         ident = (schema.database, schema.table)
         if self._ready.get(ident) == schema:
             return
-        with self._transaction(f"preparing table {schema.name}") as cur:
+        with self.transaction(f"preparing table {schema.name}") as cur:
             self._ensure_table(cur, schema)
         self._ready[ident] = schema
         self.schemas[ident] = schema
@@ -565,17 +568,18 @@ class MonetDBTarget(SqlTarget):
     # ------------------------------------------------------------------
     # DDL
     # ------------------------------------------------------------------
-    def ddl_run(self, sql: str, commit_ts: int, cur: Cursor | None) -> monetdb_ddl.Run:
-        return monetdb_ddl.Run(self, sql, self.where, self.schemas, commit_ts, cur)
+    def ddl_run(self, change: Change, state: AppliedState, scope: Cursor | None) -> monetdb_ddl.Run:
+        return monetdb_ddl.Run(self, change.sql or "", self.where, self.schemas, change.commit_ts, scope)
 
-    def _forget_caches(self) -> None:
+    def forget_caches(self) -> None:
+        super().forget_caches()
         self._codecs.clear()
 
     # ------------------------------------------------------------------
     # Reading back
     # ------------------------------------------------------------------
     def fetch_rows(self, database: str, table: str) -> list[Row]:
-        with self._transaction(f"reading {database}.{table}") as cur:
+        with self.transaction(f"reading {database}.{table}") as cur:
             have = self.target_columns(cur, database, table)
             if not have:
                 raise TargetRejectedError(f"table {database}.{table} does not exist on {self.where}")

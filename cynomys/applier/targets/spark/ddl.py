@@ -42,7 +42,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from cynomys.applier.targets.base import AppliedState
-from cynomys.applier.targets.ddl_runner import DdlRun, handler_table, run_ops
+from cynomys.applier.targets.ddl_runner import DdlRun, handler_table
 from cynomys.applier.targets.spark import types as st
 from cynomys.applier.targets.spark.iceberg import IcebergApi
 from cynomys.applier.targets.spark.merge import Layout, lit, marker, marker_of, q, same_flush
@@ -372,7 +372,3 @@ def _drop_primary_key(r: Run, op: ddl.DropPrimaryKey) -> None:
 #: Operation type -> what runs it (the functions above, by name).
 HANDLERS = handler_table(globals())
 
-
-def run(target: IcebergTarget, op: ddl.DdlOp, sql: str, state: AppliedState) -> None:
-    """Apply one operation of the DDL statement ``sql`` to ``target``."""
-    run_ops(HANDLERS, Run(target, sql, state), [op])

@@ -12,9 +12,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import types as T
 
+from cynomys.applier.targets import state as applied_state
 from cynomys.applier.targets.base import AppliedState, TableFlush
 from cynomys.core.dialect import SPARK
-from cynomys.core.model import Position, Row, TableSchema, Value
+from cynomys.core.model import Row, TableSchema, Value
 
 log = logging.getLogger(__name__)
 
@@ -23,34 +24,29 @@ OP_COLUMN = "__cynomys_op"
 #: Column of the keyless MERGE source: copies of a row value to delete.
 COUNT_COLUMN = "__cynomys_n"
 
-#: Snapshot summary keys of the flush marker.
-MARK_PRODUCER, MARK_SEQ, MARK_FILE, MARK_POS, MARK_GTID, MARK_TS = (
-    "cynomys.producer", "cynomys.seq", "cynomys.file", "cynomys.pos", "cynomys.gtid", "cynomys.commit-ts")
+#: Snapshot summary keys of the flush marker: the state's fields as text
+#: (targets/state.py ``as_text``), lineage aside.
+MARKS: dict[str, str] = {
+    applied_state.KEY: "cynomys.producer", "seq": "cynomys.seq", "file": "cynomys.file", "pos": "cynomys.pos",
+    "gtid": "cynomys.gtid", "commit_ts": "cynomys.commit-ts"}
+MARK_PRODUCER = MARKS[applied_state.KEY]
 
 
 def marker(state: AppliedState) -> dict[str, str]:
     """Snapshot summary properties naming the flush (or DDL) a commit belongs to."""
-    p = state.position
-    return {MARK_PRODUCER: state.producer_id, MARK_SEQ: str(state.seq), MARK_FILE: p.file, MARK_POS: str(p.pos),
-            MARK_GTID: p.gtid, MARK_TS: str(state.commit_ts)}
+    return {MARKS[k]: v for k, v in applied_state.as_text(state).items()}
 
 
 def marker_of(summary: dict[str, str], producer_id: str) -> AppliedState | None:
+    """The flush a snapshot summary names, if it is one of ``producer_id``'s."""
     if summary.get(MARK_PRODUCER) != producer_id:
         return None
-    return AppliedState(producer_id, int(summary[MARK_SEQ]),
-                        Position(summary[MARK_FILE], int(summary[MARK_POS]), summary.get(MARK_GTID, "")),
-                        int(summary.get(MARK_TS, "0")))
+    return applied_state.from_text({k: summary[mark] for k, mark in MARKS.items() if mark in summary})
 
 
-def order(state: AppliedState) -> tuple[int, tuple[int, str, int]]:
-    """States of one producer grow in (seq, position); a DDL keeps its
-    envelope's previous seq but moves the position."""
-    return (state.seq, state.position.sort_key())
-
-
-def same_flush(a: AppliedState, b: AppliedState) -> bool:
-    return a.seq == b.seq and a.position == b.position
+#: How states of a producer compare (targets/state.py).
+order = applied_state.order
+same_flush = applied_state.same_flush
 
 
 #: A Spark SQL identifier, in backquotes (backquotes doubled).

@@ -77,14 +77,15 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, ClassVar, Iterator, Sequence
+from typing import Any, ClassVar, ContextManager, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from cynomys.applier.targets.base import AppliedState, Capabilities, Flush, TableFlush, Target, short_sql
+from cynomys.applier.targets import state as applied_state
+from cynomys.applier.targets.base import AppliedState, Capabilities, Flush, TableFlush
 from cynomys.applier.targets.spark import ddl as spark_ddl
 from cynomys.applier.targets.spark import session as spark_session
 from cynomys.applier.targets.spark import types as st
@@ -113,26 +114,25 @@ from cynomys.applier.targets.spark.merge import (
 )
 from cynomys.applier.targets.spark.runs import run_columns, run_images
 from cynomys.applier.targets.spark.session import CATALOGS, CatalogProfile
+from cynomys.applier.targets.stateful import StatefulTarget
 from cynomys.core.columnar import InsertRun
 from cynomys.core.config import Config
 from cynomys.core.errors import CynomysError, TargetRejectedError, TargetUnavailableError
-from cynomys.core.model import Change, ColumnDef, Position, RawTemporal, Row, TableSchema, Value
-from cynomys.parser.ddl import SKIP_HINT
+from cynomys.core.model import Change, ColumnDef, RawTemporal, Row, TableSchema, Value
 from cynomys.verify.checksum import KeyRange
 
 log = logging.getLogger(__name__)
 
 OVERDUE = 3  # x maintenance_commits: maintain between flushes even when never idle
 
-class SparkTarget(Target):
+class SparkTarget(StatefulTarget):
     """Apache Iceberg tables through PySpark (local mode or a Spark cluster)."""
 
     capabilities: ClassVar[Capabilities] = Capabilities(
         transactional_ddl=False, max_statement_rows=1_000_000, supports_keys=False, backlog_factor=3,
         backlog_rows=30_000, columnar_inserts=True)
-    #: Where the applier state lives: a table property of this Iceberg table.
-    state_database: ClassVar[str] = "cynomys_state"
-    state_table: ClassVar[str] = "applied"
+    #: Where the applier state lives: a table property of the Iceberg table
+    #: ``state_namespace.state_table`` per producer (targets/state.py's JSON).
     state_property_prefix: ClassVar[str] = "cynomys.applied."
     #: State table property per table: its latest maintenance run (JSON).
     maintenance_property_prefix: ClassVar[str] = "cynomys.maintenance."
@@ -151,6 +151,7 @@ class SparkTarget(Target):
         "write.metadata.previous-versions-max": "20",
     }
     catalogs: ClassVar[dict[str, CatalogProfile]] = CATALOGS
+    ddl_handlers = spark_ddl.HANDLERS
     #: Keyed flushes of inserts only are appended, not merged (see _plan).
     append_new_keys: ClassVar[bool] = True
     #: A keyed MERGE also matches on the source's key range, so Iceberg can
@@ -229,9 +230,9 @@ class SparkTarget(Target):
         self._spark, self._iceberg = spark, IcebergApi(spark, self.catalog)
         try:
             with self.edge(f"creating the state table on {self.where}"):
-                self.sql(f"CREATE NAMESPACE IF NOT EXISTS {self.qualified(self.state_database)}")
+                self.sql(f"CREATE NAMESPACE IF NOT EXISTS {self.qualified(self.state_namespace)}")
                 props = {k: v for k, v in self.table_properties.items() if k.startswith("write.metadata")}
-                self.sql(f"CREATE TABLE IF NOT EXISTS {self.qualified(self.state_database, self.state_table)} "
+                self.sql(f"CREATE TABLE IF NOT EXISTS {self.qualified(self.state_namespace, self.state_table)} "
                          "(note STRING) USING iceberg COMMENT " + lit(
                              f"Cynomys applier state: table properties {self.state_property_prefix}<producer>")
                          + " TBLPROPERTIES (" + ", ".join(f"{lit(k)} = {lit(v)}" for k, v in props.items()) + ")")
@@ -269,21 +270,15 @@ class SparkTarget(Target):
     # ------------------------------------------------------------------
     def applied(self, producer_id: str) -> AppliedState | None:
         with self.edge(f"reading the applier state on {self.where}"):
-            props = self.iceberg.properties(self.state_database, self.state_table)
+            props = self.iceberg.properties(self.state_namespace, self.state_table)
         raw = props.get(self.state_property_prefix + producer_id)
-        state = None
-        if raw is not None:
-            d = json.loads(raw)
-            state = AppliedState(producer_id, int(d["seq"]), Position.from_dict(d["position"]),
-                                 int(d.get("commit_ts", 0)), **AppliedState.lineage_of(d.get("lineage")))
-        return state
+        return None if raw is None else applied_state.from_json(producer_id, raw, self.where)
 
-    def write_state(self, state: AppliedState) -> None:
-        value = json.dumps({"seq": state.seq, "position": state.position.to_dict(), "commit_ts": state.commit_ts,
-                            "lineage": state.lineage_json()})
+    def record_state(self, state: AppliedState, scope: Any = None) -> None:
+        """The state as a table property (a metadata-only Iceberg commit; see the module docstring)."""
         with self.edge(f"recording the applier state on {self.where}"):
-            self.iceberg.update_properties(self.state_database, self.state_table,
-                                           {self.state_property_prefix + state.producer_id: value})
+            self.iceberg.update_properties(self.state_namespace, self.state_table,
+                                           {self.state_property_prefix + state.producer_id: applied_state.to_json(state)})
 
     # ------------------------------------------------------------------
     # Tables
@@ -297,11 +292,6 @@ class SparkTarget(Target):
         if not self.iceberg.exists(database, table):
             return None
         return Layout.of(self.spark.table(self.qualified(database, table)).schema)
-
-    def check_database(self, database: str) -> None:
-        if database.lower() == self.state_database.lower():
-            raise TargetRejectedError(f"the source database {database!r} has the name of Cynomys' state database",
-                                      hint="exclude it in [source] exclude_tables")
 
     def mapping(self, schema_name: str, col: ColumnDef) -> st.Mapping:
         try:
@@ -402,7 +392,7 @@ class SparkTarget(Target):
             try:
                 self._commit_all(plans, state, recorded, done, spent)
                 t1 = time.monotonic()
-                self.write_state(state)
+                self.record_state(state)
             except BaseException:
                 self._abort(done, state.producer_id, recorded)
                 raise
@@ -435,7 +425,7 @@ class SparkTarget(Target):
                     continue
                 self._housekeeping = None
                 run = self.maintenance.run(self, database, table)
-                self.iceberg.update_properties(self.state_database, self.state_table, {
+                self.iceberg.update_properties(self.state_namespace, self.state_table, {
                     self.maintenance_property_prefix + f"{database}.{table}": json.dumps(run.as_dict())})
             except Exception as exc:  # the flush committed; maintenance is retried later
                 log.warning("maintenance of %s.%s skipped: %s", database, table, spark_session.first_line(exc))
@@ -450,7 +440,7 @@ class SparkTarget(Target):
         """Settings and each table's latest maintenance (kept as properties
         of the state table, so ``cynomys status`` sees them from any process)."""
         with self.edge(f"reading the maintenance log on {self.where}"):
-            props = self.iceberg.properties(self.state_database, self.state_table)
+            props = self.iceberg.properties(self.state_namespace, self.state_table)
         latest = {k[len(self.maintenance_property_prefix):]: json.loads(v) for k, v in sorted(props.items())
                   if k.startswith(self.maintenance_property_prefix)}
         cfg = self.cfg.target.spark
@@ -678,7 +668,7 @@ class SparkTarget(Target):
                 f"table {name} holds {len(ahead)} commits of producer {producer_id} beyond the applier state "
                 f"(seq {recorded.seq if recorded else 'none'}); the state was lost or another applier writes it",
                 hint=f"stop other appliers of this producer; restore the property {self.state_property_prefix}"
-                     f"{producer_id} of {self.state_database}.{self.state_table}, or re-snapshot the table")
+                     f"{producer_id} of {self.state_namespace}.{self.state_table}, or re-snapshot the table")
         oldest, m = ahead[-1]
         if oldest.parent is not None:
             self.iceberg.rollback_to(database, table, oldest.parent)
@@ -705,19 +695,15 @@ class SparkTarget(Target):
     # ------------------------------------------------------------------
     # DDL
     # ------------------------------------------------------------------
-    def apply_ddl(self, change: Change, state: AppliedState) -> None:
-        sql = change.sql or ""
-        position = f"{change.txn.file}:{change.txn.pos}"
-        ops = self.ddl_ops(change)
-        if ops is not None:
-            with self.edge(f"DDL at {position} {short_sql(sql)!r} on {self.where}",
-                           hint="fix the target table by hand, or " + SKIP_HINT):
-                try:
-                    for op in ops:
-                        spark_ddl.run(self, op, sql, state)
-                finally:
-                    self._ready.clear()
-        self.write_state(state)
+    def ddl_scope(self, what: str, hint: str) -> ContextManager[Any]:
+        # Each Iceberg DDL step commits on its own; errors translated here.
+        return self.edge(f"{what} on {self.where}", hint=hint)
+
+    def ddl_run(self, change: Change, state: AppliedState, scope: Any) -> spark_ddl.Run:
+        return spark_ddl.Run(self, change.sql or "", state)
+
+    def forget_caches(self) -> None:
+        self._ready.clear()
 
     # ------------------------------------------------------------------
     # Reading back

@@ -64,7 +64,7 @@ def warm_up(target: SparkTarget) -> None:
     from cynomys.applier.targets.spark.merge import lit
 
     spark = target.spark
-    name = target.qualified(target.state_database, WARM_TABLE)
+    name = target.qualified(target.state_namespace, WARM_TABLE)
     props = ", ".join(f"{lit(k)} = {lit(v)}" for k, v in target.table_properties.items())
     target.sql(f"DROP TABLE IF EXISTS {name} PURGE")
     target.sql(f"CREATE TABLE {name} (id BIGINT, v STRING, d DECIMAL(14,2), at TIMESTAMP) USING iceberg "
