@@ -180,6 +180,7 @@ def _producer_side(cfg: Path, lat: Latency) -> tuple[dict[str, Any], list[float]
 def _applier_side(tgt: MariaDBServer, cfg_path: Path, job: Any, records: dict[str, dict[str, Any]]) -> dict[str, Any]:
     from cynomys.applier.targets.base import Target
     from cynomys.applier.targets.columnstore import verify as cs_verify
+    from cynomys.applier.targets.columnstore.config import ColumnStoreConfig
     from cynomys.applier.targets.columnstore.target import ColumnStoreTarget
     from cynomys.core.config import Config, TargetConfig, load_config
     from cynomys.snapshot.source import SnapshotConnection
@@ -189,7 +190,8 @@ def _applier_side(tgt: MariaDBServer, cfg_path: Path, job: Any, records: dict[st
     conn = SnapshotConnection(src_cfg.source)
     schema = conn.describe("bench", "t").schema
     conn.close()
-    target = ColumnStoreTarget(Config(target=TargetConfig(kind="columnstore", url=tgt.url, engine="InnoDB")))
+    target = ColumnStoreTarget(Config(target=TargetConfig(kind="columnstore", url=tgt.url,
+                                                          options=(ColumnStoreConfig("InnoDB"),))))
     target.connect()
     out: dict[str, Any] = {}
     try:

@@ -3,7 +3,9 @@
 
 The page is built from the code, so it cannot drift from it: the sections and
 keys are the fields of ``cynomys.core.config.Config`` (nested dataclasses are
-sections, ``[target.spark]`` included), each key's type and default come from
+sections) and of each target's own settings class (registered in
+``cynomys.core.targets.TARGET_CONFIGS``, kept in the target's folder: keys of
+``[target]``, or a section such as ``[target.spark]``), each key's type and default come from
 ``dataclasses.fields`` and the type hints, what a key accepts from the field's
 validation metadata, and its explanation from the comment written above the
 field (or after it, on the same line) in the dataclass's source.  A section's
@@ -109,27 +111,6 @@ EXTRA: dict[str, str] = {
     "target.url": "Where the target is: `mysql://user:pass@host:port/` (ColumnStore or MariaDB), "
                   "`monetdb://user:pass@host:50000/db` (`monetdbs://` for TLS), a DuckDB file path. Not "
                   "used by Spark. Prefer the environment (`CYNOMYS_TARGET_URL`).",
-    "target.engine": "Table engine on a MariaDB target: `ColumnStore`, or `InnoDB`/`Aria` on a plain MariaDB.",
-    "target.spark.master": "The Spark master: `local[*]` (in the applier's process), or `spark://host:7077` "
-                           "for a standalone cluster (the warehouse must then be on storage every worker "
-                           "reaches).",
-    "target.spark.warehouse": "The Iceberg warehouse; a path is taken relative to the config file.",
-    "target.spark.catalog": "The catalog's name in SQL: tables are `<catalog>.<db>.<table>`.",
-    "target.spark.catalog_type": "The Iceberg catalog: `hadoop` (a warehouse directory), `hive` or `rest` "
-                                 "(both need `catalog_uri`).",
-    "target.spark.catalog_uri": "The metastore (`thrift://...`, hive) or REST endpoint (`http://...`, rest); "
-                                "refused with `catalog_type = \"hadoop\"`.",
-    "target.spark.conf": "Any Spark setting; it wins over Cynomys's own.",
-    "target.spark.jars": "Jars for the Spark session (relative paths taken from the config file). The Iceberg "
-                         "runtime jar comes from the PyPI package `snowpark-connect-deps-iceberg` unless a jar "
-                         "or package here provides it.",
-    "target.spark.packages": "Maven coordinates Spark downloads, e.g. "
-                             "`[\"org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.10.2\"]` when online.",
-    "target.spark.maintenance_commits": "Maintain a table after this many Cynomys commits on it (see "
-                                        "`maintenance`).",
-    "target.spark.snapshot_retention_s": "Maintenance expires snapshots older than this, in seconds (see "
-                                         "`maintenance`).",
-    "target.spark.snapshots_kept": "Maintenance keeps at least this many snapshots (see `maintenance`).",
     "snapshot.chunk_size": "Rows per chunk select (and, by default, per `cynomys verify` checksum).",
     "snapshot.watermark_schema": "Schema of the DBLog watermark table, created if missing; it must be "
                                  "in the binlog. Not used with `read_only`.",
@@ -152,7 +133,6 @@ INTRO: dict[str, str] = {
     "applier": "The applier daemon (`cynomys apply`, on the analytics host): delay commit, partitions.",
     "target": "Where the applier writes. With no `[target]` section the applier writes Apache Iceberg tables "
               "through Spark in local mode into `./warehouse` next to the config file.",
-    "target.spark": "The Spark/Iceberg target (`[target] kind = \"spark\"`, the default).",
     "log": "Logging of the daemons (to standard error).",
 }
 
@@ -287,7 +267,7 @@ def collect() -> tuple[str, list[Section], list[str], list[str]]:
     sections: list[Section] = []
 
     def walk(cls: type, name: str) -> None:
-        doc, notes = _source_notes(cls)
+        doc, _ = _source_notes(cls)
         intro = _paragraphs(doc) if doc else ""
         if name in INTRO:
             used_intro.add(name)
@@ -297,6 +277,23 @@ def collect() -> tuple[str, list[Section], list[str], list[str]]:
                 intro = _md(INTRO[name])
         section = Section(name, cls, intro, [])
         sections.append(section)
+        nested = add_keys(cls, section)
+        for f in dataclasses.fields(cls):
+            # The targets' own settings (cynomys/core/targets.py TARGET_CONFIGS,
+            # each in its target's folder): keys of this section, or sub-sections.
+            loader = f.metadata.get("options")
+            for extra in (loader() if loader else ()):
+                if extra.section:
+                    nested.append((extra, f"{name}.{extra.section}"))
+                else:
+                    nested += add_keys(extra, section)
+        for sub, sub_name in nested:
+            walk(sub, sub_name)
+
+    def add_keys(cls: type, section: Section) -> list[tuple[type, str]]:
+        """Add ``cls``'s keys to ``section``; its nested sections, to walk."""
+        name = section.name
+        _, notes = _source_notes(cls)
         hints = typing.get_type_hints(cls)
         nested: list[tuple[type, str]] = []
         for f in dataclasses.fields(cls):
@@ -330,8 +327,7 @@ def collect() -> tuple[str, list[Section], list[str], list[str]]:
                 default=default + ("" if value is dataclasses.MISSING else _size_note(f.name, value)),
                 env=env, accepts=check[1] if check else "", secret=bool(f.metadata.get("secret")),
                 path=bool(f.metadata.get("path")), text=text, from_code=from_code))
-        for sub, sub_name in nested:
-            walk(sub, sub_name)
+        return nested
 
     root = config_module.Config
     hints = typing.get_type_hints(root)
@@ -360,7 +356,8 @@ def _anchor(section: str, key: str = "") -> str:
 def render() -> tuple[str, list[str], list[str]]:
     module_doc, sections, errors, warnings = collect()
     out: list[str] = [
-        "<!-- GENERATED by scripts/gen_config_docs.py from the dataclasses of cynomys/core/config.py:",
+        "<!-- GENERATED by scripts/gen_config_docs.py from the dataclasses of cynomys/core/config.py and the",
+        "     targets' config.py (cynomys/core/targets.py TARGET_CONFIGS):",
         "     do not edit; change the code (a comment above a field is its text here) and run the script. -->",
         "",
         "# Configuration reference",

@@ -10,17 +10,17 @@ from cynomys.core.errors import ConfigError
 
 def run(args: argparse.Namespace) -> int:
     """Run SQL on a Spark target's session (the Iceberg catalog is the default one)."""
-    from cynomys.applier.targets.base import open_target
+    from cynomys.applier.targets.base import SqlConsole, target_class
 
     cfg = config_of(args)
-    if cfg.target.kind != "spark":
-        raise ConfigError(f"`cynomys sql` queries Spark targets; [target] kind is {cfg.target.kind!r}",
-                          hint="query that target with its own client")
-    target: Any = open_target(cfg)
+    cls = target_class(cfg)
+    if not issubclass(cls, SqlConsole):
+        raise ConfigError(f"`cynomys sql` queries targets with a SQL session of their own (Spark); [target] kind "
+                          f"is {cfg.target.kind!r}", hint="query that target with its own client")
+    target = cls(cfg)
     target.connect()
     try:
-        target.spark.sql(f"USE {cfg.target.spark.catalog}")
-        target.spark.sql(args.query).show(args.limit, truncate=False)
+        target.show_sql(args.query, args.limit)
     finally:
         target.close()
     return 0

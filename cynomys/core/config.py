@@ -15,30 +15,33 @@ import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, ClassVar, Mapping, TypeVar
 
 from cynomys.core.errors import ConfigError
-from cynomys.core.targets import TARGET_KINDS
+from cynomys.core.targets import TARGET_KINDS, target_config_classes
 
-# Field metadata keys: "check" -> (predicate, what-is-expected), "secret" -> bool.
+# Field metadata keys: "check" -> (predicate, what-is-expected), "secret" ->
+# bool, "path" -> bool.  Public: the targets' own settings classes
+# (cynomys/applier/targets/<kind>/config.py) declare their keys with them.
 Check = tuple[Callable[[Any], bool], str]
 
 
-def _check(pred: Callable[[Any], bool], expected: str) -> dict[str, Any]:
+def checked(pred: Callable[[Any], bool], expected: str) -> dict[str, Any]:
+    """Field metadata: the value must satisfy ``pred`` (``expected`` says how, in errors)."""
     return {"check": (pred, expected)}
 
 
-def _one_of(*choices: str) -> dict[str, Any]:
-    return _check(lambda v: v in choices, "one of " + ", ".join(repr(c) for c in choices))
+def one_of(*choices: str) -> dict[str, Any]:
+    return checked(lambda v: v in choices, "one of " + ", ".join(repr(c) for c in choices))
 
 
-_POSITIVE = _check(lambda v: v > 0, "a positive number")
-_NON_NEGATIVE = _check(lambda v: v >= 0, "a number >= 0")
-_SECRET: dict[str, Any] = {"secret": True}
+POSITIVE = checked(lambda v: v > 0, "a positive number")
+NON_NEGATIVE = checked(lambda v: v >= 0, "a number >= 0")
+SECRET: dict[str, Any] = {"secret": True}
 # A file path taken relative to the config file's folder when loaded (for
 # values handed to code that never sees the Config, e.g. TLS files of the
 # source connection, which the parser and the snapshot open).
-_PATH: dict[str, Any] = {"path": True}
+PATH: dict[str, Any] = {"path": True}
 
 
 @dataclass(frozen=True)
@@ -46,11 +49,11 @@ class SourceConfig:
     """The MySQL/MariaDB server whose binlog is read."""
 
     host: str = "127.0.0.1"
-    port: int = field(default=3306, metadata=_check(lambda v: 0 < v < 65536, "a TCP port (1-65535)"))
+    port: int = field(default=3306, metadata=checked(lambda v: 0 < v < 65536, "a TCP port (1-65535)"))
     user: str = "cynomys"
-    password: str = field(default="", repr=False, metadata=_SECRET)
+    password: str = field(default="", repr=False, metadata=SECRET)
     # Our replica id on the source; must differ from every server's server_id.
-    server_id: int = field(default=4271, metadata=_POSITIVE)
+    server_id: int = field(default=4271, metadata=POSITIVE)
     include_tables: list[str] = field(default_factory=lambda: ["*.*"])
     exclude_tables: list[str] = field(default_factory=list)
     # Where a producer with no checkpoint starts: "current" (the source's
@@ -58,56 +61,56 @@ class SourceConfig:
     # "file:pos" (e.g. "mysql-bin.000003:4") or a GTID position.
     start: str = "current"
     use_gtid: bool = False
-    connect_timeout_s: float = field(default=10.0, metadata=_POSITIVE)
-    heartbeat_s: float = field(default=5.0, metadata=_POSITIVE)
+    connect_timeout_s: float = field(default=10.0, metadata=POSITIVE)
+    heartbeat_s: float = field(default=5.0, metadata=POSITIVE)
     # TLS to the source: on when any of the three is set, for every source
     # connection (settings, binlog stream, snapshots).  The server
     # certificate is always verified (against ssl_ca, or the system CAs when
     # only a client certificate is given) and must name [source] host.
-    ssl_ca: str = field(default="", metadata=_PATH)
-    ssl_cert: str = field(default="", metadata=_PATH)
-    ssl_key: str = field(default="", metadata=_PATH)
+    ssl_ca: str = field(default="", metadata=PATH)
+    ssl_cert: str = field(default="", metadata=PATH)
+    ssl_key: str = field(default="", metadata=PATH)
 
 
 @dataclass(frozen=True)
 class ProducerConfig:
     id: str = "producer-1"
     state_dir: str = "./state/producer"
-    batch_max_events: int = field(default=5000, metadata=_POSITIVE)
-    batch_max_delay_ms: int = field(default=200, metadata=_NON_NEGATIVE)
+    batch_max_events: int = field(default=5000, metadata=POSITIVE)
+    batch_max_delay_ms: int = field(default=200, metadata=NON_NEGATIVE)
     # Render the SQL text into row-change records too (costs producer CPU;
     # the typed images carry the same statement).  DDL always keeps its SQL.
     emit_sql: bool = False
     # Upper bound of un-acknowledged bytes buffered before the producer stops
     # reading the binlog (back-pressure when the transport is slow or down).
-    max_pending_bytes: int = field(default=64 * 1024 * 1024, metadata=_POSITIVE)
+    max_pending_bytes: int = field(default=64 * 1024 * 1024, metadata=POSITIVE)
     # High availability (cynomys/producer/ha.py): several producers with this config
     # may run; one holds a lease in Redis and works, the others stand by.
     # The checkpoint then lives in Redis next to the stream (shared by all).
     ha: bool = False
     # Lease length: a dead or stalled leader is replaced within about
     # lease_ms * 1.25 plus a producer start (renewed every lease_ms / 3).
-    lease_ms: int = field(default=5000, metadata=_check(lambda v: v >= 300, "at least 300 (milliseconds)"))
+    lease_ms: int = field(default=5000, metadata=checked(lambda v: v >= 300, "at least 300 (milliseconds)"))
 
 
 @dataclass(frozen=True)
 class TransportConfig:
-    kind: str = field(default="redis", metadata=_one_of("redis", "file"))
-    url: str = field(default="redis://127.0.0.1:6379/0", repr=False, metadata=_SECRET)
+    kind: str = field(default="redis", metadata=one_of("redis", "file"))
+    url: str = field(default="redis://127.0.0.1:6379/0", repr=False, metadata=SECRET)
     stream: str = "cynomys"
-    mode: str = field(default="stream", metadata=_one_of("stream", "pubsub"))
+    mode: str = field(default="stream", metadata=one_of("stream", "pubsub"))
     path: str = ""
     # Rotate the AES data key after this many envelopes or seconds.
-    key_rotate_envelopes: int = field(default=1000, metadata=_POSITIVE)
-    key_rotate_seconds: float = field(default=300.0, metadata=_POSITIVE)
+    key_rotate_envelopes: int = field(default=1000, metadata=POSITIVE)
+    key_rotate_seconds: float = field(default=300.0, metadata=POSITIVE)
     # Approximate cap on stream length; entries not yet acknowledged are never trimmed.
-    max_stream_len: int = field(default=100_000, metadata=_POSITIVE)
+    max_stream_len: int = field(default=100_000, metadata=POSITIVE)
     consumer_group: str = "cynomys-appliers"
     dead_letter_stream: str = ""  # default: "<stream>:dead"
     # Largest payload an envelope may open to (bytes after gunzip).  The
     # signature already keeps strangers away from the decompressor; this
     # bounds what a signed envelope can cost the applier in memory.
-    max_envelope_bytes: int = field(default=64 * 1024 * 1024, metadata=_POSITIVE)
+    max_envelope_bytes: int = field(default=64 * 1024 * 1024, metadata=POSITIVE)
 
 
 @dataclass(frozen=True)
@@ -121,7 +124,7 @@ class SecurityConfig:
     producer_private_key: str = ""
     applier_private_key: str = ""
     producer_public_key: str = ""
-    passphrase: str = field(default="", repr=False, metadata=_SECRET)
+    passphrase: str = field(default="", repr=False, metadata=SECRET)
     # A private key file group or others can access is refused; true only
     # warns (for key stores whose permissions cannot be changed).
     allow_readable_private_keys: bool = False
@@ -129,8 +132,8 @@ class SecurityConfig:
 
 @dataclass(frozen=True)
 class ApplierConfig:
-    buffer_rows: int = field(default=10_000, metadata=_POSITIVE)
-    max_delay_ms: int = field(default=1000, metadata=_NON_NEGATIVE)
+    buffer_rows: int = field(default=10_000, metadata=POSITIVE)
+    max_delay_ms: int = field(default=1000, metadata=NON_NEGATIVE)
     # Adaptive delay commit: buffer_rows / max_delay_ms are the floor a quiet
     # source sees; while envelopes keep arriving (the applier is behind) a
     # flush waits for them, up to this many buffered net changes, folded (memory bound;
@@ -138,7 +141,7 @@ class ApplierConfig:
     # on Spark at least 30,000;
     # each buffered lineitem change costs the applier 2-7 KB).  A target whose commit is dear (Spark/Iceberg)
     # then pays it once for the whole backlog instead of once per buffer_rows.
-    max_buffer_rows: int = field(default=0, metadata=_NON_NEGATIVE)
+    max_buffer_rows: int = field(default=0, metadata=NON_NEGATIVE)
     state_dir: str = "./state/applier"
     consumer_name: str = "applier-1"
     # DDL statements to skip on purpose, by exact text or a "position"
@@ -149,12 +152,12 @@ class ApplierConfig:
     # process is number `partition` (0-based; CYNOMYS_APPLIER_PARTITION lets
     # N processes share one file).  Each keeps its own state on the target
     # and its own consumer group.
-    partitions: int = field(default=1, metadata=_POSITIVE)
-    partition: int = field(default=0, metadata=_NON_NEGATIVE)
+    partitions: int = field(default=1, metadata=POSITIVE)
+    partition: int = field(default=0, metadata=NON_NEGATIVE)
     # A partition takes every envelope, also those holding none of its
     # tables; their progress is committed with its next flush of data, or
     # after this long without one (not one target write per such envelope).
-    progress_interval_ms: int = field(default=5000, metadata=_POSITIVE)
+    progress_interval_ms: int = field(default=5000, metadata=POSITIVE)
 
     def cross_check(self) -> str | None:
         """A problem between keys (named in the message), or None."""
@@ -164,44 +167,49 @@ class ApplierConfig:
         return None
 
 
-@dataclass(frozen=True)
-class SparkConfig:
-    master: str = "local[*]"
-    warehouse: str = "./warehouse"
-    catalog: str = "cynomys"
-    catalog_type: str = field(default="hadoop", metadata=_one_of("hadoop", "hive", "rest"))
-    catalog_uri: str = ""
-    conf: dict[str, str] = field(default_factory=dict)
-    jars: list[str] = field(default_factory=list)
-    packages: list[str] = field(default_factory=list)
-    # Table maintenance between flushes (cynomys/applier/targets/spark/maintenance.py):
-    # every flush adds data and delete files that later flushes and readers
-    # read, so a table is compacted after `maintenance_commits` Cynomys
-    # commits and snapshots older than `snapshot_retention_s` expire
-    # (keeping at least `snapshots_kept`).
-    maintenance: bool = True
-    maintenance_commits: int = field(default=40, metadata=_POSITIVE)
-    snapshot_retention_s: int = field(default=3600, metadata=_NON_NEGATIVE)
-    snapshots_kept: int = field(default=5, metadata=_POSITIVE)
-    # The tables of one flush are committed from this many threads at once
-    # (each table is its own Iceberg commit; a small MERGE is mostly driver
-    # work, so they overlap); 1 = one table after another.
-    commit_threads: int = field(default=4, metadata=_POSITIVE)
-    # At connect, a small append/MERGE/DELETE on a scratch table warms the
-    # JVM's write paths in a thread (spark/warmup.py): a cold JVM's first
-    # flushes took 3-5x a warm one's time.
-    warm_up: bool = True
+class TargetOptions:
+    """Base of a target's own settings: a frozen dataclass in the target's
+    folder (``cynomys/applier/targets/<kind>/config.py``), registered in
+    ``cynomys.core.targets.TARGET_CONFIGS``.  Its keys are read from the
+    TOML table ``[target.<section>]``, or from ``[target]`` itself when
+    ``section`` is '' (``engine`` of ColumnStore, kept where it has always
+    been); validated, overridden from the environment and documented like
+    every other key.  A target reads its settings with
+    ``cfg.target.of(ItsConfig)``."""
+
+    section: ClassVar[str] = ""
+
+
+OptionsT = TypeVar("OptionsT", bound=TargetOptions)
+
+
+def _registered_options() -> tuple[type[TargetOptions], ...]:
+    """The registered settings classes (imported by path: see core/targets.py)."""
+    return typing.cast("tuple[type[TargetOptions], ...]", target_config_classes())
 
 
 @dataclass(frozen=True)
 class TargetConfig:
-    kind: str = field(default="spark", metadata=_one_of(*TARGET_KINDS))
-    url: str = field(default="", repr=False, metadata=_SECRET)
-    engine: str = "ColumnStore"
+    kind: str = field(default="spark", metadata=one_of(*TARGET_KINDS))
+    url: str = field(default="", repr=False, metadata=SECRET)
     # Name the primary key of a rejected row in error messages (off: messages
     # reach logs, and a key can be personal data; rows are never printed).
     show_keys: bool = False
-    spark: SparkConfig = field(default_factory=SparkConfig)
+    # The targets' own settings (TargetOptions), one of each registered class
+    # when read from a file; a class missing here reads as its defaults.
+    options: tuple[TargetOptions, ...] = field(default=(), metadata={"internal": True, "options": _registered_options})
+
+    def of(self, cls: type[OptionsT]) -> OptionsT:
+        """The settings of type ``cls`` (its defaults when none were given)."""
+        for opt in self.options:
+            if isinstance(opt, cls):
+                return opt
+        return cls()
+
+    def with_options(self, *opts: TargetOptions) -> TargetConfig:
+        """A copy with ``opts`` in place of the settings of their classes."""
+        kept = tuple(o for o in self.options if not any(type(o) is type(n) for n in opts))
+        return dataclasses.replace(self, options=kept + opts)
 
 
 @dataclass(frozen=True)
@@ -209,14 +217,14 @@ class SnapshotConfig:
     """Full-state capture (cynomys/snapshot): DBLog watermarks, or GTID
     watermarks with ``read_only`` (no writes to the source)."""
 
-    chunk_size: int = field(default=5000, metadata=_POSITIVE)
+    chunk_size: int = field(default=5000, metadata=POSITIVE)
     watermark_schema: str = "cynomys_meta"
     read_only: bool = False
     # A requested snapshot of a keyless table clears the target table and
     # reloads it (snapshot/keyless.py): only when asked for.  The initial
     # snapshot reads keyless tables without it (their target tables are new).
     allow_no_primary_key: bool = False
-    throttle_ms: int = field(default=0, metadata=_NON_NEGATIVE)
+    throttle_ms: int = field(default=0, metadata=NON_NEGATIVE)
     # On the producer's first start (no checkpoint) with [source] start =
     # "current", snapshot every included table: the binlog before that point
     # is not read, so a new target would otherwise miss the existing rows.
@@ -239,19 +247,19 @@ class MetricsConfig:
     share a config file on one host, give one of them another address with
     CYNOMYS_METRICS_LISTEN."""
 
-    listen: str = field(default="", metadata=_check(_listen_ok, '"" (off) or "host:port", e.g. "127.0.0.1:9108"'))
+    listen: str = field(default="", metadata=checked(_listen_ok, '"" (off) or "host:port", e.g. "127.0.0.1:9108"'))
     # How often the daemon checks its source (producer) or target (applier)
     # is reachable; a loop without progress for stall_intervals of these is
     # reported stalled.
-    health_interval_s: float = field(default=5.0, metadata=_POSITIVE)
-    stall_intervals: int = field(default=2, metadata=_POSITIVE)
+    health_interval_s: float = field(default=5.0, metadata=POSITIVE)
+    stall_intervals: int = field(default=2, metadata=POSITIVE)
     # /healthz turns unhealthy when the daemon's lag exceeds this (0: no limit).
-    max_lag_s: float = field(default=300.0, metadata=_NON_NEGATIVE)
+    max_lag_s: float = field(default=300.0, metadata=NON_NEGATIVE)
 
 
 @dataclass(frozen=True)
 class LogConfig:
-    level: str = field(default="INFO", metadata=_one_of("DEBUG", "INFO", "WARNING", "ERROR"))
+    level: str = field(default="INFO", metadata=one_of("DEBUG", "INFO", "WARNING", "ERROR"))
 
 
 @dataclass(frozen=True)
@@ -332,9 +340,15 @@ def _from_env(raw: str, tp: Any, name: str, where: str, secret: bool = False) ->
 def _build(cls: type, data: Mapping[str, Any], section: str, file: str, env: Mapping[str, str]) -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
+    # A section that carries the targets' own settings (TargetConfig.options):
+    # their keys are keys of this section ('' section) or sub-tables of it.
+    holder = next((f for f in dataclasses.fields(cls) if f.metadata.get("options")), None)
+    extras: tuple[type[TargetOptions], ...] = holder.metadata["options"]() if holder is not None else ()
+    flat = {f.name: ext for ext in extras if not ext.section for f in dataclasses.fields(typing.cast(Any, ext))}
+    tables = {ext.section for ext in extras if ext.section}
     for key in data:
-        if key not in fields:
-            known = ", ".join(sorted(fields))
+        if key not in fields and key not in flat and key not in tables:
+            known = ", ".join(sorted({*fields, *flat, *tables}))
             raise ConfigError(
                 f"unknown key [{section}] {key} in {file}",
                 hint=f"known keys of [{section}]: {known}",
@@ -369,6 +383,8 @@ def _build(cls: type, data: Mapping[str, Any], section: str, file: str, env: Map
             shown = "***" if secret else repr(value)
             raise ConfigError(f"{where} in {file}: expected {check[1]}, got {shown}")
         kwargs[name] = value
+    if holder is not None:
+        kwargs[holder.name] = tuple(_build_options(ext, data, section, file, env) for ext in extras)
     obj = cls(**kwargs)
     # Keys that are valid alone but not together (e.g. [applier] partition
     # and partitions): the section says what is wrong.
@@ -377,6 +393,20 @@ def _build(cls: type, data: Mapping[str, Any], section: str, file: str, env: Map
     if problem:
         raise ConfigError(f"[{section}] {problem} (in {file})")
     return obj
+
+
+def _build_options(cls: type[TargetOptions], data: Mapping[str, Any], section: str, file: str,
+                   env: Mapping[str, str]) -> TargetOptions:
+    """One target's settings, from the table ``[section.<cls.section>]`` or,
+    for ``section = ''``, from the keys of ``[section]`` that are its fields."""
+    if not cls.section:
+        mine = {f.name for f in dataclasses.fields(typing.cast(Any, cls))}
+        return typing.cast(TargetOptions, _build(cls, {k: v for k, v in data.items() if k in mine}, section, file, env))
+    raw = data.get(cls.section, {})
+    sub = f"{section}.{cls.section}"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"[{section}] {cls.section} in {file}: expected a table [{sub}]")
+    return typing.cast(TargetOptions, _build(cls, raw, sub, file, env))
 
 
 def load_config(path: str | os.PathLike[str] | None, env: Mapping[str, str] | None = None) -> Config:
@@ -422,6 +452,12 @@ def _resolve_paths(cfg: Any) -> Any:
 
 
 def _resolve_paths_in(section: Any, cfg: Config) -> Any:
-    changes = {f.name: str(cfg.resolve(getattr(section, f.name))) for f in dataclasses.fields(section)
-               if f.metadata.get("path") and getattr(section, f.name)}
+    changes: dict[str, Any] = {f.name: str(cfg.resolve(getattr(section, f.name))) for f in dataclasses.fields(section)
+                               if f.metadata.get("path") and getattr(section, f.name)}
+    for f in dataclasses.fields(section):
+        if f.metadata.get("options"):  # the targets' own settings
+            opts = getattr(section, f.name)
+            resolved = tuple(_resolve_paths_in(o, cfg) for o in opts)
+            if any(a is not b for a, b in zip(resolved, opts)):
+                changes[f.name] = resolved
     return dataclasses.replace(section, **changes) if changes else section

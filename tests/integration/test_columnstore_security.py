@@ -15,6 +15,7 @@ from typing import Iterator
 
 import pytest
 
+from cynomys.applier.targets.columnstore.config import ColumnStoreConfig
 from cynomys.applier.targets.columnstore.target import ColumnStoreTarget
 from cynomys.core.config import Config, TargetConfig
 from cynomys.core.errors import ConfigError, TargetRejectedError
@@ -107,7 +108,7 @@ def secret(tmp_path: Path) -> Iterator[Path]:
 def test_server_cannot_read_a_file_with_an_ordinary_statement(secret: Path, query: str) -> None:
     fake = FakeMySQL(str(secret), trigger=b"CREATE DATABASE")
     target = ColumnStoreTarget(Config(target=TargetConfig(
-        kind="columnstore", url=f"mysql://u:p@127.0.0.1:{fake.port}/{query}", engine="InnoDB")))
+        kind="columnstore", url=f"mysql://u:p@127.0.0.1:{fake.port}/{query}", options=(ColumnStoreConfig("InnoDB"),))))
     with pytest.raises(TargetRejectedError) as info:
         target.connect()                          # its first statement: CREATE DATABASE IF NOT EXISTS
     target.close()
@@ -139,7 +140,7 @@ def test_tls_required_is_not_downgraded() -> None:
     """A server that offers no TLS (the fake one) is refused when the url asks for TLS."""
     fake = FakeMySQL("/nonexistent", trigger=b"NEVER")
     target = ColumnStoreTarget(Config(target=TargetConfig(
-        kind="columnstore", url=f"mysql://u:p@127.0.0.1:{fake.port}/?ssl=1", engine="InnoDB")))
+        kind="columnstore", url=f"mysql://u:p@127.0.0.1:{fake.port}/?ssl=1", options=(ColumnStoreConfig("InnoDB"),))))
     with pytest.raises((TargetRejectedError,)) as info:
         target.connect()
     target.close()

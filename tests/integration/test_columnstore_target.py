@@ -16,6 +16,7 @@ from typing import Any, Iterator
 import pytest
 
 from cynomys.applier.targets.base import Flush, Target, build_flush, open_target
+from cynomys.applier.targets.columnstore.config import ColumnStoreConfig
 from cynomys.applier.targets.columnstore.target import ColumnStoreTarget
 from cynomys.applier.targets.columnstore.types import COLUMNSTORE, INNODB, PROFILES
 from cynomys.core.config import ApplierConfig, Config, TargetConfig
@@ -49,7 +50,7 @@ def db() -> str:
 
 
 def make_config(url: str, engine: str = "InnoDB", skip_ddl: list[str] | None = None) -> Config:
-    return Config(target=TargetConfig(kind="columnstore", url=url, engine=engine),
+    return Config(target=TargetConfig(kind="columnstore", url=url, options=(ColumnStoreConfig(engine),)),
                   applier=ApplierConfig(skip_ddl=list(skip_ddl or [])))
 
 

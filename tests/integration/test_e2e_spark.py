@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from cynomys.applier.targets.base import Target, open_target
+from cynomys.applier.targets.spark.config import SparkConfig
 from cynomys.core.config import load_config
 from cynomys.core.errors import CynomysError
 from cynomys.core.model import ColumnDef
@@ -54,8 +55,8 @@ class SparkSide:
 
     def _open(self, cfg: Path) -> Target:
         c = load_config(cfg, env={})
-        c = dataclasses.replace(c, target=dataclasses.replace(
-            c.target, spark=dataclasses.replace(c.target.spark, master="local[1]")))
+        c = dataclasses.replace(c, target=c.target.with_options(
+            dataclasses.replace(c.target.of(SparkConfig), master="local[1]")))
         reader = open_target(c)
         reader.connect()
         self.reader = reader

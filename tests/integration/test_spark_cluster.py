@@ -15,8 +15,9 @@ from typing import Iterator
 import pyspark
 import pytest
 
+from cynomys.applier.targets.spark.config import SparkConfig
 from cynomys.applier.targets.spark.target import SparkTarget
-from cynomys.core.config import Config, SparkConfig, TargetConfig
+from cynomys.core.config import Config, TargetConfig
 from cynomys.core.model import ColumnDef, Op, TableSchema
 from tests.integration import target_contract as contract
 
@@ -104,8 +105,8 @@ def target(cluster: StandaloneCluster, tmp_path_factory: pytest.TempPathFactory)
         "spark.cores.max": "1",
     }
     warehouse = tmp_path_factory.mktemp("cluster-warehouse")
-    cfg = Config(target=TargetConfig(kind="spark", spark=SparkConfig(master=cluster.url, warehouse=str(warehouse),
-                                                                      catalog="cluster", conf=conf)))
+    cfg = Config(target=TargetConfig(kind="spark", options=(SparkConfig(master=cluster.url, warehouse=str(warehouse),
+                                                                        catalog="cluster", conf=conf),)))
     t = SparkTarget(cfg)
     t.connect()
     yield t

@@ -18,9 +18,10 @@ from typing import Any, Iterator
 import pytest
 
 from cynomys.applier.targets.base import AppliedState, Flush, Target, open_target
+from cynomys.applier.targets.spark.config import SparkConfig
 from cynomys.applier.targets.spark.merge import TablePlan, marker_of
 from cynomys.applier.targets.spark.target import SparkTarget
-from cynomys.core.config import ApplierConfig, Config, SparkConfig, TargetConfig
+from cynomys.core.config import ApplierConfig, Config, TargetConfig
 from cynomys.core.errors import TargetRejectedError
 from cynomys.core.model import ColumnDef, Op, RawTemporal, TableSchema
 from tests.integration import target_contract as contract
@@ -40,7 +41,7 @@ TEST_CONF = {
 def make_config(warehouse: Path, skip_ddl: list[str] | None = None, catalog: str = "cy", **spark_kw: Any) -> Config:
     spark = SparkConfig(master="local[2]", warehouse=str(warehouse), catalog=catalog, conf=dict(TEST_CONF),
                         **spark_kw)
-    return Config(target=TargetConfig(kind="spark", spark=spark), applier=ApplierConfig(skip_ddl=list(skip_ddl or [])))
+    return Config(target=TargetConfig(kind="spark", options=(spark,)), applier=ApplierConfig(skip_ddl=list(skip_ddl or [])))
 
 
 class Factory:
@@ -410,7 +411,7 @@ def test_state_lost_is_refused_not_rolled_back(factory: Factory, db: str) -> Non
     for seq in (1, 2):
         t.apply(contract.flush([contract.change(Op.INSERT, a, after=(seq, "v"))],
                                contract.state(seq=seq, producer=producer)))
-    t.iceberg.update_properties(t.state_database, t.state_table, {}, remove=(t.state_property_prefix + producer,))
+    t.iceberg.update_properties(t.state_namespace, t.state_table, {}, remove=(t.state_property_prefix + producer,))
     fresh = factory()
     with pytest.raises(TargetRejectedError, match="beyond the applier state"):
         fresh.apply(contract.flush([contract.change(Op.INSERT, a, after=(3, "v"))],
@@ -512,8 +513,8 @@ def test_warm_up_uses_a_scratch_table_once_per_session_and_leaves_nothing(factor
     with caplog.at_level("INFO", logger="cynomys.applier.targets.spark.warmup"):
         warmup._run(target)  # what the thread runs, here in the foreground
     assert any("Spark warm-up (append, MERGE, DELETE" in r.getMessage() for r in caplog.records), caplog.text
-    assert warmup.WARM_TABLE not in target.iceberg.list_tables(target.state_database)  # dropped after
-    assert target.state_table in target.iceberg.list_tables(target.state_database)
+    assert warmup.WARM_TABLE not in target.iceberg.list_tables(target.state_namespace)  # dropped after
+    assert target.state_table in target.iceberg.list_tables(target.state_namespace)
     assert target.fetch_rows("warm_db", "t") == before
 
 

@@ -183,13 +183,14 @@ class SparkSide:
 
     def execute(self, *sql: str) -> None:
         from cynomys.applier.targets.base import open_target
+        from cynomys.applier.targets.spark.config import SparkConfig
         from cynomys.core.config import load_config
 
         if self.target is None:
             assert self.cfg_path is not None
             c = load_config(self.cfg_path, env={})
-            c = dataclasses.replace(c, target=dataclasses.replace(
-                c.target, spark=dataclasses.replace(c.target.spark, master="local[1]")))
+            c = dataclasses.replace(c, target=c.target.with_options(
+                dataclasses.replace(c.target.of(SparkConfig), master="local[1]")))
             self.target = open_target(c)
             self.target.connect()
         for s in sql:

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from cynomys.applier.targets.columnstore.config import ColumnStoreConfig
+from cynomys.applier.targets.spark.config import SparkConfig
 from cynomys.core.config import load_config
 from cynomys.core.errors import ConfigError
 
@@ -58,7 +60,8 @@ conf = { "spark.executor.memory" = "1g" }
     cfg = load_config(p, env={})
     assert cfg.source.port == 3307 and cfg.source.include_tables == ["shop.*"]
     assert cfg.transport.mode == "pubsub" and cfg.applier.buffer_rows == 7
-    assert cfg.target.spark.conf == {"spark.executor.memory": "1g"}
+    assert cfg.target.of(SparkConfig).conf == {"spark.executor.memory": "1g"}
+    assert cfg.target.of(ColumnStoreConfig).engine == "InnoDB"
     assert cfg.resolve(cfg.producer.state_dir) == tmp_path / "st"
     assert "pw" not in repr(cfg) and "u:p@" not in repr(cfg)
 
@@ -92,7 +95,7 @@ def test_secrets_from_environment(tmp_path: Path) -> None:
     cfg = load_config(p, env={"CYNOMYS_SOURCE_PASSWORD": "s3cret", "CYNOMYS_TARGET_URL": "mysql://a:b@c/",
                               "CYNOMYS_TARGET_SPARK_MASTER": "local[2]", "CYNOMYS_SOURCE_PORT": "3310"})
     assert cfg.source.password == "s3cret" and cfg.target.url == "mysql://a:b@c/"
-    assert cfg.target.spark.master == "local[2]" and cfg.source.port == 3310
+    assert cfg.target.of(SparkConfig).master == "local[2]" and cfg.source.port == 3310
     assert "s3cret" not in repr(cfg)
     with pytest.raises(ConfigError, match="CYNOMYS_SOURCE_PORT"):
         load_config(p, env={"CYNOMYS_SOURCE_PORT": "many"})
@@ -142,3 +145,71 @@ def test_source_tls_files_are_resolved_against_the_config_file(tmp_path: Path) -
     assert cfg.transport.max_envelope_bytes == 1048576
     with pytest.raises(ConfigError, match="max_envelope_bytes"):
         load_config(write(tmp_path, "[transport]\nmax_envelope_bytes = 0\n"))
+
+
+# --- each target's settings live in its folder (issue #23) -------------------
+
+def test_target_settings_are_validated_where_they_always_were(tmp_path: Path) -> None:
+    """``[target] engine`` and ``[target.spark]`` are read by their targets'
+    classes (targets/<kind>/config.py) yet refused, overridden and named
+    like any other key."""
+    with pytest.raises(ConfigError, match=r"unknown key \[target\.spark\] mastr in .*c\.toml") as ei:
+        load_config(write(tmp_path, "[target.spark]\nmastr = 'local'\n"), env={})
+    assert ei.value.hint is not None and "master" in ei.value.hint
+    with pytest.raises(ConfigError, match=r"unknown key \[target\] engin ") as ei:
+        load_config(write(tmp_path, "[target]\nengin = 'InnoDB'\n"), env={})
+    assert ei.value.hint is not None and "engine" in ei.value.hint and "spark" in ei.value.hint
+    with pytest.raises(ConfigError, match=r"\[target\] spark in .*: expected a table \[target\.spark\]"):
+        load_config(write(tmp_path, "[target]\nspark = 'x'\n"), env={})
+    with pytest.raises(ConfigError, match=r"\[target\] engine in .*: expected a storage engine name"):
+        load_config(write(tmp_path, "[target]\nengine = 'InnoDB; DROP'\n"), env={})
+    with pytest.raises(ConfigError, match=r"\[target\.spark\] commit_threads .*positive"):
+        load_config(write(tmp_path, "[target.spark]\ncommit_threads = 0\n"), env={})
+    cfg = load_config(write(tmp_path, "[target]\nkind = 'duckdb'\n"),
+                      env={"CYNOMYS_TARGET_ENGINE": "Aria", "CYNOMYS_TARGET_SPARK_COMMIT_THREADS": "2"})
+    assert cfg.target.of(ColumnStoreConfig).engine == "Aria" and cfg.target.of(SparkConfig).commit_threads == 2
+    assert "Aria" in repr(cfg) and "commit_threads=2" in repr(cfg)  # what `cynomys config check` prints
+
+
+def test_settings_missing_from_a_config_built_in_code_read_as_defaults() -> None:
+    from cynomys.core.config import TargetConfig
+
+    t = TargetConfig(kind="spark")
+    assert t.of(SparkConfig) == SparkConfig() and t.of(ColumnStoreConfig).engine == "ColumnStore"
+    t = t.with_options(SparkConfig(master="local[1]")).with_options(SparkConfig(master="local[2]"))
+    assert t.of(SparkConfig).master == "local[2]" and len(t.options) == 1
+
+
+def test_every_registered_settings_class_lives_in_its_target_folder_and_imports_only_core() -> None:
+    """The loader imports these modules by path (core/targets.py): they must
+    stay light (no driver) and below nothing but core, so the layering holds."""
+    import ast
+    import dataclasses
+    import importlib
+
+    from cynomys.core.config import TargetOptions
+    from cynomys.core.targets import TARGET_CONFIGS, TARGETS
+
+    root = Path(__file__).parents[2]
+    for kind, spec in TARGET_CONFIGS.items():
+        assert kind in TARGETS
+        module, _, name = spec.partition(":")
+        assert module == f"cynomys.applier.targets.{kind}.config", spec
+        cls = getattr(importlib.import_module(module), name)
+        assert issubclass(cls, TargetOptions) and dataclasses.is_dataclass(cls)
+        assert cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
+        tree = ast.parse((root / (module.replace(".", "/") + ".py")).read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert all(m.startswith("cynomys.core") for m in imported if m.startswith("cynomys")), imported
+        assert not {"pyspark", "pymysql", "pymonetdb", "duckdb"} & {m.split(".")[0] for m in imported}
+
+
+def test_config_check_builds_the_target_so_its_own_checks_run(tmp_path: Path) -> None:
+    from cynomys.cli.config import check_target
+
+    bad = load_config(write(tmp_path, "[target]\nkind = 'monetdb'\nurl = 'mysql://u:p@h:1/'\n"), env={})
+    with pytest.raises(ConfigError, match="is not monetdb://"):
+        check_target(bad)
+    good = load_config(write(tmp_path, "[target]\nkind = 'duckdb'\nurl = 'r.duckdb'\n"), env={})
+    assert check_target(good) == ""

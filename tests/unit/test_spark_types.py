@@ -16,6 +16,7 @@ pytest.importorskip("pyarrow")
 from cynomys.applier.targets.base import AppliedState, TableFlush  # noqa: E402
 from cynomys.applier.targets.spark import session as spark_session  # noqa: E402
 from cynomys.applier.targets.spark import types as st  # noqa: E402
+from cynomys.applier.targets.spark.config import SparkConfig  # noqa: E402
 from cynomys.applier.targets.spark.merge import (  # noqa: E402
     key_range,
     keyed_merge,
@@ -27,7 +28,7 @@ from cynomys.applier.targets.spark.merge import (  # noqa: E402
     marker_of,
     order,
 )
-from cynomys.core.config import Config, SparkConfig, TargetConfig  # noqa: E402
+from cynomys.core.config import Config, TargetConfig  # noqa: E402
 from cynomys.core.errors import ConfigError  # noqa: E402
 from cynomys.core.model import ColumnDef, Position, RawTemporal, TableSchema  # noqa: E402
 
@@ -155,7 +156,7 @@ def test_conversions(old: str, new: str, how: str) -> None:
 # Session settings
 # --------------------------------------------------------------------------
 def config(tmp_path: Path, **spark: object) -> Config:
-    return Config(target=TargetConfig(kind="spark", spark=SparkConfig(**spark)),  # type: ignore[arg-type]
+    return Config(target=TargetConfig(kind="spark", options=(SparkConfig(**spark),)),  # type: ignore[arg-type]
                   path=str(tmp_path / "cynomys.toml"))
 
 
@@ -245,9 +246,9 @@ def test_maintenance_settings(tmp_path: Path) -> None:
 
     p = tmp_path / "c.toml"
     p.write_text("[target.spark]\nmaintenance = false\nmaintenance_commits = 7\nsnapshots_kept = 2\n")
-    sc = load_config(p).target.spark
+    sc = load_config(p).target.of(SparkConfig)
     assert (sc.maintenance, sc.maintenance_commits, sc.snapshots_kept, sc.snapshot_retention_s) == (False, 7, 2, 3600)
-    assert load_config(None).target.spark.maintenance  # on by default
+    assert load_config(None).target.of(SparkConfig).maintenance  # on by default
     p.write_text("[target.spark]\nmaintenance_commits = 0\n")
     with pytest.raises(ConfigError, match="maintenance_commits"):
         load_config(p)

@@ -16,7 +16,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
 
 from cynomys.core.columnar import InsertRun
 from cynomys.core.config import Config
@@ -276,6 +276,17 @@ class Target(ABC):
         return len(rows)
 
 
+@runtime_checkable
+class SqlConsole(Protocol):
+    """A target ``cynomys sql`` can query: one whose SQL session lives in
+    the applier's process (Spark).  Other targets have clients of their own.
+    Kept apart from ``Target`` (an ability, not something every target does
+    or ``PartitionTarget`` forwards)."""
+
+    def show_sql(self, statement: str, limit: int) -> None:
+        """Run ``statement`` and print up to ``limit`` rows of its result."""
+
+
 #: ``[target] kind`` -> a check run before a repair deletes a key range of a
 #: keyed table: raises RepairRefused when the target would delete other rows
 #: too (deleting a key matches every key its collation calls equal: 'a' and
@@ -292,8 +303,9 @@ def register_purge_check(kind: str, check: PurgeCheck) -> None:
 _REGISTRY = TARGETS
 
 
-def open_target(cfg: Config) -> Target:
-    """The target named by ``[target] kind``; heavy drivers import lazily."""
+def target_class(cfg: Config) -> type[Target]:
+    """The class of the target named by ``[target] kind`` (its module
+    imported: heavy drivers load only for the target in use)."""
     spec = _REGISTRY.get(cfg.target.kind)
     if spec is None:
         raise ConfigError(f"[target] kind = {cfg.target.kind!r} is unknown", hint="one of " + ", ".join(_REGISTRY))
@@ -303,5 +315,10 @@ def open_target(cfg: Config) -> Target:
     except ImportError as exc:
         raise ConfigError(f"[target] kind = {cfg.target.kind!r} needs a driver that is not installed: {exc}",
                           hint=f"pip install 'cynomys[{cfg.target.kind}]'") from None
-    target: Target = getattr(mod, cls)(cfg)
-    return target
+    found: type[Target] = getattr(mod, cls)
+    return found
+
+
+def open_target(cfg: Config) -> Target:
+    """The target named by ``[target] kind``, not connected yet."""
+    return target_class(cfg)(cfg)

@@ -60,6 +60,8 @@ class SqlTarget(SqlClient, StatefulTarget):
     state_grant_hint: ClassVar[str | None] = None
     #: The time of a state write, in SQL.
     now_sql: ClassVar[str] = "CURRENT_TIMESTAMP"
+    #: How a schema (the state's namespace) is created when missing.
+    create_schema_sql: ClassVar[str] = "CREATE SCHEMA IF NOT EXISTS {}"
 
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
@@ -108,7 +110,7 @@ class SqlTarget(SqlClient, StatefulTarget):
 
     def _create_state_table(self, cur: Cursor) -> None:
         """Create the state table, or add the columns an older one lacks."""
-        cur.execute(f"CREATE SCHEMA IF NOT EXISTS {self.ident(self.state_namespace)}")
+        cur.execute(self.create_schema_sql.format(self.ident(self.state_namespace)))
         cur.execute(self.state_table_sql())
         for col in applied_state.ADDED_LATER:
             cur.execute(f"ALTER TABLE {self._state_name()} ADD COLUMN IF NOT EXISTS {col} {self.state_types[col]}")

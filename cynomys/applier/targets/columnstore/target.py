@@ -34,7 +34,6 @@ from __future__ import annotations
 import io
 import logging
 import os
-import re
 import ssl
 import tempfile
 from typing import IO, Any, ClassVar, Mapping, Sequence
@@ -48,6 +47,7 @@ from cynomys.applier.targets import state as applied_state
 from cynomys.applier.targets.base import AppliedState, Capabilities, TableFlush
 from cynomys.applier.targets.columnstore import ddl as columnstore_ddl
 from cynomys.applier.targets.columnstore import verify as columnstore_verify
+from cynomys.applier.targets.columnstore.config import ENGINE_NAME, ColumnStoreConfig
 from cynomys.applier.targets.columnstore.types import (
     FIELD_ENCODERS,
     INNODB,
@@ -194,6 +194,7 @@ class ColumnStoreTarget(SqlTarget):
     state_table_options: ClassVar[str] = " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
     state_grant_hint: ClassVar[str | None] = "grant CREATE on *.* to the target user"
     now_sql: ClassVar[str] = "CURRENT_TIMESTAMP(6)"
+    create_schema_sql: ClassVar[str] = "CREATE DATABASE IF NOT EXISTS {}"
     #: [target] engine (lower case) -> profile; engines not listed use INNODB.
     profiles: ClassVar[dict[str, EngineProfile]] = PROFILES
     #: Session settings: UTC for TIMESTAMP, a sql_mode that keeps zero and
@@ -209,8 +210,8 @@ class ColumnStoreTarget(SqlTarget):
 
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
-        self.engine = cfg.target.engine or "ColumnStore"
-        if not re.fullmatch(r"\w+", self.engine):
+        self.engine = cfg.target.of(ColumnStoreConfig).engine or "ColumnStore"
+        if not ENGINE_NAME.fullmatch(self.engine):
             raise ConfigError(f"[target] engine = {self.engine!r} is not a storage engine name",
                               hint="e.g. 'ColumnStore', 'InnoDB' or 'Aria'")
         self.profile = self.profiles.get(self.engine.lower(), INNODB)

@@ -44,6 +44,7 @@ from pyspark.sql import types as T
 from cynomys.applier.targets.base import AppliedState
 from cynomys.applier.targets.ddl_runner import DdlRun, handler_table
 from cynomys.applier.targets.spark import types as st
+from cynomys.applier.targets.spark.config import SparkConfig
 from cynomys.applier.targets.spark.iceberg import IcebergApi
 from cynomys.applier.targets.spark.merge import Layout, lit, marker, marker_of, q, same_flush
 from cynomys.applier.targets.spark.session import CatalogProfile
@@ -63,6 +64,7 @@ class IcebergTarget(Protocol):
     which imports this module: no cycle)."""
 
     cfg: Config
+    settings: SparkConfig
     profile: CatalogProfile
     key_property: ClassVar[str]
     table_properties: ClassVar[dict[str, str]]
@@ -188,7 +190,7 @@ def _copy_table(r: Run, odb: str, old: str, ndb: str, new: str) -> None:
              if k in r.target.table_properties or k.startswith("cynomys.")}
     props.update(r.target.table_properties)
     log.warning("%s: the %s catalog cannot rename tables; copying %s.%s to %s.%s (a full copy)",
-                r.what("rename table"), r.target.cfg.target.spark.catalog_type, odb, old, ndb, new)
+                r.what("rename table"), r.target.settings.catalog_type, odb, old, ndb, new)
     with r.marked({RENAMED_FROM: f"{odb}.{old}"}):
         r.step(f"CREATE TABLE {r.table(ndb, new)} USING iceberg TBLPROPERTIES ("
                + ", ".join(f"{lit(k)} = {lit(v)}" for k, v in props.items())

@@ -35,8 +35,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from cynomys.applier.targets.spark.config import SparkConfig
 from cynomys.applier.targets.spark.merge import lit, q
-from cynomys.core.config import SparkConfig
 
 if TYPE_CHECKING:
     from cynomys.applier.targets.spark.target import SparkTarget

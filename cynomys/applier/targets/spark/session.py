@@ -28,7 +28,8 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from cynomys.core.config import Config, SparkConfig
+from cynomys.applier.targets.spark.config import SparkConfig
+from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, CynomysError, TargetRejectedError, TargetUnavailableError
 
 log = logging.getLogger(__name__)
@@ -122,7 +123,7 @@ def _warehouse(cfg: Config, sc: SparkConfig, profile: CatalogProfile) -> str | N
 
 def session_conf(cfg: Config) -> dict[str, str]:
     """Every Spark setting of the session [target.spark] describes."""
-    sc = cfg.target.spark
+    sc = cfg.target.of(SparkConfig)
     where = f"[target.spark] in {cfg.path}"
     if not _IDENT.match(sc.catalog):
         raise ConfigError(f"{where}: catalog = {sc.catalog!r} is not a plain SQL name",

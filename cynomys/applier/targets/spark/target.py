@@ -91,6 +91,7 @@ from cynomys.applier.targets.spark import session as spark_session
 from cynomys.applier.targets.spark import types as st
 from cynomys.applier.targets.spark import verify as spark_verify
 from cynomys.applier.targets.spark import warmup as spark_warmup
+from cynomys.applier.targets.spark.config import SparkConfig
 from cynomys.applier.targets.spark.iceberg import IcebergApi, Snapshot
 from cynomys.applier.targets.spark.maintenance import Maintenance
 from cynomys.applier.targets.spark.merge import (
@@ -167,8 +168,9 @@ class SparkTarget(StatefulTarget):
         super().__init__(cfg)
         # Validate the configuration (and find the Iceberg jar) before any JVM starts.
         self.conf = spark_session.session_conf(cfg)
-        self.catalog = cfg.target.spark.catalog
-        self.profile = self.catalogs[cfg.target.spark.catalog_type]
+        self.settings = cfg.target.of(SparkConfig)  # [target.spark]
+        self.catalog = self.settings.catalog
+        self.profile = self.catalogs[self.settings.catalog_type]
         self._spark: SparkSession | None = None
         self._generation = 0
         self._iceberg: IcebergApi | None = None
@@ -176,7 +178,7 @@ class SparkTarget(StatefulTarget):
         self._ready: dict[tuple[str, str], tuple[TableSchema, Layout]] = {}
         self._views = itertools.count(1)  # source view names
         self._spool_lock = threading.Lock()
-        self.maintenance = Maintenance(cfg.target.spark)
+        self.maintenance = Maintenance(self.settings)
         self._housekeeping: dict[str, Any] | None = None
         self._last_state: AppliedState | None = None  # what the last flush committed (maintenance checks it)
         self._spool_dir: Path | None = None
@@ -240,7 +242,7 @@ class SparkTarget(StatefulTarget):
             self.close()
             raise
         log.info("connected to %s", self.where)
-        if self.cfg.target.spark.warm_up:
+        if self.settings.warm_up:
             self._warming = spark_warmup.start(self, self._generation)
 
     def close(self) -> None:
@@ -443,7 +445,7 @@ class SparkTarget(StatefulTarget):
             props = self.iceberg.properties(self.state_namespace, self.state_table)
         latest = {k[len(self.maintenance_property_prefix):]: json.loads(v) for k, v in sorted(props.items())
                   if k.startswith(self.maintenance_property_prefix)}
-        cfg = self.cfg.target.spark
+        cfg = self.settings
         return {"enabled": cfg.maintenance, "every_commits": cfg.maintenance_commits,
                 "snapshot_retention_s": cfg.snapshot_retention_s, "snapshots_kept": cfg.snapshots_kept,
                 "tables": latest}
@@ -563,7 +565,7 @@ class SparkTarget(StatefulTarget):
                 done.append(plan)
             spent.append(f"{plan.schema.table} {plan.data.num_rows} rows {seconds:.2f}s")
 
-        threads = min(self.cfg.target.spark.commit_threads, len(plans))
+        threads = min(self.settings.commit_threads, len(plans))
         if threads <= 1:
             for plan in plans:
                 record(plan, *one(plan))
@@ -720,6 +722,12 @@ class SparkTarget(StatefulTarget):
     def range_rows(self, schema: TableSchema, rng: KeyRange) -> list[Row]:
         """`cynomys verify`: only the key range read (spark/verify.py)."""
         return spark_verify.range_rows(self, schema, rng)
+
+    def show_sql(self, statement: str, limit: int) -> None:
+        """``cynomys sql`` (base.SqlConsole): Spark SQL with this target's catalog as the default one."""
+        with self.edge(f"running `cynomys sql` on {self.where}"):
+            self.spark.sql(f"USE {q(self.catalog)}")
+            self.spark.sql(statement).show(limit, truncate=False)
 
     def fetch_rows(self, database: str, table: str, where: str = "", args: dict[str, Any] | None = None) -> list[Row]:
         """``where``/``args``: a condition with named parameters (``:p0``)."""

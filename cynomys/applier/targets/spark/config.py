@@ -1,0 +1,66 @@
+"""``[target.spark]``: the Spark target's own settings.
+
+Registered in ``cynomys.core.targets.TARGET_CONFIGS`` and read by the
+configuration loader like every other section (unknown keys refused, each
+key overridable as ``CYNOMYS_TARGET_SPARK_<KEY>``, documented in
+docs/reference/configuration.md); the target reads them with
+``cfg.target.of(SparkConfig)``.  This module imports nothing but
+``cynomys.core``: the loader imports it even where Spark is not installed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from cynomys.core.config import NON_NEGATIVE, POSITIVE, TargetOptions, one_of
+
+
+@dataclass(frozen=True)
+class SparkConfig(TargetOptions):
+    """The Spark/Iceberg target (`[target] kind = "spark"`, the default)."""
+
+    section: ClassVar[str] = "spark"
+
+    # The Spark master: `local[*]` (in the applier's process), or
+    # `spark://host:7077` for a standalone cluster (the warehouse must then
+    # be on storage every worker reaches).
+    master: str = "local[*]"
+    # The Iceberg warehouse; a path is taken relative to the config file.
+    warehouse: str = "./warehouse"
+    # The catalog's name in SQL: tables are `<catalog>.<db>.<table>`.
+    catalog: str = "cynomys"
+    # The Iceberg catalog: `hadoop` (a warehouse directory), `hive` or `rest`
+    # (both need `catalog_uri`).
+    catalog_type: str = field(default="hadoop", metadata=one_of("hadoop", "hive", "rest"))
+    # The metastore (`thrift://...`, hive) or REST endpoint (`http://...`,
+    # rest); refused with `catalog_type = "hadoop"`.
+    catalog_uri: str = ""
+    # Any Spark setting; it wins over Cynomys's own.
+    conf: dict[str, str] = field(default_factory=dict)
+    # Jars for the Spark session (relative paths taken from the config file).
+    # The Iceberg runtime jar comes from the PyPI package
+    # `snowpark-connect-deps-iceberg` unless a jar or package here provides it.
+    jars: list[str] = field(default_factory=list)
+    # Maven coordinates Spark downloads, e.g.
+    # `["org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.10.2"]` when online.
+    packages: list[str] = field(default_factory=list)
+    # Table maintenance between flushes (cynomys/applier/targets/spark/maintenance.py):
+    # every flush adds data and delete files that later flushes and readers
+    # read, so a table is compacted after `maintenance_commits` Cynomys
+    # commits and snapshots older than `snapshot_retention_s` expire
+    # (keeping at least `snapshots_kept`).
+    maintenance: bool = True
+    # Maintain a table after this many Cynomys commits on it (see `maintenance`).
+    maintenance_commits: int = field(default=40, metadata=POSITIVE)
+    # Maintenance expires snapshots older than this, in seconds (see `maintenance`).
+    snapshot_retention_s: int = field(default=3600, metadata=NON_NEGATIVE)
+    # Maintenance keeps at least this many snapshots (see `maintenance`).
+    snapshots_kept: int = field(default=5, metadata=POSITIVE)
+    # The tables of one flush are committed from this many threads at once
+    # (each table is its own Iceberg commit; a small MERGE is mostly driver
+    # work, so they overlap); 1 = one table after another.
+    commit_threads: int = field(default=4, metadata=POSITIVE)
+    # At connect, a small append/MERGE/DELETE on a scratch table warms the
+    # JVM's write paths in a thread (spark/warmup.py): a cold JVM's first
+    # flushes took 3-5x a warm one's time.
+    warm_up: bool = True
