@@ -1,8 +1,8 @@
 """Test bodies every Target must pass, written against the Target interface.
 
 Each body takes a ``TargetFactory`` (keyword overrides -> a connected
-Target) and a fresh database name, so a contract suite can run the same
-bodies against ColumnStore, MonetDB and Spark.  Rows are compared as
+Target) and a fresh database name; test_target_contract.py runs every body
+on every kind of the target registry (their setups: target_setups/).  Rows are compared as
 multisets of *typed* values: ``Decimal('1.0')`` and ``1`` or a naive and an
 aware datetime do not pass for each other.
 """

@@ -1,10 +1,10 @@
-"""ColumnStoreTarget against a real MariaDB server.
+"""ColumnStoreTarget against a real MariaDB server: what only ColumnStore has.
 
 The ColumnStore engine cannot be installed here, so the target runs with
-``engine = 'InnoDB'``; a second target class swaps in the ColumnStore
-*profile* on InnoDB tables (ColumnStore's type mapping, no keys, deletes
-without LIMIT, type changes by copying), which exercises every
-ColumnStore-specific code path except the engine itself.
+``engine = 'InnoDB'``; ``EmulatedColumnStore`` swaps in the ColumnStore
+*profile* on InnoDB tables (target_setups/columnstore.py).  The contract
+every target passes runs, on both and on the INSERT path, in
+test_target_contract.py.
 """
 from __future__ import annotations
 
@@ -15,23 +15,16 @@ from typing import Any, Iterator
 
 import pytest
 
-from cynomys.applier.targets.base import Flush, Target, build_flush, open_target
-from cynomys.applier.targets.columnstore.config import ColumnStoreConfig
+from cynomys.applier.targets.base import Flush, build_flush, open_target
 from cynomys.applier.targets.columnstore.target import ColumnStoreTarget
-from cynomys.applier.targets.columnstore.types import COLUMNSTORE, INNODB, PROFILES
-from cynomys.core.config import ApplierConfig, Config, TargetConfig
+from cynomys.applier.targets.columnstore.types import COLUMNSTORE, INNODB
 from cynomys.core.errors import TargetRejectedError, TargetUnavailableError
-from cynomys.core.model import ColumnDef, Op, Row, TableSchema
+from cynomys.core.model import ColumnDef, Op, TableSchema
 from tests.integration import target_contract as contract
+from tests.integration.target_setups.columnstore import EmulatedColumnStore, columnstore_rows, make_config
 from tests.servers.mariadb import MariaDBServer, free_port
 
 pytestmark = pytest.mark.integration
-
-
-class EmulatedColumnStore(ColumnStoreTarget):
-    """The ColumnStore profile on InnoDB tables (ENGINE=InnoDB)."""
-
-    profiles = {**PROFILES, "innodb": dataclasses.replace(COLUMNSTORE, session_sql=())}
 
 
 @pytest.fixture(scope="module")
@@ -47,60 +40,6 @@ _names = itertools.count(1)
 @pytest.fixture
 def db() -> str:
     return f"cs_test_{next(_names)}"
-
-
-def make_config(url: str, engine: str = "InnoDB", skip_ddl: list[str] | None = None) -> Config:
-    return Config(target=TargetConfig(kind="columnstore", url=url, options=(ColumnStoreConfig(engine),)),
-                  applier=ApplierConfig(skip_ddl=list(skip_ddl or [])))
-
-
-def columnstore_rows() -> list[Row]:
-    """ColumnStore DECIMAL stops at 38 digits: DECIMAL(65,30) becomes
-    DECIMAL(38,3), so the test values keep 3 fraction digits."""
-    dec = [c for c, _ in contract.ALL_TYPES].index("dec")
-    fitted = {1: Decimal("12345678901234567890123456789012345.123"), 2: Decimal("-0.001"), 3: Decimal("0.000")}
-    return [r[:dec] + (fitted.get(int(r[0]), r[dec]),) + r[dec + 1:] for r in contract.ALL_TYPES_ROWS]  # type: ignore[arg-type]
-
-
-class Factory:
-    """Connected targets of one class; closed at teardown."""
-
-    def __init__(self, cls: type[ColumnStoreTarget], url: str) -> None:
-        self.cls, self.url = cls, url
-        self.made: list[Target] = []
-        self.all_types_rows = columnstore_rows() if cls.profiles is not PROFILES else contract.ALL_TYPES_ROWS
-
-    def __call__(self, **overrides: Any) -> Target:
-        url = overrides.pop("url", self.url)
-        target = self.cls(make_config(url, overrides.pop("engine", "InnoDB"), overrides.pop("skip_ddl", None)))
-        assert not overrides, overrides
-        target.connect()
-        self.made.append(target)
-        return target
-
-    def close(self) -> None:
-        for t in self.made:
-            t.close()
-
-
-TARGETS = {
-    "innodb": (ColumnStoreTarget, ""),
-    "innodb-insert": (ColumnStoreTarget, "?local_infile=0"),  # the multi-row INSERT path
-    "columnstore-profile": (EmulatedColumnStore, ""),
-}
-
-
-@pytest.fixture(params=sorted(TARGETS))
-def factory(request: pytest.FixtureRequest, server: MariaDBServer) -> Iterator[Factory]:
-    cls, query = TARGETS[request.param]
-    f = Factory(cls, server.url + query)
-    yield f
-    f.close()
-
-
-@pytest.mark.parametrize("body", sorted(contract.CONTRACT))
-def test_contract(body: str, factory: Factory, db: str) -> None:
-    contract.CONTRACT[body](factory, db)
 
 
 # --------------------------------------------------------------------------

@@ -1,71 +1,28 @@
-"""DuckDBTarget against a real DuckDB file: the shared contract, plus what
-only DuckDB has (one writing process: the file is free between flushes)."""
+"""DuckDBTarget against a real DuckDB file: what only DuckDB has (one
+writing process: the file is free between flushes).  The contract every
+target passes runs in test_target_contract.py (setup: target_setups/duckdb.py)."""
 from __future__ import annotations
 
-import datetime
 import itertools
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 
-from cynomys.applier.targets.base import Target, open_target
-from cynomys.core.config import ApplierConfig, Config, TargetConfig
+from cynomys.applier.targets.base import open_target
+from cynomys.core.config import Config, TargetConfig
 from cynomys.core.errors import TargetRejectedError
-from cynomys.core.model import ColumnDef, Op, RawTemporal, Row, TableSchema
+from cynomys.core.model import ColumnDef, Op, RawTemporal, TableSchema
 from tests.integration import target_contract as contract
+from tests.integration.target_setups import Factory
+from tests.integration.target_setups import duckdb as duckdb_setup
 
 duckdb = pytest.importorskip("duckdb", reason="the duckdb extra is not installed (pip install 'cynomys[duckdb]')")
 from cynomys.applier.targets.duckdb.target import DuckDBTarget  # noqa: E402  (needs duckdb)
 
 pytestmark = pytest.mark.integration
-UTC = datetime.timezone.utc
-
-#: DuckDB's DATE/TIMESTAMP cannot hold zero or partial dates (the target
-#: refuses them, see test_zero_dates_are_refused): the contract rows get
-#: real dates at the edges of the range instead.
-_REAL_DATES = {
-    RawTemporal("0000-00-00"): datetime.date(1, 1, 1),
-    RawTemporal("2020-02-31"): datetime.date(2020, 2, 28),
-    RawTemporal("2020-00-10 00:00:00.000000"): datetime.datetime(1, 1, 1, 0, 0, 0, 1),
-}
-
-
-def duckdb_rows() -> list[Row]:
-    rows = []
-    for r in contract.ALL_TYPES_ROWS:
-        fixed = []
-        for (_, type_text), v in zip(contract.ALL_TYPES, r):
-            if isinstance(v, RawTemporal):
-                v = _REAL_DATES.get(v) or (datetime.datetime(1970, 1, 1, 0, 0, 1, tzinfo=UTC) if type_text.startswith(
-                    "timestamp") else datetime.datetime(9999, 12, 31, 23, 59, 59, 999999))
-            fixed.append(v)
-        rows.append(tuple(fixed))
-    return rows
-
-
-def make_config(path: str, skip_ddl: list[str] | None = None) -> Config:
-    return Config(target=TargetConfig(kind="duckdb", url=path), applier=ApplierConfig(skip_ddl=list(skip_ddl or [])))
-
-
-class Factory:
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.made: list[Target] = []
-        self.all_types_rows = duckdb_rows()
-
-    def __call__(self, **overrides: Any) -> Target:
-        target = DuckDBTarget(make_config(self.path, overrides.pop("skip_ddl", None)))
-        assert not overrides, overrides
-        target.connect()
-        self.made.append(target)
-        return target
-
-    def close(self) -> None:
-        for t in self.made:
-            t.close()
 
 
 _names = itertools.count(1)
@@ -78,18 +35,13 @@ def db() -> str:
 
 @pytest.fixture
 def factory(tmp_path: Path) -> Iterator[Factory]:
-    f = Factory(str(tmp_path / "replica.duckdb"))
+    f = duckdb_setup.factory(str(tmp_path / "replica.duckdb"))
     yield f
     f.close()
 
 
-@pytest.mark.parametrize("body", sorted(contract.CONTRACT))
-def test_contract(body: str, factory: Factory, db: str) -> None:
-    contract.CONTRACT[body](factory, db)
-
-
 def test_registry_opens_it(tmp_path: Path) -> None:
-    assert isinstance(open_target(make_config(str(tmp_path / "x.duckdb"))), DuckDBTarget)
+    assert isinstance(open_target(duckdb_setup.make_config(str(tmp_path / "x.duckdb"))), DuckDBTarget)
 
 
 def test_zero_dates_are_refused(factory: Factory, db: str) -> None:

@@ -1,43 +1,43 @@
-"""MonetDBTarget against a real MonetDB server.
+"""MonetDBTarget against a real MonetDB server: what only MonetDB has.
 
-No MonetDB server package is installable here, so these tests run where
-``CYNOMYS_TEST_MONETDB`` names a reachable server as a pymonetdb URL, e.g.
-``monetdb://monetdb:monetdb@127.0.0.1:50000/demo``, and skip elsewhere.  The
-contract bodies run twice: with the ``COPY INTO ... FROM STDIN`` bulk path
-and with multi-row INSERTs (``?bulk=insert``).  Every test works in
-databases (schemas) of its own, so a shared server is fine.
+No MonetDB server package is installable here, so the tests that need a
+server run where ``CYNOMYS_TEST_MONETDB`` names a reachable one as a
+pymonetdb URL, e.g. ``monetdb://monetdb:monetdb@127.0.0.1:50000/demo``, and
+skip elsewhere.  The contract every target passes runs, on the COPY and
+the INSERT bulk paths, in test_target_contract.py (target_setups/monetdb.py).
+Every test works in databases (schemas) of its own, so a shared server is fine.
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime
 import itertools
-import os
 import uuid
 from decimal import Decimal
 from typing import Any, Iterator
 
 import pytest
 
-from cynomys.applier.targets.base import Flush, Target, open_target
+from cynomys.applier.targets.base import Flush, open_target
 from cynomys.applier.targets.monetdb.target import MonetDBTarget, is_transient
 from cynomys.applier.targets.monetdb.types import ServerFeatures, codec
-from cynomys.core.config import ApplierConfig, Config, ConfigError, TargetConfig
+from cynomys.core.config import ConfigError
 from cynomys.core.errors import TargetRejectedError, TargetUnavailableError
-from cynomys.core.model import ColumnDef, Op, RawTemporal, Row, TableSchema
+from cynomys.core.model import ColumnDef, Op, RawTemporal, TableSchema
 from tests.integration import target_contract as contract
+from tests.integration.target_setups import monetdb as monetdb_setup
+from tests.integration.target_setups.monetdb import URL, make_config, monetdb_rows, with_query
 from tests.servers.mariadb import free_port
 
 pytestmark = pytest.mark.integration
 
 UTC = datetime.timezone.utc
-URL = os.environ.get("CYNOMYS_TEST_MONETDB", "")
 
 
 @pytest.fixture(scope="module")
 def url() -> str:
     if not URL:
-        pytest.skip("CYNOMYS_TEST_MONETDB is not set: no MonetDB server here; see README")
+        pytest.skip("CYNOMYS_TEST_MONETDB is not set: no MonetDB server here; see docs/targets/monetdb.md")
     return URL
 
 
@@ -50,57 +50,6 @@ def db() -> str:
     return f"mdb_{_run}_{next(_names)}"
 
 
-def make_config(url: str, skip_ddl: list[str] | None = None) -> Config:
-    return Config(target=TargetConfig(kind="monetdb", url=url), applier=ApplierConfig(skip_ddl=list(skip_ddl or [])))
-
-
-def with_query(url: str, query: str) -> str:
-    return url + ("&" if "?" in url else "?") + query if query else url
-
-
-#: MonetDB's DATE/TIMESTAMP cannot hold zero or partial dates (the target
-#: rejects them, see test_zero_dates_are_rejected): the contract rows with
-#: such values get real dates at the edges of the range instead.
-_REAL_DATES = {
-    RawTemporal("0000-00-00"): datetime.date(1, 1, 1),
-    RawTemporal("2020-02-31"): datetime.date(2020, 2, 28),
-    RawTemporal("2020-00-10 00:00:00.000000"): datetime.datetime(1, 1, 1, 0, 0, 0, 1),
-}
-
-
-def monetdb_rows() -> list[Row]:
-    rows = []
-    for r in contract.ALL_TYPES_ROWS:
-        fixed = []
-        for (name, type_text), v in zip(contract.ALL_TYPES, r):
-            if isinstance(v, RawTemporal):
-                v = _REAL_DATES.get(v) or (datetime.datetime(1970, 1, 1, 0, 0, 1, tzinfo=UTC) if type_text.startswith(
-                    "timestamp") else datetime.datetime(9999, 12, 31, 23, 59, 59, 999999))
-            fixed.append(v)
-        rows.append(tuple(fixed))
-    return rows
-
-
-class Factory:
-    """Connected targets; closed at teardown."""
-
-    def __init__(self, url: str, cls: type[MonetDBTarget] = MonetDBTarget) -> None:
-        self.url, self.cls = url, cls
-        self.made: list[Target] = []
-        self.all_types_rows = monetdb_rows()
-
-    def __call__(self, **overrides: Any) -> Target:
-        target = self.cls(make_config(overrides.pop("url", self.url), overrides.pop("skip_ddl", None)))
-        assert not overrides, overrides
-        target.connect()
-        self.made.append(target)
-        return target
-
-    def close(self) -> None:
-        for t in self.made:
-            t.close()
-
-
 class CopyingTarget(MonetDBTarget):
     """Changes column types by copying through a new column, as on releases
     without ALTER COLUMN <type>."""
@@ -111,16 +60,6 @@ class CopyingTarget(MonetDBTarget):
         return conn
 
 
-BULK = {"copy": "", "insert": "bulk=insert"}
-
-
-@pytest.fixture(params=sorted(BULK))
-def factory(request: pytest.FixtureRequest, url: str) -> Iterator[Factory]:
-    f = Factory(with_query(url, BULK[request.param]))
-    yield f
-    f.close()
-
-
 @pytest.fixture
 def target(url: str) -> Iterator[MonetDBTarget]:
     t = MonetDBTarget(make_config(url))
@@ -129,14 +68,10 @@ def target(url: str) -> Iterator[MonetDBTarget]:
     t.close()
 
 
-@pytest.mark.parametrize("body", sorted(contract.CONTRACT))
-def test_contract(body: str, factory: Factory, db: str) -> None:
-    contract.CONTRACT[body](factory, db)
-
-
 @pytest.mark.parametrize("body", ["ddl", "ddl_replay_is_harmless", "all_types_round_trip"])
 def test_contract_with_type_changes_by_copy(body: str, url: str, db: str) -> None:
-    f = Factory(url, CopyingTarget)
+    """Contract bodies on the path of releases without ALTER COLUMN <type>."""
+    f = monetdb_setup.factory(url, CopyingTarget)
     try:
         contract.CONTRACT[body](f, db)
     finally:
@@ -286,7 +221,8 @@ def test_zero_dates_are_rejected(target: MonetDBTarget, db: str) -> None:
     st = contract.state(seq=1, producer=producer)
     target.apply(contract.flush([contract.change(Op.INSERT, schema, after=(1, datetime.date(2020, 1, 1)))], st))
     for bulk in ("", "bulk=insert"):
-        t = MonetDBTarget(make_config(with_query(target.cfg.target.url, bulk)))
+        # show_keys: the refused row's key is named (never without it: keys reach logs).
+        t = MonetDBTarget(make_config(with_query(target.cfg.target.url, bulk), show_keys=True))
         t.connect()
         with pytest.raises(TargetRejectedError) as info:
             t.apply(contract.flush([contract.change(Op.INSERT, schema, after=(2, RawTemporal("0000-00-00")))],

@@ -2,10 +2,10 @@
 
 One Spark session serves the whole module (starting one costs ~10 s on a
 small machine): every target the tests make shares it, and a module
-fixture keeps it alive until the end.  The contract bodies shared with the
-other targets run first, then what is particular to Spark/Iceberg: the
-table layout, the flush marker in snapshot summaries, and the crash window
-between two table commits.
+fixture keeps it alive until the end.  What is particular to Spark/Iceberg
+is here: the table layout, the flush marker in snapshot summaries, and the
+crash window between two table commits; the contract every target passes
+runs in test_target_contract.py (target_setups/spark.py).
 """
 from __future__ import annotations
 
@@ -13,61 +13,30 @@ import datetime
 import itertools
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 
-from cynomys.applier.targets.base import AppliedState, Flush, Target, open_target
-from cynomys.applier.targets.spark.config import SparkConfig
+from cynomys.applier.targets.base import AppliedState, Flush, open_target
 from cynomys.applier.targets.spark.merge import TablePlan, marker_of
 from cynomys.applier.targets.spark.target import SparkTarget
-from cynomys.core.config import ApplierConfig, Config, TargetConfig
 from cynomys.core.errors import TargetRejectedError
 from cynomys.core.model import ColumnDef, Op, RawTemporal, TableSchema
 from tests.integration import target_contract as contract
+from tests.integration.target_setups import Factory
+from tests.integration.target_setups import spark as spark_setup
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
-#: Small and quick: 2 cores, no UI, few shuffle partitions.
-TEST_CONF = {
-    "spark.ui.enabled": "false",
-    "spark.sql.shuffle.partitions": "2",
-    "spark.default.parallelism": "2",
-    "spark.driver.memory": "1g",
-    "spark.sql.adaptive.coalescePartitions.initialPartitionNum": "2",
-}
 
-
-def make_config(warehouse: Path, skip_ddl: list[str] | None = None, catalog: str = "cy", **spark_kw: Any) -> Config:
-    spark = SparkConfig(master="local[2]", warehouse=str(warehouse), catalog=catalog, conf=dict(TEST_CONF),
-                        **spark_kw)
-    return Config(target=TargetConfig(kind="spark", options=(spark,)), applier=ApplierConfig(skip_ddl=list(skip_ddl or [])))
-
-
-class Factory:
-    """Connected SparkTargets sharing the module's session; closed at teardown."""
-
-    def __init__(self, warehouse: Path, cls: type[SparkTarget] = SparkTarget) -> None:
-        self.warehouse = warehouse
-        self.cls = cls
-        self.made: list[Target] = []
-
-    def __call__(self, **overrides: Any) -> SparkTarget:
-        cls = overrides.pop("cls", self.cls)
-        target = cls(make_config(self.warehouse, overrides.pop("skip_ddl", None), **overrides.pop("spark", {})))
-        assert not overrides, overrides
-        target.connect()
-        self.made.append(target)
-        return target  # type: ignore[no-any-return]
-
-    def close(self) -> None:
-        for t in reversed(self.made):
-            t.close()
+@pytest.fixture(scope="module")
+def warehouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("warehouse")
 
 
 @pytest.fixture(scope="module")
-def factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Factory]:
-    f = Factory(tmp_path_factory.mktemp("warehouse"))
+def factory(warehouse: Path) -> Iterator[Factory]:
+    f = spark_setup.factory(warehouse)
     f()  # starts the session for the module
     yield f
     f.close()
@@ -75,19 +44,14 @@ def factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Factory]:
 
 @pytest.fixture(scope="module")
 def target(factory: Factory) -> SparkTarget:
-    return factory()
-
-
-class ParquetHandoffTarget(SparkTarget):
-    """Every flush source goes to Spark as a Parquet file (the path large
-    flushes take on a local master), whatever its size."""
-
-    parquet_handoff_rows = 1
+    return factory()  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="module")
-def parquet_factory(factory: Factory) -> Iterator[Factory]:
-    f = Factory(factory.warehouse, ParquetHandoffTarget)
+def parquet_factory(factory: Factory, warehouse: Path) -> Iterator[Factory]:
+    """Every flush source goes to Spark as a Parquet file (the path large
+    flushes take on a local master), whatever its size."""
+    f = spark_setup.factory(warehouse, spark_setup.parquet_handoff_target())
     yield f
     f.close()
 
@@ -100,21 +64,11 @@ def db() -> str:
     return f"spark_test_{next(_names)}"
 
 
-@pytest.mark.parametrize("body", sorted(contract.CONTRACT))
-def test_contract(body: str, factory: Factory, db: str) -> None:
-    contract.CONTRACT[body](factory, db)
-
-
-@pytest.mark.parametrize("body", sorted(contract.CONTRACT))
-def test_contract_parquet_handoff(body: str, parquet_factory: Factory, db: str) -> None:
-    contract.CONTRACT[body](parquet_factory, db)
-
-
 # --------------------------------------------------------------------------
 # Layout of the Iceberg tables
 # --------------------------------------------------------------------------
 def test_registry_opens_it(tmp_path: Path) -> None:
-    assert isinstance(open_target(make_config(tmp_path)), SparkTarget)
+    assert isinstance(open_target(spark_setup.make_config(tmp_path)), SparkTarget)
 
 
 def _describe(target: SparkTarget, db: str, table: str) -> dict[str, tuple[str, str]]:

@@ -23,7 +23,7 @@ from cynomys.verify.applier import Verifier, read_results
 from cynomys.verify.checksum import KeyRange, RowHasher
 from cynomys.verify.errors import RepairRefused
 from tests.integration import target_contract as contract
-from tests.integration.test_columnstore_target import EmulatedColumnStore, columnstore_rows, make_config
+from tests.integration.target_setups.columnstore import EmulatedColumnStore, columnstore_rows, make_config
 from tests.servers.mariadb import MariaDBServer
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,8 @@ here: naming the statement in messages, skipping an ALTER of a table the
 target does not have (the next flush creates it from the source schema),
 the value ``ADD COLUMN`` gives existing rows, and keeping the remembered
 source schemas in step.  Where the transaction goes is not decided here:
-``SqlTarget.apply_ddl`` reads ``Capabilities.transactional_ddl``.
+``StatefulTarget.apply_ddl`` (targets/stateful.py), shared by every
+target, reads ``Capabilities.transactional_ddl``.
 """
 from __future__ import annotations
 

@@ -1,0 +1,83 @@
+"""Spark targets: Iceberg tables on local disk, Spark in local mode.
+
+One Spark session serves a whole test module (starting one costs ~10 s on a
+small machine): every target made shares it, and the resource keeps one
+target connected until the module ends.  Variants: Arrow sources through
+Py4J, and Parquet files (the path large flushes take on a local master).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import pytest
+
+from cynomys.applier.targets.spark.config import SparkConfig
+from cynomys.core.config import ApplierConfig, Config, TargetConfig
+from tests.integration.target_setups import Factory
+
+if TYPE_CHECKING:
+    from cynomys.applier.targets.spark.target import SparkTarget
+
+MARKS: tuple[Any, ...] = (pytest.mark.spark,)
+
+#: Small and quick: 2 cores, no UI, few shuffle partitions.
+TEST_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.default.parallelism": "2",
+    "spark.driver.memory": "1g",
+    "spark.sql.adaptive.coalescePartitions.initialPartitionNum": "2",
+}
+
+
+def make_config(warehouse: Path, skip_ddl: list[str] | None = None, catalog: str = "cy", **spark_kw: Any) -> Config:
+    spark = SparkConfig(master="local[2]", warehouse=str(warehouse), catalog=catalog, conf=dict(TEST_CONF),
+                        **spark_kw)
+    return Config(target=TargetConfig(kind="spark", options=(spark,)),
+                  applier=ApplierConfig(skip_ddl=list(skip_ddl or [])))
+
+
+@functools.cache
+def parquet_handoff_target() -> type[SparkTarget]:
+    """A SparkTarget whose every flush source goes to Spark as a Parquet
+    file, whatever its size."""
+    from cynomys.applier.targets.spark.target import SparkTarget
+
+    class ParquetHandoffTarget(SparkTarget):
+        parquet_handoff_rows = 1
+
+    return ParquetHandoffTarget
+
+
+def factory(warehouse: Path, cls: type[SparkTarget] | None = None) -> Factory:
+    """``overrides``: ``cls`` (a SparkTarget subclass), ``spark`` ([target.spark] keys), ``skip_ddl``."""
+    from cynomys.applier.targets.spark.target import SparkTarget
+
+    def make(**overrides: Any) -> SparkTarget:
+        made: type[SparkTarget] = overrides.pop("cls", cls or SparkTarget)
+        target = made(make_config(warehouse, overrides.pop("skip_ddl", None), **overrides.pop("spark", {})))
+        assert not overrides, overrides
+        return target
+
+    return Factory(make)
+
+
+@contextlib.contextmanager
+def resource(tmp: Path) -> Iterator[Path]:
+    """A warehouse, and the module's session (kept by one connected target)."""
+    warehouse = tmp / "warehouse"
+    keeper = factory(warehouse)
+    keeper()
+    try:
+        yield warehouse
+    finally:
+        keeper.close()
+
+
+VARIANTS: dict[str, Callable[[Path, Path], Factory]] = {
+    "arrow": lambda warehouse, tmp: factory(warehouse),
+    "parquet-handoff": lambda warehouse, tmp: factory(warehouse, parquet_handoff_target()),
+}
