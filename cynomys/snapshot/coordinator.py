@@ -109,7 +109,6 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
         # is the history that was asked for.
         self._want_initial = (first_start and self.scfg.initial and cfg.source.start == "current"
                               and not any(j.id == INITIAL_JOB_ID for j in self.jobs))
-        self._active: _Active | None = None
         self._stop = stop
         self._keyless: _KeylessNext | None = None
         # Keyless tables read (or being read): their changes before the read's position are in it.
@@ -118,6 +117,7 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
             for t in j.tables:
                 if t.read_at:
                     self._drop_rules.set(t.database, t.table, Position.from_dict(t.read_at))
+        self._dropping = self._drop_rules.drops  # a keyless table's change inside its consistent read
         self._throttle_s = self.scfg.throttle_ms / 1000.0
         self.stats.update(dropped=0, aborted=0)
 
@@ -128,7 +128,7 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
             return POLL_S
         if self._keyless is not None:
             return 0.0
-        a = self._active
+        a = self._reading
         if a is not None:
             return 0.0 if a.window.closing else POLL_S
         if self._maybe_work and self._next_work() is not None:
@@ -138,33 +138,27 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
     # ------------------------------------------------------------------
     # The log
     # ------------------------------------------------------------------
-    def _in_flight(self) -> Sequence[_Active]:
-        return () if self._active is None else (self._active,)
-
     def _idle(self) -> bool:
-        return self._active is None and self._keyless is None
-
-    def _drops(self, change: Change) -> bool:
-        return self._drop_rules.drops(change)  # a keyless table's change inside its consistent read
+        return self._reading is None and self._keyless is None
 
     def _on_change(self, f: _Active, change: Change) -> None:
         f.chunk.on_change(change, True)
 
     def _on_ddl(self, change: Change) -> None:
         # A chunk whose window a DDL falls in is read again.
-        if self._active is not None:
+        if self._reading is not None:
             log.info("snapshot: DDL inside the window of a chunk of %s (%s): reading that chunk again",
-                     self._active.info.name, " ".join((change.sql or "").split())[:120])
+                     self._reading.info.name, " ".join((change.sql or "").split())[:120])
             self._abort("DDL in window")
 
     def _abort(self, why: str) -> None:
-        self._active = None
+        self._reading = None
         self.stats["aborted"] += 1
         log.debug("snapshot chunk aborted: %s", why)
 
     def _drop_work(self, job_id: str | None, part: int | None = None) -> None:
-        if self._concerns(self._active, job_id, part):
-            self._active = None
+        if self._concerns(self._reading, job_id, part):
+            self._reading = None
         if self._concerns(self._keyless, job_id, part):
             self._keyless = None
 
@@ -209,14 +203,14 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
         chunk = ChunkWindow.of(tp.database, tp.table, idx, [convert(r) for r in raw])
         if raw:
             after = encode_key(tuple(raw[-1][k] for k in idx))  # driver values, as the next select takes them
-        self._active = _Active(job.id, i, info, window, chunk, after, len(raw) < self.scfg.chunk_size)
+        self._reading = _Active(job.id, i, info, window, chunk, after, len(raw) < self.scfg.chunk_size)
         self._save()
         return True
 
     def _work(self, at_boundary: bool) -> Sequence[Item] | KeylessRead:
         if self._keyless is not None:
             return self._keyless_read() if at_boundary else []
-        a = self._active
+        a = self._reading
         assert a is not None
         return self._emit(a) if a.window.closing and at_boundary else []
 
@@ -262,7 +256,7 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
         # The rows form a transaction of their own at the boundary ``at``:
         # begin == end, a valid resume point (nothing of the source lies in it).
         out.append(Commit(at, at, ts, ""))
-        self._active = None
+        self._reading = None
         self._hand_over(_Emitted(a.job_id, a.part, at, a.after, a.exhausted, len(rows), c.selected, c.dropped))
         self.stats["dropped"] += c.dropped
         log.debug("snapshot %s: chunk of %s: %d rows selected, %d dropped (changed in the window), emitted at %s",
@@ -287,7 +281,7 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
     # Jobs and requests
     # ------------------------------------------------------------------
     def _live(self) -> dict[str, Any] | None:
-        a = self._active
+        a = self._reading
         return None if a is None else {"job": a.job_id, "table": a.info.name, "phase": a.window.phase.value,
                                        "selected": a.chunk.selected, "dropped": a.chunk.dropped,
                                        "age_s": round(time.monotonic() - a.window.opened, 3)}
@@ -356,7 +350,7 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
                     job = replace(job, status=QUEUED, updated=time.time())
                 elif action == "cancel" and job.status in (*JOB_ACTIVE, PAUSED):
                     job = replace(job, status=CANCELLED, updated=time.time(), finished=time.time())
-                    if self._active is not None and self._active.job_id == job.id:
+                    if self._reading is not None and self._reading.job_id == job.id:
                         self._abort("cancelled")
                 else:
                     continue

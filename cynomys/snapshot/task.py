@@ -45,7 +45,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, Protocol, Sequence, TypeVar
+from typing import Any, Callable, ClassVar, Generic, Protocol, Sequence, TypeVar
 
 from cynomys.core.config import Config
 from cynomys.core.model import Change, Op, Position, TableSchema
@@ -158,8 +158,15 @@ class ChunkedTask(Generic[J, F, E]):
         self._next_request_check = 0.0
         self._next_chunk_at = 0.0
         self._throttle_s = 0.0              # pause after each chunk handed over
+        # The read whose window is open: one at a time (the next chunk
+        # starts only once nothing is in flight).  An attribute, not a
+        # method: ``observe`` reads it for every item of the log.
+        self._reading: F | None = None
         self._conn: SnapshotConnection | None = None
         self._opener: WindowOpener | None = None
+        # Row changes the task drops from the stream (None: none; checked
+        # for every change, so data rather than a method call).
+        self._dropping: Callable[[Change], bool] | None = None
         # False once no job has a chunk to read (saves scanning the jobs on
         # every turn); set again whenever the jobs change.
         self._maybe_work = True
@@ -187,15 +194,15 @@ class ChunkedTask(Generic[J, F, E]):
                 return item
             if item.table == WATERMARK_TABLE and item.database == self.wm_schema:
                 wm = read_watermark(item)
-                if wm is not None:
-                    for f in self._in_flight():
-                        f.window.on_watermark(wm.uuid)
+                if wm is not None and self._reading is not None:
+                    self._reading.window.on_watermark(wm.uuid)
                 return None if self.drops_watermarks else item
-            if self._drops(item):
+            if self._dropping is not None and self._dropping(item):
                 return None
             if item.schema is not None:
                 self._schemas[(item.database, item.table)] = item.schema
-            for f in self._in_flight():
+            f = self._reading
+            if f is not None:
                 s = f.info.schema
                 if item.table == s.table and item.database == s.database and f.window.sees(item):
                     self._on_change(f, item)
@@ -252,19 +259,19 @@ class ChunkedTask(Generic[J, F, E]):
     # Windows
     # ------------------------------------------------------------------
     def _passed(self, gtid: str, end: Position) -> None:
-        for f in self._in_flight():
-            f.window.on_commit(gtid, end)
+        if self._reading is not None:
+            self._reading.window.on_commit(gtid, end)
 
     def _warn_if_stuck(self, now: float) -> None:
-        for f in self._in_flight():
-            w = f.window
-            if w.warned or w.closing or now - w.opened <= _STUCK_WARN_S:
-                continue
-            w.warned = True
-            log.warning("%s chunk of %s: the %s has not been seen in the binlog for %.0fs; the producer is far "
-                        "behind the source, or the source does not log %s", self.kind, f.info.name,
-                        "high watermark" if w.phase is Phase.OPEN else "low watermark", now - w.opened,
-                        self.wm_schema if not self.scfg.read_only else "new transactions (no heartbeat?)")
+        f = self._reading
+        if f is None or f.window.warned or f.window.closing or now - f.window.opened <= _STUCK_WARN_S:
+            return
+        w = f.window
+        w.warned = True
+        log.warning("%s chunk of %s: the %s has not been seen in the binlog for %.0fs; the producer is far "
+                    "behind the source, or the source does not log %s", self.kind, f.info.name,
+                    "high watermark" if w.phase is Phase.OPEN else "low watermark", now - w.opened,
+                    self.wm_schema if not self.scfg.read_only else "new transactions (no heartbeat?)")
 
     # ------------------------------------------------------------------
     # Chunks
@@ -399,19 +406,11 @@ class ChunkedTask(Generic[J, F, E]):
 
     def _idle(self) -> bool:
         """Nothing in flight: the next chunk may start."""
-        raise NotImplementedError
-
-    def _in_flight(self) -> Sequence[F]:
-        """The reads whose windows are open."""
-        raise NotImplementedError
+        return self._reading is None
 
     def _on_ddl(self, change: Change) -> None:
         """A DDL in the log (not the watermark table's)."""
         raise NotImplementedError
-
-    def _drops(self, change: Change) -> bool:
-        """Drop this row change from the stream?"""
-        return False
 
     def _on_change(self, f: F, change: Change) -> None:
         """A row change of ``f``'s table inside its window."""

@@ -15,6 +15,11 @@ watermarks are the executed GTID sets before and after the select
 select runs in START TRANSACTION WITH CONSISTENT SNAPSHOT, whose
 ``Binlog_snapshot_position`` is exactly where its view ends (see
 ``window.GtidMarks`` for why that matters).
+
+``WindowOpener`` puts either flavour behind one call, for every chunked
+task: ``select`` (a chunk select between the marks) or ``around`` (any read
+view taken between them, e.g. a consistent snapshot a stream then reads
+from), each returning the read's ``window.Window``.
 """
 from __future__ import annotations
 

@@ -294,8 +294,6 @@ class VerifyCoordinator(ChunkedTask[VerifyJob, _Active | _Stream, _Emitted]):
 
     def __init__(self, cfg: Config, *, start: Position, enabled: bool = True) -> None:
         super().__init__(cfg, store_for(cfg), start=start, enabled=enabled)
-        self._active: _Active | None = None
-        self._stream: _Stream | None = None
         self._keyless_attempts: dict[tuple[str, int], int] = {}
         # A repair chunk's records must fit one envelope next to whatever
         # the producer batched before them (less than a batch of changes):
@@ -310,12 +308,28 @@ class VerifyCoordinator(ChunkedTask[VerifyJob, _Active | _Stream, _Emitted]):
             return 0.0  # chunks to emit, or a keyless table being read
         return POLL_S
 
-    # -- the log -----------------------------------------------------------------
-    def _in_flight(self) -> Sequence[_Active | _Stream]:
-        return tuple(w for w in (self._active, self._stream) if w is not None)
+    # The read in flight (``_reading``) is a chunk or a stream.
+    @property
+    def _active(self) -> _Active | None:
+        r = self._reading
+        return r if isinstance(r, _Active) else None
 
-    def _idle(self) -> bool:
-        return self._active is None and self._stream is None
+    @_active.setter
+    def _active(self, a: _Active | None) -> None:
+        if a is not None or isinstance(self._reading, _Active):
+            self._reading = a
+
+    @property
+    def _stream(self) -> _Stream | None:
+        r = self._reading
+        return r if isinstance(r, _Stream) else None
+
+    @_stream.setter
+    def _stream(self, s: _Stream | None) -> None:
+        if s is not None or isinstance(self._reading, _Stream):
+            self._reading = s
+
+    # -- the log -----------------------------------------------------------------
 
     def _on_ddl(self, change: Change) -> None:
         a, s = self._active, self._stream

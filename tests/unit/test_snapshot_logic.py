@@ -215,9 +215,9 @@ def test_a_chunk_leaves_at_a_boundary_and_is_recorded_once_the_checkpoint_passes
     co = SnapshotCoordinator(cfg, start=P, first_start=False)
     co.jobs = [SnapshotJob("j", "request", RUNNING, (TableProgress("d.t"),))]
     rows = [(1, 10), (2, 20), (3, 30)]
-    co._active = _Active("j", 0, table_info("d", "t", [("id", "int"), ("v", "int")], ["id"], "InnoDB", 3),
-                         Window(Phase.WAIT_LOW, "L", "H"), ChunkWindow.of("d", "t", (0,), rows),
-                         encode_key((3,)), True)
+    co._reading = _Active("j", 0, table_info("d", "t", [("id", "int"), ("v", "int")], ["id"], "InnoDB", 3),
+                          Window(Phase.WAIT_LOW, "L", "H"), ChunkWindow.of("d", "t", (0,), rows),
+                          encode_key((3,)), True)
     before = _change(Op.UPDATE, (1, 10), (1, 11))
     assert co.observe(before) is before                  # before the low watermark: the select saw it
     assert co.observe(_mark("L")) is None                # a watermark: never shipped
