@@ -14,15 +14,15 @@ a task through one protocol (producer/tasks.py):
                   verify applies the image); a commit or a heartbeat may close
                   a read-only window.
 ``poll``          once per loop turn: pick up request files; when nothing is
-                  in flight, start the next chunk of the oldest active job
-                  (``_start``: low watermark, select, high watermark -- the
-                  only time the log waits, the reader thread keeps filling its
-                  queue meanwhile); once the log is past a chunk's high
-                  watermark, hand its items over at the next transaction
-                  boundary of the stream (``_work``, only ``at_boundary``): a
-                  transaction of their own, ending in a ``Commit`` at that
-                  boundary's position, so the producer's batching, checkpoint
-                  and fragment rules apply unchanged.
+                  in flight (one read at a time), start the next chunk of the
+                  oldest active job (``_start``: low watermark, select, high
+                  watermark -- the only time the log waits, the reader thread
+                  keeps filling its queue meanwhile); once the log is past
+                  a chunk's high watermark, hand its items over at the next
+                  transaction boundary of the stream (``_work``, only
+                  ``at_boundary``): a transaction of their own, ending in a
+                  ``Commit`` at that boundary's position, so the producer's
+                  batching, checkpoint and fragment rules apply unchanged.
 ``checkpointed``  the producer's checkpoint moved (confirms chunks, below).
 ``wait_s``        how long the producer may block on the log before ``poll``
                   has something to do; ``close``.
