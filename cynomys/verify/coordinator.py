@@ -301,41 +301,25 @@ class VerifyCoordinator(ChunkedTask[VerifyJob, _Active | _Stream, _Emitted]):
         self.ship_budget = max(1, cfg.transport.max_envelope_bytes // 2)
 
     def wait_s(self) -> float:
-        a, s = self._active, self._stream
+        a, s = self._flight()
         if a is not None and a.window.closing:
             return 0.0
         if s is not None and (s.window.closing or (not s.keyed and not s.eof)):
             return 0.0  # chunks to emit, or a keyless table being read
         return POLL_S
 
-    # The read in flight (``_reading``) is a chunk or a stream.
-    @property
-    def _active(self) -> _Active | None:
+    def _flight(self) -> tuple[_Active | None, _Stream | None]:
+        """The read in flight (``_reading``) as what it is: a chunk, or a stream."""
         r = self._reading
-        return r if isinstance(r, _Active) else None
-
-    @_active.setter
-    def _active(self, a: _Active | None) -> None:
-        if a is not None or isinstance(self._reading, _Active):
-            self._reading = a
-
-    @property
-    def _stream(self) -> _Stream | None:
-        r = self._reading
-        return r if isinstance(r, _Stream) else None
-
-    @_stream.setter
-    def _stream(self, s: _Stream | None) -> None:
-        if s is not None or isinstance(self._reading, _Stream):
-            self._reading = s
+        return (r, None) if isinstance(r, _Active) else (None, r)
 
     # -- the log -----------------------------------------------------------------
 
     def _on_ddl(self, change: Change) -> None:
-        a, s = self._active, self._stream
+        a, s = self._flight()
         if a is not None and change.database == a.info.schema.database:
             log.info("verify: DDL inside the window of a chunk of %s: reading that chunk again", a.info.name)
-            self._active = None
+            self._reading = None
         if s is not None and change.database == s.info.schema.database:
             log.info("verify: DDL while reading %s: reading it again from its next chunk", s.info.name)
             self._drop_stream()
@@ -347,10 +331,9 @@ class VerifyCoordinator(ChunkedTask[VerifyJob, _Active | _Stream, _Emitted]):
             self._drop_stream()
 
     def _drop_work(self, job_id: str | None, part: int | None = None) -> None:
-        if self._concerns(self._active, job_id, part):
-            self._active = None
-        if self._concerns(self._stream, job_id, part):
+        if self._concerns(self._reading, job_id, part):
             self._drop_stream()
+            self._reading = None
 
     # -- chunks ------------------------------------------------------------------
     def _chunk_size(self, job: VerifyJob) -> int:
@@ -400,7 +383,7 @@ class VerifyCoordinator(ChunkedTask[VerifyJob, _Active | _Stream, _Emitted]):
         exhausted = len(rows) < size
         if not exhausted:
             rng = KeyRange(lo, keyf(rows[-1]))
-        self._active = _Active(job.id, i, info, rng, window, {keyf(r): r for r in rows}, exhausted)
+        self._reading = _Active(job.id, i, info, rng, window, {keyf(r): r for r in rows}, exhausted)
 
     def _start_stream(self, job: VerifyJob, i: int, info: TableInfo, unordered: dict[str, str]) -> None:
         t = job.tasks[i]
@@ -424,13 +407,12 @@ class VerifyCoordinator(ChunkedTask[VerifyJob, _Active | _Stream, _Emitted]):
         except BaseException:
             read.close()
             raise
-        self._stream = _Stream(job.id, i, info, read, cursor, window, lo, hi)
+        self._reading = _Stream(job.id, i, info, read, cursor, window, lo, hi)
 
     def _work(self, at_boundary: bool) -> Sequence[Item] | KeylessRead:
-        a = self._active
+        a, s = self._flight()
         if a is not None and a.window.closing and at_boundary:
             return self._emit(a)
-        s = self._stream
         if s is not None:
             try:
                 return self._pump(s, at_boundary)
@@ -439,9 +421,10 @@ class VerifyCoordinator(ChunkedTask[VerifyJob, _Active | _Stream, _Emitted]):
         return []
 
     def _drop_stream(self) -> None:
-        if self._stream is not None:
-            self._stream.close()
-            self._stream = None
+        _, s = self._flight()
+        if s is not None:
+            s.close()
+            self._reading = None
 
     def _fetch(self, s: _Stream, n: int) -> list[Row]:
         """Up to ``n`` more rows of the stream ([] at its end)."""
@@ -574,7 +557,7 @@ class VerifyCoordinator(ChunkedTask[VerifyJob, _Active | _Stream, _Emitted]):
         return len(codec.encode(Batch(self.cfg.producer.id, tuple(changes), at, True, at, 0, 0, {})))
 
     def _emit(self, a: _Active) -> list[Item]:
-        self._active = None
+        self._reading = None
         job = self._job(a.job_id)
         if job is None or not job.active:
             return []
@@ -636,7 +619,7 @@ class VerifyCoordinator(ChunkedTask[VerifyJob, _Active | _Stream, _Emitted]):
 
     # -- jobs and requests -------------------------------------------------------
     def _live(self) -> dict[str, Any] | None:
-        a, s = self._active, self._stream
+        a, s = self._flight()
         if a is not None:
             return {"job": a.job_id, "table": a.info.name, "phase": a.window.phase.value,
                     "range": a.rng.describe(a.info.schema.key)}

@@ -44,7 +44,7 @@ def test_verify_sees_the_watermarks_the_snapshot_task_drops(tmp_path: Path) -> N
     verify = next(t for t in tasks if isinstance(t, VerifyCoordinator))
     verify.jobs = [VerifyJob("j", RUNNING, (VerifyTask("app.t"),), chunk_size=5)]
     a = _Active("j", 0, TableInfo(SCHEMA, "InnoDB", 1), KeyRange(), Window(Phase.WAIT_LOW, "L", "H"), {(1,): (1, 1)})
-    verify._active = a
+    verify._reading = a
     assert observe_in_order(tasks, _mark("L")) is None   # dropped: never shipped
     assert a.window.phase is Phase.OPEN                   # but verify saw it first
     change = Change(Op.UPDATE, "app", "t", "0-1-3", POS, 0, SCHEMA, (1, 1), (1, 2))

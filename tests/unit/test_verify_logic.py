@@ -141,7 +141,7 @@ def _window(tmp_path, rows: list[tuple], rng: KeyRange):  # type: ignore[no-unty
     co.jobs = [VerifyJob("j", RUNNING, (VerifyTask("app.t"),), chunk_size=5)]
     a = _Active("j", 0, TableInfo(SCHEMA, "InnoDB", len(rows)), rng, Window(Phase.WAIT_LOW, "L", "H"))
     a.rows = {(r[0],): r for r in rows}
-    co._active = a
+    co._reading = a
     return co, a
 
 
@@ -290,7 +290,7 @@ def _stream(tmp_path, rows: list[tuple], *, schema: TableSchema = S_SCHEMA, chun
     co.jobs = [VerifyJob("j", RUNNING, (VerifyTask("app.t", repair=repair),), chunk_size=chunk)]
     cur = _Cursor(rows)
     s = _Stream("j", 0, TableInfo(schema, "InnoDB", len(rows)), None, cur, Window(phase or Phase.WAIT_LOW, "L", "H"))
-    co._stream = s
+    co._reading = s
     return co, s, cur
 
 
@@ -336,10 +336,10 @@ def test_a_collated_key_is_streamed_in_byte_order_and_the_window_stays_open(tmp_
     rng, cs, _, _ = _emitted(co.poll(at_boundary=True))
     assert rng == KeyRange(("a",), ("f",))
     assert cs == h.rows([("b\t", "vb\t"), ("c", "changed"), ("e", "ins")])
-    assert co._stream is s and s.pending == {}
+    assert co._reading is s and s.pending == {}
     rng, cs, _, _ = _emitted(co.poll(at_boundary=True))
     assert rng == KeyRange(("f",), None) and cs == h.rows([("x ", "vx "), ("é", "vé")])
-    assert co._stream is None and co.poll(at_boundary=True) == []
+    assert co._reading is None and co.poll(at_boundary=True) == []
     co.checkpointed(POS)
     job = co.jobs[0]
     assert job.status == "done" and [c["id"] for c in job.chunks] == ["j/app.t/0", "j/app.t/1", "j/app.t/2"]
@@ -390,7 +390,7 @@ def test_a_keyless_table_is_hashed_while_read_and_read_again_when_changed(tmp_pa
     assert s.rows == []  # a verify keeps no rows: only the running checksum
     co2, s2, _ = _stream(tmp_path / "b", rows, schema=keyless, phase=Phase.OPEN)
     co2.observe(_sch(Op.INSERT, None, ("new", "v"), keyless))
-    assert s2.dirty and co2.poll(at_boundary=True) == [] and co2._stream is None
+    assert s2.dirty and co2.poll(at_boundary=True) == [] and co2._reading is None
     assert co2._keyless_attempts == {("j", 0): 1}
 
 
@@ -407,7 +407,7 @@ def test_a_keyless_repair_too_large_for_an_envelope_fails_alone(tmp_path) -> Non
     for _ in range(20):
         assert co.poll(at_boundary=True) == []
     job = co.jobs[0]
-    assert job.status == FAILED and co._stream is None
+    assert job.status == FAILED and co._reading is None
     assert "no primary key" in job.error and "cynomys snapshot --tables app.t" in job.error
     assert store_for(co.cfg).load()[0].status == FAILED  # durable: a restart does not try again
 
