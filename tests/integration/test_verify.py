@@ -224,23 +224,38 @@ def test_verify_finds_and_repairs_under_writers_spark(tmp_path: Path, redis_url:
 @pytest.mark.slow
 def test_verify_finds_and_repairs_under_writers_monetdb(tmp_path: Path, redis_url: str) -> None:
     class MonetSide:
+        """The MonetDB server the tests share.  This run's names are fixed
+        (schema app, producer p1), so what a run leaves there -- its tables
+        and its row of the applier's state -- goes before it starts and when
+        it ends: a second run found the first one's rows and state and
+        stopped on a duplicate key."""
+
         def __init__(self) -> None:
             self.config = {"kind": "monetdb", "url": os.environ["CYNOMYS_TEST_MONETDB"]}
             self.extra: dict[str, Any] = {}
+            self.destroy()
 
-        def execute(self, *sql: str) -> None:
+        def _run(self, *sql: str, only_if: str = "") -> None:
             import pymonetdb  # type: ignore[import-untyped]
 
             conn = pymonetdb.connect(self.config["url"])
             try:
                 cur = conn.cursor()
-                for s in sql:
-                    cur.execute(s.replace("app.", '"app".'))
+                cur.execute(only_if or "SELECT 1")
+                if cur.fetchall():
+                    for s in sql:
+                        cur.execute(s)
                 conn.commit()
             finally:
                 conn.close()
 
+        def execute(self, *sql: str) -> None:
+            self._run(*(s.replace("app.", '"app".') for s in sql))
+
         def destroy(self) -> None:
-            pass
+            self._run('DROP SCHEMA "app" CASCADE', only_if="SELECT 1 FROM sys.schemas WHERE name = 'app'")
+            self._run("DELETE FROM \"cynomys_state\".\"applied\" WHERE producer_id = 'p1'",
+                      only_if="SELECT 1 FROM sys.tables t JOIN sys.schemas s ON t.schema_id = s.id "
+                              "WHERE s.name = 'cynomys_state' AND t.name = 'applied'")
 
     _contract(tmp_path, redis_url, MonetSide())
