@@ -129,7 +129,7 @@ def _producer_checksums(cfg_path: Path) -> dict[str, dict[str, Any]]:
 
 def _producer_side(cfg: Path, lat: Latency) -> tuple[dict[str, Any], list[float], Any]:
     from cynomys.core.config import load_config
-    from cynomys.verify.coordinator import DONE, RUNNING, store_for
+    from cynomys.verify.state import DONE, RUNNING, store_for
 
     c = load_config(cfg, env={})
     store = store_for(c)

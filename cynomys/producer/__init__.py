@@ -2,8 +2,10 @@
 
 * ``loop``      the daemon's loop: a reader thread pulls binlog events into a
                 bounded queue; the loop assembles transactions (parser.txn),
-                runs the plugged tasks (snapshot, then verify) between events,
-                and hands changes to the batching stage;
+                runs the plugged tasks between events, and hands changes to
+                the batching stage;
+* ``tasks``     the protocol of the plugged tasks (verify, snapshot) and their
+                order, declared once with its reason;
 * ``batching``  the batch under construction: folding (reducer.fold), cutting
                 large transactions into fragments, the envelope's metadata, and
                 the checkpoint discipline around each publish;

@@ -21,13 +21,14 @@ Each envelope says which stretch of the source it covers (``meta``:
 ``from``/``from_n`` where it starts, ``open``/``open_n`` where an incomplete
 one stops), so the applier can check that envelopes follow each other.
 
-Snapshots (cynomys/snapshot) run inside this loop: every assembled item
-passes through the SnapshotCoordinator (``observe``), which drops the
-watermark table's events; once per loop turn ``poll`` may run one chunk
-select between watermarks, or hand back a finished chunk as READ changes
-plus a Commit at the current transaction boundary, which are processed like
-any other transaction.  ``set_checkpoint`` tells the coordinator each time
-the checkpoint moves: only then is a chunk recorded as finished.
+Snapshots and verify run inside this loop as plugged tasks (producer/tasks.py:
+one protocol, one declared order): every assembled item passes through them
+(``observe``; the snapshot task drops the watermark table's events); once per
+loop turn each task's ``poll`` may run one chunk select between watermarks,
+or hand back a finished chunk (READ changes, or a checksum record) plus a
+Commit at the current transaction boundary, which are processed like any
+other transaction.  ``set_checkpoint`` tells the tasks each time the
+checkpoint moves: only then is a chunk recorded as finished.
 """
 from __future__ import annotations
 
@@ -48,9 +49,8 @@ from cynomys.parser.stream import BinlogSource, SourceInspector, TableFilter
 from cynomys.parser.txn import Assembler
 from cynomys.producer.batching import Batching
 from cynomys.producer.state import FileStateStore, StateStore
-from cynomys.snapshot.coordinator import SnapshotCoordinator
+from cynomys.producer.tasks import ProducerTask, observe_in_order, plugged, widen_filter
 from cynomys.snapshot.keyless import KeylessRead, abandon_meta, is_snapshot_tid
-from cynomys.verify.coordinator import VerifyCoordinator
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,8 @@ _EOF = object()
 
 # Events handled per turn of the producer's loop at most (see _loop).
 _EVENTS_PER_TURN = 256
+# How long the loop blocks on the log with no task plugged in.
+_IDLE_WAIT_S = 0.5
 
 
 class Producer:
@@ -103,8 +105,7 @@ class Producer:
         self.max_events = cfg.producer.batch_max_events
         self.max_delay = cfg.producer.batch_max_delay_ms / 1000.0
         self.stats = {"batches": 0, "changes_in": 0, "changes_out": 0, "transactions": 0}
-        self.snap: SnapshotCoordinator | None = None
-        self.verify: VerifyCoordinator | None = None
+        self.tasks: tuple[ProducerTask, ...] = ()  # plugged in by run (producer/tasks.py)
 
     # ------------------------------------------------------------------
     def _start_position(self, inspector: SourceInspector) -> Position:
@@ -266,14 +267,13 @@ class Producer:
             inspector.close()
         if self.new_life and self.blocking:
             self._announce(start)
-        # Snapshot chunks need the log to go on past their high watermark, so
-        # a non-blocking run (--once) only records snapshot requests.
-        self.snap = SnapshotCoordinator(self.cfg, start=start, first_start=first_start, enabled=self.blocking,
-                                        stop=self.stop)
-        self.verify = VerifyCoordinator(self.cfg, start=start, enabled=self.blocking)
+        # Chunks need the log to go on past their high watermark, so a
+        # non-blocking run (--once) only records requests.
+        self.tasks = plugged(self.cfg, start=start, first_start=first_start, enabled=self.blocking,
+                             stop=self.stop)
         table_filter = TableFilter(self.cfg.source.include_tables, self.cfg.source.exclude_tables)
         source = BinlogSource(self.cfg.source, start, blocking=self.blocking, is_mariadb=mariadb,
-                              table_filter=self.snap.table_filter(table_filter))
+                              table_filter=widen_filter(self.tasks, table_filter))
         events: queue.Queue[Any] = queue.Queue(maxsize=256)
         # Ends the reader with this run.  Not self.stop: that is the daemon's,
         # and run_with_retry reads it after a transient error (setting it here
@@ -282,13 +282,13 @@ class Producer:
         reader = threading.Thread(target=self._read, args=(source, events, halt), name="binlog-reader", daemon=True)
         reader.start()
         try:
-            self._loop(events, self.snap, start)
+            self._loop(events, start)
         finally:
             halt.set()
             source.close()
             reader.join(timeout=5)
-            self.snap.close()
-            self.verify.close()
+            for task in self.tasks:
+                task.close()
 
     def _read(self, source: BinlogSource, events: queue.Queue[Any], halt: threading.Event) -> None:
         try:
@@ -309,14 +309,23 @@ class Producer:
     # ------------------------------------------------------------------
     def set_checkpoint(self, pos: Position) -> None:
         self.state.checkpoint = pos
-        if self.snap is not None:
-            self.snap.checkpointed(pos)
-        if self.verify is not None:
-            self.verify.checkpointed(pos)
+        for task in self.tasks:
+            task.checkpointed(pos)
 
-    def _loop(self, events: queue.Queue[Any], snap: SnapshotCoordinator, start: Position) -> None:
-        verify = self.verify
-        assert verify is not None
+    def _poll_tasks(self, run: Batching, asm: Assembler) -> None:
+        """The tasks' work, between events: a chunk select, or a closed
+        chunk's items (only between source transactions)."""
+        for task in self.tasks:
+            work = task.poll(at_boundary=not run.in_txn(asm))
+            if isinstance(work, KeylessRead):
+                run.stream(work, asm)  # a keyless table's whole read, in fragments (snapshot/keyless.py)
+                continue
+            for out in work:
+                run.handle(out, asm)
+            if work and task.flush_after:
+                run.flush_if_idle(asm)
+
+    def _loop(self, events: queue.Queue[Any], start: Position) -> None:
         asm = Assembler(start.gtid)
         run = Batching(self, start)
         last_save = 0.0
@@ -330,23 +339,8 @@ class Producer:
                 run.flush_if_idle(asm)
                 self.save()
                 return
-            # Snapshot work happens here, between events: a chunk select, or
-            # a closed chunk's READ rows (only between source transactions).
-            work = snap.poll(at_boundary=not run.in_txn(asm))
-            if isinstance(work, KeylessRead):
-                run.stream(work, asm)  # a keyless table's whole read, in fragments (snapshot/keyless.py)
-            else:
-                for out in work:
-                    run.handle(out, asm)
-            # A verification record ends its batch: the applier checks it
-            # once it has committed everything up to it, so it should not
-            # wait in a batch for more changes.
-            checks = verify.poll(at_boundary=not run.in_txn(asm))
-            for out in checks:
-                run.handle(out, asm)
-            if checks:
-                run.flush_if_idle(asm)
-            timeout = min(snap.wait_s(), verify.wait_s())
+            self._poll_tasks(run, asm)
+            timeout = min((task.wait_s() for task in self.tasks), default=_IDLE_WAIT_S)
             if run.at_boundary(asm):
                 timeout = min(timeout, max(0.0, run.started + self.max_delay - time.monotonic()))
             try:
@@ -378,8 +372,7 @@ class Producer:
                 if ev.timestamp:
                     self.state.last_event_ts = ev.timestamp
                 for out in asm.feed(ev):
-                    verify.observe(out)  # first: the snapshot coordinator swallows watermark events
-                    seen = snap.observe(out)  # None: a watermark-table event, never shipped
+                    seen = observe_in_order(self.tasks, out)  # None: a task dropped it (the watermark table's)
                     if seen is not None:
                         run.handle(seen, asm)
                 if run.txn_in_batch >= self.max_events and asm.begin is not None:

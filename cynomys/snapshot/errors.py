@@ -10,6 +10,10 @@ class SnapshotError(TerminalError):
     Raised inside the producer it fails the snapshot job, never the
     producer: replication of the binlog goes on."""
 
+    def one_line(self) -> str:
+        """The message and its fix on one line, as a job records it."""
+        return self.message + (f" (fix: {self.hint})" if self.hint else "")
+
 
 class SnapshotRequestError(SnapshotError):
     """A `cynomys snapshot` request names something that cannot be snapshotted."""

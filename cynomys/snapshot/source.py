@@ -79,6 +79,19 @@ class SnapshotConnection:
         return rows[0][0] if rows else None
 
     # -- positions -----------------------------------------------------------
+    def consistent_read(self) -> Position | None:
+        """Start a read-only transaction with a consistent snapshot (the
+        read view is taken now); the binlog position matching that view
+        where the server reports one (MariaDB's ``Binlog_snapshot_file`` and
+        ``_position``), else None."""
+        self.query("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+        if not self.is_mariadb:
+            return None
+        status = {str(k): v for k, v in self.query("SHOW STATUS LIKE 'binlog_snapshot_%'")}
+        if not status.get("Binlog_snapshot_file"):
+            return None
+        return Position(str(status["Binlog_snapshot_file"]), int(status["Binlog_snapshot_position"]))
+
     def binlog_end(self) -> Position:
         rows = self.query("SHOW MASTER STATUS")
         if not rows:

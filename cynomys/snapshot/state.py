@@ -12,6 +12,10 @@ pause, resume, cancel) written by `cynomys snapshot`; the running producer
 picks them up in name order, records the result in snapshot.json and only
 then removes the request file (a crash in between applies it again, and
 applying a request twice changes nothing).
+
+The job store (``JobStore``), a job's part about one table (``TablePart``)
+and the rule that settles a job (``settled``) serve verify's jobs as well
+(verify/state.py).
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Generic, Protocol, TypeVar
+from typing import Any, Callable, Generic, Protocol, Self, Sequence, TypeVar
 
 from cynomys.core.checkpoint import read_json, write_json_atomic
 
@@ -36,9 +40,54 @@ STATE_FILE = "snapshot.json"
 REQUEST_DIR = "snapshot-requests"
 
 
+class Part(Protocol):
+    """What a chunked task's job does to one table (the base: ``TablePart``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def error(self) -> str: ...
+
+    @property
+    def over(self) -> bool:
+        """Nothing left to do (done, failed or skipped)."""
+
+    @property
+    def failed(self) -> bool: ...
+
+    @property
+    def after(self) -> list[Any] | None:
+        """The encoded key its next chunk starts after, as persisted (None: the start)."""
+
+
+def settled(parts: Sequence[Part]) -> tuple[str, str] | None:
+    """A job's (status, error) once every part is over: failed, naming each
+    failed part, or done; None while a part has work left."""
+    if not all(p.over for p in parts):
+        return None
+    failed = [p for p in parts if p.failed]
+    return (FAILED if failed else FINISHED), "; ".join(f"{p.name}: {p.error}" for p in failed)
+
+
 @dataclass(frozen=True)
-class TableProgress:
-    name: str                          # 'db.table'
+class TablePart:
+    """One table of a job, 'db.table' (a snapshot's table, a verify job's
+    table or key range)."""
+
+    name: str
+
+    @property
+    def database(self) -> str:
+        return self.name.split(".", 1)[0]
+
+    @property
+    def table(self) -> str:
+        return self.name.split(".", 1)[1]
+
+
+@dataclass(frozen=True)
+class TableProgress(TablePart):
     status: str = PENDING
     last_key: list[Any] | None = None  # chunker.encode_key of the last finished chunk's last key
     chunks: int = 0
@@ -53,16 +102,19 @@ class TableProgress:
     read_at: dict[str, Any] | None = None
 
     @property
-    def database(self) -> str:
-        return self.name.split(".", 1)[0]
-
-    @property
-    def table(self) -> str:
-        return self.name.split(".", 1)[1]
-
-    @property
     def over(self) -> bool:
         return self.status in (DONE, FAILED, SKIPPED)
+
+    @property
+    def failed(self) -> bool:
+        return self.status == FAILED
+
+    @property
+    def after(self) -> list[Any] | None:
+        return self.last_key
+
+    def failing(self, reason: str) -> TableProgress:
+        return replace(self, status=FAILED, error=reason)
 
 
 @dataclass(frozen=True)
@@ -81,6 +133,10 @@ class SnapshotJob:
     def active(self) -> bool:
         return self.status in JOB_ACTIVE
 
+    @property
+    def parts(self) -> tuple[TableProgress, ...]:
+        return self.tables
+
     def table(self, name: str) -> TableProgress:
         for t in self.tables:
             if t.name == name:
@@ -91,13 +147,13 @@ class SnapshotJob:
         return replace(self, tables=tuple(progress if t.name == progress.name else t for t in self.tables),
                        updated=time.time())
 
+    def failing(self, i: int, reason: str) -> SnapshotJob:
+        return self.with_table(self.tables[i].failing(reason)).settle()
+
     def settle(self) -> SnapshotJob:
         """Mark the job over once every table is over."""
-        if self.active and all(t.over for t in self.tables):
-            failed = [t for t in self.tables if t.status == FAILED]
-            return replace(self, status=FAILED if failed else FINISHED, finished=time.time(),
-                           error="; ".join(f"{t.name}: {t.error}" for t in failed))
-        return self
+        end = settled(self.tables) if self.active else None
+        return self if end is None else replace(self, status=end[0], finished=time.time(), error=end[1])
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -114,6 +170,23 @@ def new_job_id() -> str:
 
 class Job(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
+
+
+class TaskJob(Job, Protocol):
+    """A job of a chunked task (snapshot/task.py): parts worked through in order."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def active(self) -> bool:
+        """Chunks of it may be read now (not paused, not over)."""
+
+    @property
+    def parts(self) -> Sequence[Part]: ...
+
+    def failing(self, i: int, reason: str) -> Self:
+        """The job with part ``i`` failed for ``reason``, settled."""
 
 
 J = TypeVar("J", bound=Job)

@@ -15,20 +15,25 @@ watermarks are the executed GTID sets before and after the select
 select runs in START TRANSACTION WITH CONSISTENT SNAPSHOT, whose
 ``Binlog_snapshot_position`` is exactly where its view ends (see
 ``window.GtidMarks`` for why that matters).
+
+``WindowOpener`` puts either flavour behind one call, for every chunked
+task: ``select`` (a chunk select between the marks) or ``around`` (any read
+view taken between them, e.g. a consistent snapshot a stream then reads
+from), each returning the read's ``window.Window``.
 """
 from __future__ import annotations
 
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from cynomys.core.gtid import GtidSet
 from cynomys.core.model import Change, Position
 from cynomys.snapshot.chunker import ChunkQuery, quote_ident
 from cynomys.snapshot.errors import SnapshotError
 from cynomys.snapshot.source import SnapshotConnection
-from cynomys.snapshot.window import GtidMarks
+from cynomys.snapshot.window import GtidMarks, Phase, Window
 
 log = logging.getLogger(__name__)
 
@@ -132,22 +137,65 @@ class GtidWatermarker:
         var = "@@GLOBAL.gtid_binlog_pos" if self.flavor == "mariadb" else "@@GLOBAL.gtid_executed"
         return GtidSet.parse(self.flavor, str(self.conn.scalar(f"SELECT {var}") or ""))
 
-    def select(self, query: ChunkQuery) -> tuple[list[tuple[Any, ...]], GtidMarks]:
-        """Run the chunk select between the two GTID watermarks."""
+    def around(self, take: Callable[[], Position | None]) -> GtidMarks:
+        """Run ``take`` between the two GTID watermarks.  ``take`` takes the
+        read view and returns the binlog position of its consistent
+        snapshot where the server reports one (see ``GtidMarks``)."""
         self.check()
         low = self._executed()
-        snapshot_pos: Position | None = None
-        if self.flavor == "mariadb":
-            self.conn.query("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+        snapshot_pos = take()
+        high = self._executed()
+        return GtidMarks(low, high, self.conn.binlog_end(), snapshot_pos)
+
+    def select(self, query: ChunkQuery) -> tuple[list[tuple[Any, ...]], GtidMarks]:
+        """Run the chunk select between the two GTID watermarks (MariaDB: in
+        a consistent snapshot, whose binlog position makes the low set exact)."""
+        rows: list[tuple[Any, ...]] = []
+
+        def take() -> Position | None:
+            if self.flavor != "mariadb":
+                rows.extend(self.conn.query(query.sql, query.params))
+                return None
             try:
-                status = dict(self.conn.query("SHOW STATUS LIKE 'binlog_snapshot_%'"))
-                if status.get("Binlog_snapshot_file"):
-                    snapshot_pos = Position(str(status["Binlog_snapshot_file"]), int(status["Binlog_snapshot_position"]))
-                rows = self.conn.query(query.sql, query.params)
+                pos = self.conn.consistent_read()
+                rows.extend(self.conn.query(query.sql, query.params))
             finally:
                 self.conn.query("COMMIT")
-        else:
-            rows = self.conn.query(query.sql, query.params)
-        high = self._executed()
-        high_end = self.conn.binlog_end()
-        return rows, GtidMarks(low, high, high_end, snapshot_pos)
+            return pos
+
+        return rows, self.around(take)
+
+
+class WindowOpener:
+    """Opens chunk windows on the source, in the flavour ``[snapshot]
+    read_only`` picks: the watermark table (DBLog) or GTID sets (read-only).
+    One per connection; snapshot and verify open theirs the same way."""
+
+    def __init__(self, conn: SnapshotConnection, *, read_only: bool, schema: str, producer_id: str) -> None:
+        self.conn = conn
+        self.gtid = GtidWatermarker(conn) if read_only else None
+        self.table = None if read_only else WatermarkTable(conn, schema, producer_id)
+
+    def around(self, take: Callable[[], Position | None], processed: Position) -> Window:
+        """Run ``take`` (it takes a read view: see ``GtidWatermarker.around``)
+        between a low and a high watermark; the window, as seen from
+        ``processed``, the end of the log the producer has handled."""
+        if self.gtid is not None:
+            return Window.of_gtid(self.gtid.around(take), processed)
+        assert self.table is not None
+        self.table.ensure()
+        low = self.table.write("low")
+        take()
+        return Window(Phase.WAIT_LOW, low, self.table.write("high"))
+
+    def select(self, query: ChunkQuery, processed: Position) -> tuple[list[tuple[Any, ...]], Window]:
+        """One chunk select between watermarks: its rows and its window."""
+        if self.gtid is not None:
+            rows, marks = self.gtid.select(query)
+            return rows, Window.of_gtid(marks, processed)
+        got: list[tuple[Any, ...]] = []
+
+        def take() -> None:
+            got.extend(self.conn.query(query.sql, query.params))
+
+        return got, self.around(take, processed)

@@ -1,4 +1,6 @@
-"""The watermark window of one chunk: which selected rows may still be emitted.
+"""The watermark window of one chunk: where its read stands against the log
+(``Window``, shared by every chunked task) and, for a snapshot chunk, which
+selected rows may still be emitted (``ChunkWindow``).
 
 DBLog's rule: the chunk was selected between a low and a high watermark.  A
 row whose key a binlog event changed *inside* the window may be older than
@@ -19,10 +21,15 @@ Phases:
   CLOSING   past the high watermark; still dropping until the rows are
             emitted at the next transaction boundary of the stream.
 
-This module is pure (no I/O); the coordinator feeds it.
+Verify keeps the same windows with its own rule for a change inside one:
+it applies the change to the chunk instead of dropping the key
+(verify/coordinator.py).
+
+This module is pure (no I/O); the coordinators feed it.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Sequence
@@ -82,8 +89,61 @@ class GtidMarks:
 
 
 @dataclass
+class Window:
+    """Where one chunk's read stands against the processed log: its phase,
+    and the watermarks that move it (DBLog: the UUIDs written before and
+    after the read; read-only: the GTID sets around it).  Every chunked task
+    (snapshot, verify) keeps one per read in flight; what a change *inside*
+    the window does to the chunk is the task's own business."""
+
+    phase: Phase
+    low_uuid: str = ""
+    high_uuid: str = ""
+    marks: GtidMarks | None = None
+    opened: float = field(default_factory=time.monotonic)   # when the read ran (monotonic)
+    warned: bool = False                                     # the "not seen in the log" warning was logged
+
+    @classmethod
+    def of_gtid(cls, marks: GtidMarks, processed: Position) -> Window:
+        """A read-only window, seen from ``processed`` (the end of the log the
+        producer has handled): closed at once when the log is already past
+        the high set (an idle source), open otherwise."""
+        return cls(Phase.CLOSING if marks.reached(processed) else Phase.OPEN, marks=marks)
+
+    @property
+    def closing(self) -> bool:
+        return self.phase is Phase.CLOSING
+
+    def on_watermark(self, uuid: str) -> None:
+        """A row of the watermark table came by in the log."""
+        if uuid == self.low_uuid and self.phase is Phase.WAIT_LOW:
+            self.phase = Phase.OPEN
+        elif uuid == self.high_uuid:
+            self.phase = Phase.CLOSING
+
+    def on_commit(self, gtid: str, end: Position) -> None:
+        """The log was processed up to ``end`` (a commit of ``gtid``, or a
+        heartbeat with ``gtid`` empty): read-only windows close past the high set."""
+        if self.marks is None or self.phase is not Phase.OPEN:
+            return
+        if self.marks.past_high(gtid) or self.marks.reached(end):
+            self.phase = Phase.CLOSING
+
+    def sees(self, change: Change) -> bool:
+        """Is ``change`` inside the window (or after it)?  Before the low
+        watermark the read saw it; so it did a transaction of the low GTID
+        set that its view holds."""
+        if self.phase is Phase.WAIT_LOW:
+            return False
+        if self.marks is not None and self.phase is Phase.OPEN and self.marks.before_window(change.tid, change.txn):
+            return False
+        return True
+
+
+@dataclass
 class ChunkWindow:
-    """One chunk between its watermarks.
+    """The rows of one snapshot chunk while its window is open (the window
+    itself: ``Window``).
 
     ``rows`` maps primary key -> row (model values, key order kept); a
     keyless table (read whole) keeps a list and is *dirty* as soon as any
@@ -93,20 +153,15 @@ class ChunkWindow:
     database: str
     table: str
     key_indexes: tuple[int, ...]
-    phase: Phase
     rows: dict[tuple[Value, ...], Row] = field(default_factory=dict)
     keyless_rows: list[Row] = field(default_factory=list)
     selected: int = 0
     dropped: int = 0
     dirty: bool = False
-    low_uuid: str = ""
-    high_uuid: str = ""
-    marks: GtidMarks | None = None
 
     @classmethod
-    def of(cls, database: str, table: str, key_indexes: Sequence[int], rows: Sequence[Row],
-           phase: Phase, **kw: object) -> ChunkWindow:
-        w = cls(database, table, tuple(key_indexes), phase, **kw)  # type: ignore[arg-type]
+    def of(cls, database: str, table: str, key_indexes: Sequence[int], rows: Sequence[Row]) -> ChunkWindow:
+        w = cls(database, table, tuple(key_indexes))
         if w.key_indexes:
             for r in rows:
                 w.rows[tuple(r[i] for i in w.key_indexes)] = r

@@ -27,7 +27,7 @@ from cynomys.snapshot.errors import SnapshotRequestError
 from cynomys.snapshot.jobwait import JobView, wait_for_job
 from cynomys.snapshot.source import SnapshotConnection
 from cynomys.verify.applier import read_results, results_path
-from cynomys.verify.coordinator import CANCELLED, DONE, FAILED, RUNNING, VerifyJob, VerifyStore, new_job_id, store_for
+from cynomys.verify.state import CANCELLED, DONE, FAILED, RUNNING, VerifyJob, VerifyStore, new_job_id, store_for
 
 OK, MISMATCH, ERROR = 0, 1, 2
 

@@ -1,8 +1,8 @@
 """VerifyCoordinator: in-stream checksums of key-range chunks (`cynomys verify`).
 
-It runs inside the producer's loop next to the SnapshotCoordinator and uses
-the same DBLog windows, so it never locks the source and works while writes
-go on:
+A chunked task (snapshot/task.py: the lifecycle, the producer's protocol,
+the resume invariant), like the SnapshotCoordinator and with the same
+DBLog windows, so it never locks the source and works while writes go on:
 
 1. ``poll`` writes a low watermark, selects the next chunk (``chunk_size``
    rows in key order after the last chunk's end), writes a high watermark.
@@ -63,29 +63,25 @@ fragments).  As a last guard, a repair chunk the producer stopped on
 ``_SHIP_ATTEMPTS`` times without getting past it fails its task instead of
 stopping replication at every restart.
 
-State: ``<producer state_dir>/verify.json`` (jobs, and per table the end of
-the last chunk the checkpoint has passed: a producer restarted after a crash
-reads a chunk again rather than lose it); requests in
-``<producer state_dir>/verify-requests/`` (written by `cynomys verify`).
+State: ``<producer state_dir>/verify.json`` (verify/state.py: jobs, and per
+task the end of the last chunk the checkpoint has passed: a producer
+restarted after a crash reads a chunk again rather than lose it); requests
+in ``<producer state_dir>/verify-requests/`` (written by `cynomys verify`).
 """
 from __future__ import annotations
 
 import json
 import logging
 import time
-import uuid
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Sequence
 
 import pymysql
 import pymysql.cursors
 
 from cynomys.core.config import Config
-from cynomys.core.gtid import GtidSet
 from cynomys.core.model import Batch, Change, Op, Position, Row, TableSchema, Value
-from cynomys.parser.stream import TableFilter
-from cynomys.parser.txn import Commit, Item, Progress
+from cynomys.parser.txn import Commit, Item
 from cynomys.snapshot.chunker import (
     COLUMN_ORDER_SQL,
     ChunkQuery,
@@ -100,18 +96,15 @@ from cynomys.snapshot.chunker import (
 )
 from cynomys.snapshot.columns import TableInfo, row_converter
 from cynomys.snapshot.errors import SnapshotError
+from cynomys.snapshot.keyless import KeylessRead
 from cynomys.snapshot.source import SnapshotConnection, translate
-from cynomys.snapshot.state import JobStore
-from cynomys.snapshot.watermark import WATERMARK_TABLE, GtidWatermarker, WatermarkTable, read_watermark
-from cynomys.snapshot.window import GtidMarks, Phase
+from cynomys.snapshot.task import POLL_S, ChunkedTask, Emitted
+from cynomys.snapshot.window import Window
 from cynomys.verify.checksum import MASK, Checksum, KeyRange, RowHasher, key_of, key_predicate, sort_key
+from cynomys.verify.state import CANCELLED, FAILED, RUNNING, VerifyJob, VerifyTask, store_for
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = "verify.json"
-REQUEST_DIR = "verify-requests"
-RUNNING, DONE, FAILED, CANCELLED = "running", "done", "failed", "cancelled"
-_REQUEST_POLL_S = 0.5
 _KEYLESS_ATTEMPTS = 20
 _KEEP_FINISHED = 20
 #: Repair chunks shipped without the checkpoint getting past them before
@@ -130,93 +123,34 @@ _READ_SLICE_S = 0.2
 _NET_WRITE_TIMEOUT_S = 3600
 
 
-@dataclass(frozen=True)
-class VerifyTask:
-    """One table of a verify job, or one range of a repair job."""
-
-    name: str                          # 'db.table'
-    repair: bool = False
-    lo: list[Any] | None = None        # encoded key: the next chunk starts after it
-    hi: list[Any] | None = None        # repair: where the range ends (None: the table's end)
-    chunks: int = 0
-    rows: int = 0
-    done: bool = False
-    error: str = ""
-    estimate: int = 0
-    # Repair chunks shipped since the checkpoint last passed one of this
-    # task's (persisted before each is handed to the producer).
-    attempts: int = 0
-
-    @property
-    def database(self) -> str:
-        return self.name.split(".", 1)[0]
-
-    @property
-    def table(self) -> str:
-        return self.name.split(".", 1)[1]
-
-    @property
-    def over(self) -> bool:
-        return self.done or bool(self.error)
-
-
-@dataclass(frozen=True)
-class VerifyJob:
-    id: str
-    status: str
-    tasks: tuple[VerifyTask, ...] = ()
-    chunk_size: int = 0
-    # Every chunk the checkpoint has passed: {"id", "table", "range"}; the
-    # applier's results name them, so `cynomys verify` knows what to wait for.
-    chunks: tuple[dict[str, Any], ...] = ()
-    repair_of: str = ""
-    created: float = 0.0
-    finished: float = 0.0
-    error: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> VerifyJob:
-        return cls(**{**d, "tasks": tuple(VerifyTask(**t) for t in d.get("tasks", ())),
-                      "chunks": tuple(d.get("chunks", ()))})
-
-    def settle(self) -> VerifyJob:
-        if self.status == RUNNING and all(t.over for t in self.tasks):
-            failed = [t for t in self.tasks if t.error]
-            return replace(self, status=FAILED if failed else DONE, finished=time.time(),
-                           error="; ".join(f"{t.name}: {t.error}" for t in failed))
-        return self
-
-
-class VerifyStore(JobStore[VerifyJob]):
-    """verify.json and verify-requests/."""
-
-    def __init__(self, state_dir: Path) -> None:
-        super().__init__(state_dir, STATE_FILE, REQUEST_DIR, VerifyJob.from_dict)
-
-
-def store_for(cfg: Config) -> VerifyStore:
-    return VerifyStore(cfg.resolve(cfg.producer.state_dir))
-
-
 @dataclass
 class _Active:
     """One chunk of a table whose key MariaDB compares in byte order: one
     indexed select between its own watermarks."""
 
     job_id: str
-    task: int
+    part: int
     info: TableInfo
     rng: KeyRange
-    phase: Phase
+    window: Window
     rows: dict[tuple[Value, ...], Row] = field(default_factory=dict)
     exhausted: bool = True
-    low_uuid: str = ""
-    high_uuid: str = ""
-    marks: GtidMarks | None = None
-    started: float = 0.0
+
+    def apply(self, change: Change) -> bool:
+        """A change inside the window: its images, in the chunk's range, set
+        the chunk's rows (the select may or may not have seen it)."""
+        idx = change.schema.key_indexes() if change.schema is not None else ()
+        if not idx:
+            return False
+        if change.before is not None:
+            k = tuple(change.before[i] for i in idx)
+            if self.rng.contains(k):
+                self.rows.pop(k, None)
+        if change.after is not None:
+            k = tuple(change.after[i] for i in idx)
+            if self.rng.contains(k):
+                self.rows[k] = change.after
+        return False
 
 
 @dataclass
@@ -226,16 +160,13 @@ class _Stream:
     the module doc)."""
 
     job_id: str
-    task: int
+    part: int
     info: TableInfo
     conn: SnapshotConnection | None     # its own connection, in a consistent-snapshot transaction
     cursor: Any                         # a pymysql SSCursor on it
-    phase: Phase
+    window: Window
     lo: tuple[Value, ...] | None = None   # the next chunk starts after it
     hi: tuple[Value, ...] | None = None   # the task's end (None: the table's)
-    low_uuid: str = ""
-    high_uuid: str = ""
-    marks: GtidMarks | None = None
     # keyed: the latest image (None: deleted) of each key > lo changed since
     # the low watermark; rows read past a chunk cut short (already current)
     pending: dict[tuple[Value, ...], Row | None] = field(default_factory=dict)
@@ -247,7 +178,6 @@ class _Stream:
     total: int = 0
     rows: list[Row] = field(default_factory=list)
     size: int = 0
-    started: float = 0.0
 
     @property
     def keyed(self) -> bool:
@@ -257,6 +187,28 @@ class _Stream:
     def remaining(self) -> KeyRange:
         return KeyRange(self.lo, self.hi)
 
+    def apply(self, change: Change) -> bool:
+        """A change inside the window: kept for the chunk its key falls in
+        (a keyless table: the read is spoilt).  True: more keys changed than
+        ``_PENDING_MAX``, the stream must start again."""
+        idx = change.schema.key_indexes() if change.schema is not None else None
+        if idx is None:
+            return False
+        if not idx or not self.keyed:
+            self.dirty = True
+            return False
+        rest = self.remaining
+        # Before then after: an UPDATE that keeps its key ends with its image.
+        if change.before is not None:
+            k = tuple(change.before[i] for i in idx)
+            if rest.contains(k):
+                self.pending[k] = None
+        if change.after is not None:
+            k = tuple(change.after[i] for i in idx)
+            if rest.contains(k):
+                self.pending[k] = change.after
+        return len(self.pending) > _PENDING_MAX
+
     def close(self) -> None:
         if self.conn is not None:
             self.conn.close()  # ends the read transaction; unread rows go with the connection
@@ -265,14 +217,8 @@ class _Stream:
 
 
 @dataclass(frozen=True)
-class _Emitted:
-    job_id: str
-    task: int
-    at: Position
-    chunk: dict[str, Any]
-    next_lo: list[Any] | None
-    exhausted: bool
-    rows: int
+class _Emitted(Emitted):
+    chunk: dict[str, Any]      # {"id", "table", "range"}: what the job records once it is confirmed
 
 
 def chunk_id(job_id: str, task: VerifyTask, n: int) -> str:
@@ -339,212 +285,61 @@ def _row_bytes(row: Row) -> int:
     return 16 + sum(len(v) if isinstance(v, (str, bytes, bytearray)) else 9 for v in row if v is not None)
 
 
-class VerifyCoordinator:
+class VerifyCoordinator(ChunkedTask[VerifyJob, _Active | _Stream, _Emitted]):
+    kind = "verify"
+    # A verification record ends its batch: the applier checks it once it
+    # has committed everything up to it, so it should not wait in a batch
+    # for more changes.
+    flush_after = True
+
     def __init__(self, cfg: Config, *, start: Position, enabled: bool = True) -> None:
-        self.cfg = cfg
-        self.scfg = cfg.snapshot
-        self.enabled = enabled
-        self.store = store_for(cfg)
-        self.jobs = self.store.load()
-        self.filter = TableFilter(cfg.source.include_tables, cfg.source.exclude_tables)
-        self.wm_schema = self.scfg.watermark_schema
-        # In memory the next chunk starts as soon as one is emitted; the
-        # persisted ``lo`` moves only when the checkpoint passes a chunk.
-        self._lo: dict[tuple[str, int], list[Any] | None] = {}
-        self._exhausted: set[tuple[str, int]] = set()
-        self._active: _Active | None = None
-        self._stream: _Stream | None = None
-        self._emitted: list[_Emitted] = []
-        self._schemas: dict[tuple[str, str], TableSchema] = {}
+        super().__init__(cfg, store_for(cfg), start=start, enabled=enabled)
         self._keyless_attempts: dict[tuple[str, int], int] = {}
-        self._last_end = start
-        self._last_ts = 0
-        self._next_request_check = 0.0
-        self._conn: SnapshotConnection | None = None
-        self._watermarks: WatermarkTable | None = None
-        self._gtid: GtidWatermarker | None = None
         # A repair chunk's records must fit one envelope next to whatever
         # the producer batched before them (less than a batch of changes):
         # half the limit leaves room for that.
         self.ship_budget = max(1, cfg.transport.max_envelope_bytes // 2)
-        self.stats = {"chunks": 0, "rows": 0}
-
-    # -- producer hooks ----------------------------------------------------------
-    def observe(self, item: Item) -> None:
-        """See one assembled item (before the snapshot coordinator, which
-        swallows the watermark table's events)."""
-        if isinstance(item, Change):
-            a, s = self._active, self._stream
-            if item.op is Op.DDL:
-                if a is not None and item.database == a.info.schema.database:
-                    log.info("verify: DDL inside the window of a chunk of %s: reading that chunk again", a.info.name)
-                    self._active = None
-                if s is not None and item.database == s.info.schema.database:
-                    log.info("verify: DDL while reading %s: reading it again from its next chunk", s.info.name)
-                    self._drop_stream()
-                self._schemas.clear()
-                return
-            if item.table == WATERMARK_TABLE and item.database == self.wm_schema:
-                self._on_watermark(item)
-                return
-            if item.schema is not None:
-                self._schemas[(item.database, item.table)] = item.schema
-            if a is not None and item.table == a.info.schema.table and item.database == a.info.schema.database:
-                self._on_change(a, item)
-            if s is not None and item.table == s.info.schema.table and item.database == s.info.schema.database:
-                self._on_stream_change(s, item)
-        elif isinstance(item, Commit):
-            self._last_end, self._last_ts = item.end, item.commit_ts
-            self._check_high(item.gtid, item.end)
-        elif isinstance(item, Progress):
-            self._last_end = item.end
-            self._check_high("", item.end)
-
-    def poll(self, at_boundary: bool) -> list[Item]:
-        now = time.monotonic()
-        if now >= self._next_request_check:
-            self._next_request_check = now + _REQUEST_POLL_S
-            self._take_requests()
-        if not self.enabled:
-            return []
-        if self._active is None and self._stream is None:
-            if not self._start_next_chunk():
-                return []
-        a = self._active
-        if a is not None and a.phase is Phase.CLOSING and at_boundary:
-            return self._emit(a)
-        s = self._stream
-        if s is not None:
-            try:
-                return self._pump(s, at_boundary)
-            except SnapshotError as exc:
-                self._fail(s.job_id, s.task, exc.message + (f" (fix: {exc.hint})" if exc.hint else ""))
-        return []
 
     def wait_s(self) -> float:
-        a, s = self._active, self._stream
-        if a is not None and a.phase is Phase.CLOSING:
+        a, s = self._flight()
+        if a is not None and a.window.closing:
             return 0.0
-        if s is not None and (s.phase is Phase.CLOSING or (not s.keyed and not s.eof)):
+        if s is not None and (s.window.closing or (not s.keyed and not s.eof)):
             return 0.0  # chunks to emit, or a keyless table being read
-        return _REQUEST_POLL_S
+        return POLL_S
 
-    def checkpointed(self, pos: Position) -> None:
-        done = [e for e in self._emitted if e.at <= pos]
-        if not done:
-            return
-        self._emitted = [e for e in self._emitted if not e.at <= pos]
-        for e in done:
-            job = self._job(e.job_id)
-            if job is None:
-                continue
-            t = job.tasks[e.task]
-            t = replace(t, lo=e.next_lo, chunks=t.chunks + 1, rows=t.rows + e.rows, done=e.exhausted, attempts=0)
-            tasks = list(job.tasks)
-            tasks[e.task] = t
-            job = replace(job, tasks=tuple(tasks), chunks=job.chunks + (e.chunk,)).settle()
-            if job.status != RUNNING:
-                log.info("verify %s: every chunk emitted (%d)", job.id, len(job.chunks))
-            self._replace(job)
-        self._save()
+    def _flight(self) -> tuple[_Active | None, _Stream | None]:
+        """The read in flight (``_reading``) as what it is: a chunk, or a stream."""
+        r = self._reading
+        return (r, None) if isinstance(r, _Active) else (None, r)
 
-    def close(self) -> None:
-        self._drop_stream()
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-        self._active = None
+    # -- the log -----------------------------------------------------------------
 
-    # -- the window --------------------------------------------------------------
-    def _on_watermark(self, change: Change) -> None:
-        wm = read_watermark(change)
-        if wm is None:
-            return
-        for w in (self._active, self._stream):
-            if w is None:
-                continue
-            if wm.uuid == w.low_uuid and w.phase is Phase.WAIT_LOW:
-                w.phase = Phase.OPEN
-            elif wm.uuid == w.high_uuid:
-                w.phase = Phase.CLOSING
-
-    def _check_high(self, gtid: str, end: Position) -> None:
-        for w in (self._active, self._stream):
-            if w is None or w.marks is None or w.phase is not Phase.OPEN:
-                continue
-            if w.marks.past_high(gtid) or w.marks.reached(end):
-                w.phase = Phase.CLOSING
-
-    def _on_change(self, a: _Active, change: Change) -> None:
-        if a.phase is Phase.WAIT_LOW:
-            return  # before the low watermark: the select saw it
-        if a.marks is not None and a.phase is Phase.OPEN and a.marks.before_window(change.tid, change.txn):
-            return
-        schema = change.schema
-        if schema is None:
-            return
-        idx = schema.key_indexes()
-        if not idx:
-            return
-        if change.before is not None:
-            k = tuple(change.before[i] for i in idx)
-            if a.rng.contains(k):
-                a.rows.pop(k, None)
-        if change.after is not None:
-            k = tuple(change.after[i] for i in idx)
-            if a.rng.contains(k):
-                a.rows[k] = change.after
-
-    def _on_stream_change(self, s: _Stream, change: Change) -> None:
-        if s.phase is Phase.WAIT_LOW:
-            return  # before the low watermark: the read saw it
-        if s.marks is not None and s.phase is Phase.OPEN and s.marks.before_window(change.tid, change.txn):
-            return
-        schema = change.schema
-        if schema is None:
-            return
-        idx = schema.key_indexes()
-        if not idx or not s.keyed:
-            s.dirty = True
-            return
-        rest = s.remaining
-        # Before then after: an UPDATE that keeps its key ends with its image.
-        if change.before is not None:
-            k = tuple(change.before[i] for i in idx)
-            if rest.contains(k):
-                s.pending[k] = None
-        if change.after is not None:
-            k = tuple(change.after[i] for i in idx)
-            if rest.contains(k):
-                s.pending[k] = change.after
-        if len(s.pending) > _PENDING_MAX:
-            log.info("verify %s: %d keys of %s changed while it was read: reading it again from its next chunk",
-                     s.job_id, len(s.pending), s.info.name)
+    def _on_ddl(self, change: Change) -> None:
+        a, s = self._flight()
+        if a is not None and change.database == a.info.schema.database:
+            log.info("verify: DDL inside the window of a chunk of %s: reading that chunk again", a.info.name)
+            self._reading = None
+        if s is not None and change.database == s.info.schema.database:
+            log.info("verify: DDL while reading %s: reading it again from its next chunk", s.info.name)
             self._drop_stream()
 
+    def _on_change(self, f: _Active | _Stream, change: Change) -> None:
+        if f.apply(change):
+            log.info("verify %s: more than %d keys of %s changed while it was read: reading it again from its "
+                     "next chunk", f.job_id, _PENDING_MAX, f.info.name)
+            self._drop_stream()
+
+    def _drop_work(self, job_id: str | None, part: int | None = None) -> None:
+        if self._concerns(self._reading, job_id, part):
+            self._drop_stream()
+            self._reading = None
+
     # -- chunks ------------------------------------------------------------------
-    def _connection(self) -> SnapshotConnection:
-        if self._conn is None:
-            self._conn = SnapshotConnection(self.cfg.source)
-        return self._conn
-
-    def _next_work(self) -> tuple[VerifyJob, int] | None:
-        for job in self.jobs:
-            if job.status != RUNNING:
-                continue
-            for i, t in enumerate(job.tasks):
-                if not t.over and (job.id, i) not in self._exhausted:
-                    return job, i
-        return None
-
     def _chunk_size(self, job: VerifyJob) -> int:
         return int(job.chunk_size or self.scfg.chunk_size)
 
-    def _start_next_chunk(self) -> bool:
-        work = self._next_work()
-        if work is None:
-            return False
-        job, i = work
+    def _start(self, job: VerifyJob, i: int) -> bool:
         t = job.tasks[i]
         if t.attempts >= _SHIP_ATTEMPTS:
             self._fail(job.id, i, (
@@ -552,37 +347,24 @@ class VerifyCoordinator:
                 "past it, so the repair was given up and the range left as it is (fix: see the producer's log for "
                 "why, e.g. an envelope over [transport] max_envelope_bytes)"))
             return False
-        try:
-            conn = self._connection()
-            info = conn.describe(t.database, t.table)
-            key = info.schema.key
-            unordered = unordered_columns(conn.query(COLUMN_ORDER_SQL, (t.database, t.table)), key) if key else {}
-            if key and not unordered:
-                self._start_chunk(job, i, info)
-            else:
-                if unordered and (job.id, i) not in self._lo:
-                    log.info("verify %s: %s: key column(s) %s compared in byte order, not in their SQL order "
-                             "(%s): the table is read in one sorted pass", job.id, t.name, ", ".join(unordered),
-                             "; ".join(f"{k}: {why}" for k, why in unordered.items()))
-                self._start_stream(job, i, info, unordered)
-        except SnapshotError as exc:
-            self._conn_reset()
-            self._fail(job.id, i, exc.message + (f" (fix: {exc.hint})" if exc.hint else ""))
-            return False
+        conn = self._connection()
+        info = conn.describe(t.database, t.table)
+        key = info.schema.key
+        unordered = unordered_columns(conn.query(COLUMN_ORDER_SQL, (t.database, t.table)), key) if key else {}
+        if key and not unordered:
+            self._start_chunk(job, i, info)
+            return True
+        if unordered and (job.id, i) not in self._cursors:
+            log.info("verify %s: %s: key column(s) %s compared in byte order, not in their SQL order "
+                     "(%s): the table is read in one sorted pass", job.id, t.name, ", ".join(unordered),
+                     "; ".join(f"{k}: {why}" for k, why in unordered.items()))
+        self._start_stream(job, i, info, unordered)
         return True
-
-    def _conn_reset(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-        self._conn = None
-        self._watermarks = None
-        self._gtid = None
 
     def _start_chunk(self, job: VerifyJob, i: int, info: TableInfo) -> None:
         t = job.tasks[i]
-        conn = self._connection()
         key = info.schema.key
-        lo = decode_key(self._lo.get((job.id, i), t.lo))
+        lo = decode_key(self._cursor(job.id, i, t).after)
         hi = decode_key(t.hi)
         rng = KeyRange(lo, hi)
         cond, params = range_sql(key, rng)
@@ -594,75 +376,29 @@ class VerifyCoordinator:
         # and an envelope has a size limit.
         size = self._chunk_size(job)
         sql += " ORDER BY " + ", ".join(quote_ident(k).replace("%", "%%") for k in key) + f" LIMIT {size}"
-        marks: GtidMarks | None = None
-        low = high = ""
-        if self.scfg.read_only:
-            if self._gtid is None:
-                self._gtid = GtidWatermarker(conn)
-            raw, marks = self._gtid.select(ChunkQuery(sql, params))
-            phase = Phase.CLOSING if marks.reached(self._last_end) else Phase.OPEN
-        else:
-            if self._watermarks is None:
-                self._watermarks = WatermarkTable(conn, self.wm_schema, self.cfg.producer.id)
-            self._watermarks.ensure()
-            low = self._watermarks.write("low")
-            raw = conn.query(sql, params)
-            high = self._watermarks.write("high")
-            phase = Phase.WAIT_LOW
+        raw, window = self._watermarks().select(ChunkQuery(sql, params), self._last_end)
         convert = row_converter(info.schema.columns)
         rows = [convert(r) for r in raw]
         keyf = key_of(info.schema)
         exhausted = len(rows) < size
         if not exhausted:
             rng = KeyRange(lo, keyf(rows[-1]))
-        a = _Active(job.id, i, info, rng, phase, exhausted=exhausted, low_uuid=low, high_uuid=high, marks=marks,
-                    started=time.monotonic())
-        a.rows = {keyf(r): r for r in rows}
-        self._active = a
+        self._reading = _Active(job.id, i, info, rng, window, {keyf(r): r for r in rows}, exhausted)
 
     def _start_stream(self, job: VerifyJob, i: int, info: TableInfo, unordered: dict[str, str]) -> None:
         t = job.tasks[i]
         keyed = bool(info.schema.key)
-        lo = decode_key(self._lo.get((job.id, i), t.lo)) if keyed else None
+        lo = decode_key(self._cursor(job.id, i, t).after) if keyed else None
         hi = decode_key(t.hi) if keyed else None
         sql, params = stream_sql(info, unordered, KeyRange(lo, hi))
-        conn = self._connection()
-        read_only = self.scfg.read_only
-        low_set: GtidSet | None = None
-        low = high = ""
-        if read_only:
-            if self._gtid is None:
-                self._gtid = GtidWatermarker(conn)
-            self._gtid.check()
-            low_set = self._executed(conn)
-        else:
-            if self._watermarks is None:
-                self._watermarks = WatermarkTable(conn, self.wm_schema, self.cfg.producer.id)
-            self._watermarks.ensure()
+        opener = self._watermarks()
         read = SnapshotConnection(self.cfg.source)
         try:
             read.query(f"SET SESSION net_write_timeout = {_NET_WRITE_TIMEOUT_S}")
-            if not read_only:
-                assert self._watermarks is not None
-                low = self._watermarks.write("low")
-            # The read view is taken here, between the two watermarks; the
-            # select below (however long its sort) reads from it.
-            read.query("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
-            marks: GtidMarks | None = None
-            if read_only:
-                assert low_set is not None
-                snapshot_pos: Position | None = None
-                if read.is_mariadb:
-                    status = {str(k): v for k, v in read.query("SHOW STATUS LIKE 'binlog_snapshot_%'")}
-                    if status.get("Binlog_snapshot_file"):
-                        snapshot_pos = Position(str(status["Binlog_snapshot_file"]),
-                                                int(status["Binlog_snapshot_position"]))
-                marks = GtidMarks(low_set, self._executed(conn), conn.binlog_end(), snapshot_pos)
-                phase = Phase.CLOSING if marks.reached(self._last_end) else Phase.OPEN
-            else:
-                assert self._watermarks is not None
-                high = self._watermarks.write("high")
-                phase = Phase.WAIT_LOW
+            # The read view is taken between the two watermarks, on the
+            # stream's own connection; the select below (however long its
+            # sort) reads from it.
+            window = opener.around(read.consistent_read, self._last_end)
             cursor = read.conn.cursor(pymysql.cursors.SSCursor)
             try:
                 cursor.execute(sql, params)
@@ -671,18 +407,24 @@ class VerifyCoordinator:
         except BaseException:
             read.close()
             raise
-        self._stream = _Stream(job.id, i, info, read, cursor, phase, lo, hi, low_uuid=low, high_uuid=high,
-                               marks=marks, started=time.monotonic())
+        self._reading = _Stream(job.id, i, info, read, cursor, window, lo, hi)
 
-    def _executed(self, conn: SnapshotConnection) -> GtidSet:
-        flavor = "mariadb" if conn.is_mariadb else "mysql"
-        var = "@@GLOBAL.gtid_binlog_pos" if conn.is_mariadb else "@@GLOBAL.gtid_executed"
-        return GtidSet.parse(flavor, str(conn.scalar(f"SELECT {var}") or ""))
+    def _work(self, at_boundary: bool) -> Sequence[Item] | KeylessRead:
+        a, s = self._flight()
+        if a is not None and a.window.closing and at_boundary:
+            return self._emit(a)
+        if s is not None:
+            try:
+                return self._pump(s, at_boundary)
+            except SnapshotError as exc:
+                self._fail(s.job_id, s.part, exc.one_line())
+        return []
 
     def _drop_stream(self) -> None:
-        if self._stream is not None:
-            self._stream.close()
-            self._stream = None
+        _, s = self._flight()
+        if s is not None:
+            s.close()
+            self._reading = None
 
     def _fetch(self, s: _Stream, n: int) -> list[Row]:
         """Up to ``n`` more rows of the stream ([] at its end)."""
@@ -702,28 +444,28 @@ class VerifyCoordinator:
 
     def _pump(self, s: _Stream, at_boundary: bool) -> list[Item]:
         job = self._job(s.job_id)
-        if job is None or job.status != RUNNING or job.tasks[s.task].over:
+        if job is None or not job.active or job.tasks[s.part].over:
             self._drop_stream()
             return []
         if not s.keyed:
             return self._pump_keyless(s, job, at_boundary)
-        if s.phase is Phase.CLOSING and at_boundary:
+        if s.window.closing and at_boundary:
             return self._emit_stream_chunk(s, job)
         return []
 
     def _pump_keyless(self, s: _Stream, job: VerifyJob, at_boundary: bool) -> list[Item]:
-        key = (s.job_id, s.task)
+        key = (s.job_id, s.part)
         if s.dirty:
             # Its rows cannot be told apart, so a change in the window cannot
             # be placed: read it again (a new window), as the snapshot does.
             self._drop_stream()
             n = self._keyless_attempts[key] = self._keyless_attempts.get(key, 0) + 1
             if n >= _KEYLESS_ATTEMPTS:
-                self._fail(s.job_id, s.task, (
+                self._fail(s.job_id, s.part, (
                     f"the table (no primary key) changed during each of {n} whole-table reads (fix: verify it "
                     "while writes to it pause, or give it a primary key)"))
             return []
-        t = job.tasks[s.task]
+        t = job.tasks[s.part]
         hasher = RowHasher(s.info.schema.columns)
         deadline = time.monotonic() + _READ_SLICE_S
         while not s.eof and time.monotonic() < deadline:
@@ -735,16 +477,16 @@ class VerifyCoordinator:
                     s.size += _row_bytes(row)
             if t.repair and s.size > self.ship_budget:
                 self._drop_stream()
-                self._fail(s.job_id, s.task, self._keyless_too_large(t))
+                self._fail(s.job_id, s.part, self._keyless_too_large(t))
                 return []
-        if not (s.eof and s.phase is Phase.CLOSING and at_boundary):
+        if not (s.eof and s.window.closing and at_boundary):
             return []
         self._drop_stream()
         schema = self._schema_for(s.info)
         if t.repair and self._fits(schema, s.rows) < len(s.rows):
-            self._fail(s.job_id, s.task, self._keyless_too_large(t))
+            self._fail(s.job_id, s.part, self._keyless_too_large(t))
             return []
-        return self._ship(s.job_id, s.task, schema, KeyRange(), s.rows, Checksum(s.count, s.total & MASK), True)
+        return self._ship(s.job_id, s.part, schema, KeyRange(), s.rows, Checksum(s.count, s.total & MASK), True)
 
     def _keyless_too_large(self, t: VerifyTask) -> str:
         return (f"the table has no primary key, so its repair is one transaction of all its rows, and they do not "
@@ -753,7 +495,7 @@ class VerifyCoordinator:
                 "allow_no_primary_key = true reloads it in fragments, or give the table a primary key)")
 
     def _emit_stream_chunk(self, s: _Stream, job: VerifyJob) -> list[Item]:
-        t = job.tasks[s.task]
+        t = job.tasks[s.part]
         size = self._chunk_size(job)
         rows, s.carry = s.carry[:size], s.carry[size:]
         while len(rows) < size and not s.eof:
@@ -774,7 +516,7 @@ class VerifyCoordinator:
             kept = self._fits(self._schema_for(s.info), out)
             if out and kept == 0:
                 self._drop_stream()
-                self._fail(s.job_id, s.task, self._row_too_large(t, keyf(out[0])))
+                self._fail(s.job_id, s.part, self._row_too_large(t, keyf(out[0])))
                 return []
             if kept < len(out):
                 # Cut short: the rest (current as of now) opens the next chunk.
@@ -783,7 +525,7 @@ class VerifyCoordinator:
             self._drop_stream()
         else:
             s.lo = rng.hi
-        return self._ship(s.job_id, s.task, self._schema_for(s.info), rng, out, None, exhausted)
+        return self._ship(s.job_id, s.part, self._schema_for(s.info), rng, out, None, exhausted)
 
     def _row_too_large(self, t: VerifyTask, key: tuple[Value, ...]) -> str:
         return (f"the row with key {key!r} does not fit in one envelope with its repair records (half of [transport] "
@@ -814,18 +556,12 @@ class VerifyCoordinator:
                    Change(Op.CHECKSUM, db, table, "verify:size", at, 0, schema, sql=record)]
         return len(codec.encode(Batch(self.cfg.producer.id, tuple(changes), at, True, at, 0, 0, {})))
 
-    def _schema_for(self, info: TableInfo) -> TableSchema:
-        seen = self._schemas.get((info.schema.database, info.schema.table))
-        if seen is not None and seen.column_names == info.schema.column_names and seen.key == info.schema.key:
-            return seen
-        return info.schema
-
     def _emit(self, a: _Active) -> list[Item]:
-        self._active = None
+        self._reading = None
         job = self._job(a.job_id)
-        if job is None or job.status != RUNNING:
+        if job is None or not job.active:
             return []
-        t = job.tasks[a.task]
+        t = job.tasks[a.part]
         schema = self._schema_for(a.info)
         rows = list(a.rows.values())
         rng, exhausted = a.rng, a.exhausted
@@ -834,11 +570,11 @@ class VerifyCoordinator:
             rows.sort(key=lambda r: sort_key(keyf(r)))
             kept = self._fits(schema, rows)
             if rows and kept == 0:
-                self._fail(a.job_id, a.task, self._row_too_large(t, keyf(rows[0])))
+                self._fail(a.job_id, a.part, self._row_too_large(t, keyf(rows[0])))
                 return []
             if kept < len(rows):  # cut short: the next chunk is read from the cut
                 rng, rows, exhausted = KeyRange(rng.lo, keyf(rows[kept - 1])), rows[:kept], False
-        return self._ship(a.job_id, a.task, schema, rng, rows, None, exhausted)
+        return self._ship(a.job_id, a.part, schema, rng, rows, None, exhausted)
 
     def _ship(self, job_id: str, i: int, schema: TableSchema, rng: KeyRange, rows: list[Row],
               cs: Checksum | None, exhausted: bool) -> list[Item]:
@@ -848,8 +584,8 @@ class VerifyCoordinator:
         t = job.tasks[i]
         if cs is None:
             cs = RowHasher(schema.columns).rows(rows)
-        at, ts = self._last_end, self._last_ts or int(time.time())
-        n = t.chunks + sum(1 for e in self._emitted if e.job_id == job_id and e.task == i)
+        at, ts = self._emission()
+        n = t.chunks + sum(1 for e in self._emitted if e.job_id == job_id and e.part == i)
         cid = chunk_id(job_id, t, n)
         chunk = {"id": cid, "table": t.name, "range": rng.to_dict()}
         payload = json.dumps({"job": job_id, "chunk": cid, "range": rng.to_dict(), **cs.to_dict(),
@@ -863,69 +599,37 @@ class VerifyCoordinator:
         out.append(Change(Op.CHECKSUM, db, table, tid, at, ts, schema, sql=payload))
         out.append(Commit(at, at, ts, ""))
         next_lo = encode_key(rng.hi) if rng.hi is not None else t.lo
-        self._lo[(job_id, i)] = next_lo
-        if exhausted:
-            self._exhausted.add((job_id, i))
-        self._emitted.append(_Emitted(job_id, i, at, chunk, next_lo, exhausted, cs.count))
+        self._hand_over(_Emitted(job_id, i, at, next_lo, exhausted, cs.count, chunk))
         if t.repair:
             # Durable before the producer ships it: a producer that stops on
             # it every time (see _SHIP_ATTEMPTS) shows up here after restarts.
-            self._set_task(job_id, i, replace(t, attempts=t.attempts + 1))
+            self._replace(job.with_task(i, replace(t, attempts=t.attempts + 1)).settle())
             self._save()
-        self.stats["chunks"] += 1
-        self.stats["rows"] += cs.count
         log.debug("verify %s: chunk %s (%s): %d rows, emitted at %s", job_id, cid, rng.describe(schema.key),
                   cs.count, at)
         return out
 
+    def _confirmed(self, job: VerifyJob, e: _Emitted) -> VerifyJob:
+        t = job.tasks[e.part]
+        t = replace(t, lo=e.after, chunks=t.chunks + 1, rows=t.rows + e.rows, done=e.exhausted, attempts=0)
+        job = replace(job.with_task(e.part, t), chunks=job.chunks + (e.chunk,)).settle()
+        if job.status != RUNNING:
+            log.info("verify %s: every chunk emitted (%d)", job.id, len(job.chunks))
+        return job
+
     # -- jobs and requests -------------------------------------------------------
-    def _job(self, job_id: str) -> VerifyJob | None:
-        return next((j for j in self.jobs if j.id == job_id), None)
-
-    def _replace(self, job: VerifyJob) -> None:
-        self.jobs = [job if j.id == job.id else j for j in self.jobs]
-
-    def _set_task(self, job_id: str, i: int, t: VerifyTask) -> None:
-        job = self._job(job_id)
-        if job is not None:
-            tasks = list(job.tasks)
-            tasks[i] = t
-            self._replace(replace(job, tasks=tuple(tasks)).settle())
-
-    def _fail(self, job_id: str, i: int, reason: str) -> None:
-        """The task cannot be done: it fails alone (its job ends failed with
-        the reason once its other tasks are over); replication goes on."""
-        job = self._job(job_id)
-        if job is None:
-            return
-        log.error("verify %s: %s failed: %s", job_id, job.tasks[i].name, reason)
-        if self._stream is not None and (self._stream.job_id, self._stream.task) == (job_id, i):
-            self._drop_stream()
-        self._set_task(job_id, i, replace(job.tasks[i], error=reason))
-        self._save()
-
-    def _save(self) -> None:
-        live: dict[str, Any] | None = None
-        a, s = self._active, self._stream
+    def _live(self) -> dict[str, Any] | None:
+        a, s = self._flight()
         if a is not None:
-            live = {"job": a.job_id, "table": a.info.name, "phase": a.phase.value,
+            return {"job": a.job_id, "table": a.info.name, "phase": a.window.phase.value,
                     "range": a.rng.describe(a.info.schema.key)}
-        elif s is not None:
-            live = {"job": s.job_id, "table": s.info.name, "phase": s.phase.value,
+        if s is not None:
+            return {"job": s.job_id, "table": s.info.name, "phase": s.window.phase.value,
                     "range": s.remaining.describe(s.info.schema.key), "streamed": True}
-        self.store.save(self.jobs, live)
+        return None
 
-    def _take_requests(self) -> None:
-        for path, req in self.store.pending_requests():
-            try:
-                self._apply_request(req)
-            except SnapshotError as exc:
-                log.error("verify request %s refused: %s", path.name, exc)
-                if req.get("id") and self._job(str(req["id"])) is None:
-                    self.jobs.append(VerifyJob(str(req["id"]), FAILED, created=time.time(), finished=time.time(),
-                                               error=exc.message + (f" (fix: {exc.hint})" if exc.hint else "")))
-            self._save()  # the result is durable before the request goes away
-            _unlink(path)
+    def _refused(self, req: dict[str, Any], reason: str) -> VerifyJob | None:
+        return VerifyJob(str(req["id"]), FAILED, created=time.time(), finished=time.time(), error=reason)
 
     def _apply_request(self, req: dict[str, Any]) -> None:
         action = req.get("action")
@@ -956,25 +660,11 @@ class VerifyCoordinator:
                 for t in tasks))
             # Keep the running jobs and the last finished ones (the file is rewritten per chunk).
             done = [j for j in self.jobs if j.status != RUNNING]
-            self.jobs = [j for j in self.jobs if j.status == RUNNING or j in done[-_KEEP_FINISHED:]] + [job]
+            self._set_jobs([j for j in self.jobs if j.status == RUNNING or j in done[-_KEEP_FINISHED:]] + [job])
         elif action == "cancel":
             for job in self.jobs:
                 if ident in ("*", job.id) and job.status == RUNNING:
                     self._replace(replace(job, status=CANCELLED, finished=time.time()))
-                    if self._active is not None and self._active.job_id == job.id:
-                        self._active = None
-                    if self._stream is not None and self._stream.job_id == job.id:
-                        self._drop_stream()
+                    self._drop_work(job.id)
         else:
             log.warning("ignoring an unknown verify request: %r", req)
-
-
-def _unlink(path: Path) -> None:
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
-
-
-def new_job_id() -> str:
-    return "v" + time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]

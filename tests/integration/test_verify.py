@@ -15,31 +15,23 @@ whole time.
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import os
 import random
 import re
-import signal
-import subprocess
-import sys
-import threading
 import time
-from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any, Callable
 
-import pymysql
 import pytest
 
-from cynomys.cli import main as cli_main
-from cynomys.transport.keys import generate_keys
-from tests.helpers import wait_for, write_config
+from tests.helpers import wait_for
+from tests.integration import verify_harness
+from tests.integration.verify_harness import DuckDBSide, MariaDBSide, verify_run
 from tests.servers.mariadb import MariaDBServer
 
 pytestmark = [pytest.mark.integration]
 
-ROOT = Path(__file__).parents[2]
 TABLES = {
     "acct": "id INT PRIMARY KEY, owner VARCHAR(40), balance DECIMAL(14,2), ver INT, note TEXT, at DATETIME(6), "
             "ts TIMESTAMP(6) NULL, f FLOAT, d DOUBLE, raw VARBINARY(16), day DATE, y YEAR",
@@ -50,56 +42,14 @@ INITIAL = 1500      # acct rows 0..1499; the writers work on 5000.. (and move ke
 CHUNK = 500
 
 
-def _daemon(cfg: Path, cmd: str, log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "cynomys.cli", "--log-level", "INFO", cmd, "-c", str(cfg)],
-                            cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT)
-
-
-class Writers:
+class Writers(verify_harness.Writers):
     """4 source clients in a loop of small transactions on acct and pair;
     every transaction's (start, seconds) is kept for the latency check."""
 
-    def __init__(self, src: MariaDBServer) -> None:
-        self.src = src
-        self.stop = threading.Event()
-        self.errors: list[BaseException] = []
-        self.lat: list[tuple[float, float]] = []
-        self.threads = [threading.Thread(target=self._loop, args=(s,), daemon=True) for s in range(4)]
+    clients = 4
+    pause_s = 0.002
 
-    def __enter__(self) -> Writers:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join()
-
-    def _loop(self, seed: int) -> None:
-        rnd = random.Random(seed)
-        conn = self.src.connect("app")
-        try:
-            with conn.cursor() as cur:
-                while not self.stop.is_set():
-                    t0 = time.monotonic()
-                    try:
-                        cur.execute("BEGIN")
-                        self._txn(cur, rnd)
-                        cur.execute("COMMIT")
-                        self.lat.append((t0, time.monotonic() - t0))
-                    except (pymysql.err.OperationalError, pymysql.err.IntegrityError) as exc:
-                        if exc.args[0] not in (1213, 1205, 1062):
-                            raise
-                        cur.execute("ROLLBACK")
-                    time.sleep(0.002)
-        except BaseException as exc:  # surfaced by the test
-            self.errors.append(exc)
-        finally:
-            conn.close()
-
-    @staticmethod
-    def _txn(cur: Any, rnd: random.Random) -> None:
+    def txn(self, cur: Any, rnd: random.Random) -> None:
         k = 5000 + rnd.randrange(400)
         r = rnd.random()
         if r < 0.4:
@@ -126,50 +76,7 @@ class Writers:
         return xs[int(0.99 * (len(xs) - 1))]
 
 
-# -- the targets ----------------------------------------------------------------------
-class MariaDBSide:
-    """A second MariaDB with the ColumnStore target code (engine InnoDB)."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.tgt = MariaDBServer(server_id=2).start()
-        self.config: dict[str, Any] = {"kind": "columnstore", "url": self.tgt.url, "engine": "InnoDB"}
-        self.extra: dict[str, Any] = {}
-
-    def execute(self, *sql: str) -> None:
-        self.tgt.execute(*sql)
-
-    def destroy(self) -> None:
-        self.tgt.destroy()
-
-
-class DuckDBSide:
-    """A DuckDB file; the applier holds it only during a flush."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.duckdb = pytest.importorskip("duckdb", reason="the duckdb extra is not installed")
-        self.path = tmp_path / "replica.duckdb"
-        self.config = {"kind": "duckdb", "url": str(self.path)}
-        self.extra: dict[str, Any] = {}
-
-    def execute(self, *sql: str) -> None:
-        def once() -> bool:
-            try:
-                conn = self.duckdb.connect(str(self.path))
-            except self.duckdb.Error:
-                return False  # the applier holds the file for a flush
-            try:
-                for s in sql:
-                    conn.execute(s)
-            finally:
-                conn.close()
-            return True
-
-        wait_for(once, timeout=60, what="the DuckDB file to be free")
-
-    def destroy(self) -> None:
-        pass
-
-
+# -- the targets (MariaDB and DuckDB: verify_harness.py) ------------------------------
 class SparkSide:
     """Iceberg tables in a local warehouse, written behind the applier's back
     by a Spark session of the test's own."""
@@ -249,37 +156,10 @@ TAMPERING = [
 ]
 
 
-def _verify(cfg: Path, *extra: str) -> tuple[int, str]:
-    out = io.StringIO()
-    with redirect_stdout(out):
-        rc = cli_main(["verify", "-c", str(cfg), "--no-progress", "--timeout", "240", *extra])
-    print(f"$ cynomys verify {' '.join(extra)} -> {rc}\n{out.getvalue()}")
-    return rc, out.getvalue()
-
-
 def _contract(tmp_path: Path, redis_url: str, side: Any) -> None:
     src = MariaDBServer(server_id=1).start()
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    logs = tmp_path / "logs"
-    logs.mkdir()
-
-    def tails() -> str:
-        return "\n".join(f"--- {n}:\n{(logs / f'{n}.log').read_text()[-4000:]}" for n in procs)
-
-    try:
-        keys = generate_keys(tmp_path / "keys", rsa_bits=2048)
-        cfg = write_config(
-            tmp_path / "c.toml", src,
-            source={"include_tables": ["app.*"], "start": "{}:{}".format(*src.execute("SHOW MASTER STATUS")[0][:2])},
-            producer={"id": "p1", "batch_max_events": 500, "batch_max_delay_ms": 100},
-            transport={"url": redis_url, "stream": f"verify-{tmp_path.name}"},
-            security={k: str(v) for k, v in keys.items()},
-            applier={"buffer_rows": 2000, "max_delay_ms": 300, "consumer_name": "a1"},
-            snapshot={"chunk_size": CHUNK},
-            target=side.config, **side.extra,
-        )
-        if hasattr(side, "cfg_path"):
-            side.cfg_path = cfg
+    with verify_run(tmp_path, src, side) as run:
+        run.configure(redis_url, stream="verify", chunk=CHUNK)
         src.execute("CREATE DATABASE app", *[f"CREATE TABLE app.{t} ({c})" for t, c in TABLES.items()])
         conn = src.connect("app")
         with conn.cursor() as cur:
@@ -292,15 +172,13 @@ def _contract(tmp_path: Path, redis_url: str, side: Any) -> None:
             cur.executemany("INSERT INTO log VALUES (%s, %s)", [(i % 5, "x") for i in range(50)])
         conn.commit()
         conn.close()
-        procs["producer"] = _daemon(cfg, "produce", logs / "producer.log")
-        procs["applier"] = _daemon(cfg, "apply", logs / "applier.log")
+        run.start()
 
         with Writers(src) as w:
             time.sleep(4.0)  # the writers' baseline
             v0 = time.monotonic()
-            rc, out = _verify(cfg)
+            out = run.verify_equal()
             v1 = time.monotonic()
-            assert rc == 0, f"a clean replica did not verify equal (rc {rc}):\n{out}\n{tails()}"
             assert re.search(r"verify \S+: \d+ chunks, \d+ source rows, 0 differ", out), out
             base, during = w.p99(v0 - 4.0, v0), w.p99(v0, v1)
             print(f"\nwriter p99 before verify {base * 1000:.1f} ms, during {during * 1000:.1f} ms "
@@ -309,36 +187,22 @@ def _contract(tmp_path: Path, redis_url: str, side: Any) -> None:
             # writers for 2 cores); the bench measures it properly.
             assert during <= max(3 * base, base + 0.1), (base, during)
 
-            if hasattr(side, "tamper"):  # a target whose flushes can roll back a concurrent commit
-                side.tamper(tmp_path / "applier-state" / "applier.json", TAMPERING)
-            else:
-                side.execute(*(sql for sql, _, _ in TAMPERING))
-            rc, out = _verify(cfg)
-            assert rc == 1, f"tampering was not found (rc {rc}):\n{out}\n{tails()}"
-            differs = [line for line in out.splitlines() if line.startswith("differs:")]
-            assert len(differs) == 3, out
-            assert any("app.acct 999 < (id) <= 1499" in d for d in differs), out
-            assert any("app.acct 499 < (id) <= 999" in d for d in differs), out
-            assert any(d.startswith("differs: app.pair") for d in differs), out
+            def damage() -> None:
+                if hasattr(side, "tamper"):  # a target whose flushes can roll back a concurrent commit
+                    side.tamper(run.tmp_path / "applier-state" / "applier.json", TAMPERING)
+                else:
+                    side.execute(*(sql for sql, _, _ in TAMPERING))
 
-            rc, out = _verify(cfg, "--repair")
-            assert rc == 0, f"--repair did not end equal (rc {rc}):\n{out}\n{tails()}"
-            assert "repair " in out and out.count("differ") >= 2, out
-            rc, out = _verify(cfg, "--tables", "app.*")
-            assert rc == 0, f"a second verify after the repair differs:\n{out}\n{tails()}"
+            found = run.find_and_repair(damage)
+            assert len(found.differs) == 3, found.report
+            assert any("app.acct 999 < (id) <= 1499" in d for d in found.differs), found.report
+            assert any("app.acct 499 < (id) <= 999" in d for d in found.differs), found.report
+            assert any(d.startswith("differs: app.pair") for d in found.differs), found.report
+            assert "repair " in found.repair and found.repair.count("differ") >= 2, found.repair
+            run.verify_equal("--tables", "app.*", what="a second verify after the repair")
         assert not w.errors, w.errors
-        rc, out = _verify(cfg, "--status")
+        rc, out = run.verify("--status")
         assert rc == 0 and "differs:" in out and "repair of" in out, out
-        for n, p in procs.items():
-            assert p.poll() is None, f"{n} exited:\n{tails()}"
-            p.send_signal(signal.SIGTERM)
-            assert p.wait(120) == 0, tails()
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-        src.destroy()
-        side.destroy()
 
 
 SIDES: dict[str, Callable[[Path], Any]] = {"mariadb": MariaDBSide, "duckdb": DuckDBSide}
@@ -361,23 +225,38 @@ def test_verify_finds_and_repairs_under_writers_spark(tmp_path: Path, redis_url:
 @pytest.mark.slow
 def test_verify_finds_and_repairs_under_writers_monetdb(tmp_path: Path, redis_url: str) -> None:
     class MonetSide:
+        """The MonetDB server the tests share.  This run's names are fixed
+        (schema app, producer p1), so what a run leaves there -- its tables
+        and its row of the applier's state -- goes before it starts and when
+        it ends: a second run found the first one's rows and state and
+        stopped on a duplicate key."""
+
         def __init__(self) -> None:
             self.config = {"kind": "monetdb", "url": os.environ["CYNOMYS_TEST_MONETDB"]}
             self.extra: dict[str, Any] = {}
+            self.destroy()
 
-        def execute(self, *sql: str) -> None:
+        def _run(self, *sql: str, only_if: str = "") -> None:
             import pymonetdb  # type: ignore[import-untyped]
 
             conn = pymonetdb.connect(self.config["url"])
             try:
                 cur = conn.cursor()
-                for s in sql:
-                    cur.execute(s.replace("app.", '"app".'))
+                cur.execute(only_if or "SELECT 1")
+                if cur.fetchall():
+                    for s in sql:
+                        cur.execute(s)
                 conn.commit()
             finally:
                 conn.close()
 
+        def execute(self, *sql: str) -> None:
+            self._run(*(s.replace("app.", '"app".') for s in sql))
+
         def destroy(self) -> None:
-            pass
+            self._run('DROP SCHEMA "app" CASCADE', only_if="SELECT 1 FROM sys.schemas WHERE name = 'app'")
+            self._run("DELETE FROM \"cynomys_state\".\"applied\" WHERE producer_id = 'p1'",
+                      only_if="SELECT 1 FROM sys.tables t JOIN sys.schemas s ON t.schema_id = s.id "
+                              "WHERE s.name = 'cynomys_state' AND t.name = 'applied'")
 
     _contract(tmp_path, redis_url, MonetSide())

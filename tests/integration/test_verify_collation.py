@@ -18,19 +18,14 @@ from __future__ import annotations
 
 import json
 import random
-import signal
-import subprocess
-import threading
-import time
 from pathlib import Path
 from typing import Any, Callable
 
-import pymysql
 import pytest
 
-from cynomys.transport.keys import generate_keys
-from tests.helpers import wait_for, write_config
-from tests.integration.test_verify import DuckDBSide, MariaDBSide, _daemon, _verify
+from tests.helpers import wait_for
+from tests.integration import verify_harness
+from tests.integration.verify_harness import DuckDBSide, MariaDBSide, verify_run
 from tests.servers.mariadb import MariaDBServer
 
 pytestmark = [pytest.mark.integration]
@@ -63,9 +58,7 @@ class TargetServer(MariaDBSide):
     """The MariaDB target (ColumnStore code, engine InnoDB), with its own tmpdir."""
 
     def __init__(self, tmp_path: Path) -> None:
-        self.tgt = _server(tmp_path, 2)
-        self.config: dict[str, Any] = {"kind": "columnstore", "url": self.tgt.url, "engine": "InnoDB"}
-        self.extra: dict[str, Any] = {}
+        super().__init__(tmp_path, _server(tmp_path, 2))
 
 
 def _keys(seed: int, n: int) -> list[str]:
@@ -92,84 +85,21 @@ def _source_rows(src: MariaDBServer, table: str) -> list[tuple[Any, ...]]:
         conn.close()
 
 
-class Readable:
-    """Reading the target's rows back, per side."""
-
-    def __init__(self, side: Any) -> None:
-        self.side = side
-
-    def rows(self, table: str) -> list[tuple[Any, ...]]:
-        if isinstance(self.side, MariaDBSide):
-            try:
-                return sorted(tuple(r) for r in self.side.tgt.execute(f"SELECT * FROM app.{table}"))
-            except pymysql.err.ProgrammingError:
-                return []  # not created yet
-        duckdb = self.side.duckdb
-        got: list[tuple[Any, ...]] = []
-
-        def once() -> bool:
-            try:
-                conn = duckdb.connect(str(self.side.path), read_only=True)
-            except duckdb.Error:
-                return False  # the applier holds the file for a flush
-            try:
-                got[:] = [tuple(r) for r in conn.execute(f"SELECT * FROM app.{table}").fetchall()]
-            except duckdb.CatalogException:
-                got[:] = []  # not created yet
-            finally:
-                conn.close()
-            return True
-
-        wait_for(once, timeout=60, what="the DuckDB file to be free")
-        return sorted(got)
-
-
-class Writers:
+class Writers(verify_harness.Writers):
     """Two source clients changing keys of their own ('w…'/'W…', mixed case,
     padded) in gci and uci while verify runs: chunks are cut and repaired
     around changing neighbours."""
 
-    def __init__(self, src: MariaDBServer) -> None:
-        self.src = src
-        self.stop = threading.Event()
-        self.errors: list[BaseException] = []
-        self.threads = [threading.Thread(target=self._loop, args=(s,), daemon=True) for s in range(2)]
+    seed = 100
 
-    def __enter__(self) -> Writers:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join()
-
-    def _loop(self, seed: int) -> None:
-        rnd = random.Random(100 + seed)
-        conn = self.src.connect("app")
-        try:
-            with conn.cursor() as cur:
-                while not self.stop.is_set():
-                    table = rnd.choice(["gci", "uci"])
-                    k = rnd.choice("wW") + rnd.choice(["a", "B", "é", "c"]) + str(rnd.randrange(30)) + \
-                        rnd.choice(["", " ", "\t"])
-                    try:
-                        if rnd.random() < 0.6:
-                            cur.execute(f"INSERT INTO {table} VALUES (%s, %s, 'w') ON DUPLICATE KEY UPDATE "
-                                        "v = v + 1", (k, rnd.randrange(1000)))
-                        else:
-                            cur.execute(f"DELETE FROM {table} WHERE k = %s", (k,))
-                        conn.commit()
-                    except (pymysql.err.OperationalError, pymysql.err.IntegrityError) as exc:
-                        if exc.args[0] not in (1213, 1205, 1062):
-                            raise
-                        conn.rollback()
-                    time.sleep(0.01)
-        except BaseException as exc:  # surfaced by the test
-            self.errors.append(exc)
-        finally:
-            conn.close()
+    def txn(self, cur: Any, rnd: random.Random) -> None:
+        table = rnd.choice(["gci", "uci"])
+        k = rnd.choice("wW") + rnd.choice(["a", "B", "é", "c"]) + str(rnd.randrange(30)) + rnd.choice(["", " ", "\t"])
+        if rnd.random() < 0.6:
+            cur.execute(f"INSERT INTO {table} VALUES (%s, %s, 'w') ON DUPLICATE KEY UPDATE v = v + 1",
+                        (k, rnd.randrange(1000)))
+        else:
+            cur.execute(f"DELETE FROM {table} WHERE k = %s", (k,))
 
 
 def _damage(src: MariaDBServer) -> list[str]:
@@ -198,37 +128,14 @@ def _damage(src: MariaDBServer) -> list[str]:
     return out
 
 
-def _setup(tmp_path: Path, redis_url: str, side: Any, src: MariaDBServer, **extra: Any) -> Path:
-    keys = generate_keys(tmp_path / "keys", rsa_bits=2048)
-    sections: dict[str, Any] = {
-        "source": {"include_tables": ["app.*"], "start": "{}:{}".format(*src.execute("SHOW MASTER STATUS")[0][:2])},
-        "producer": {"id": "p1", "batch_max_events": 500, "batch_max_delay_ms": 100},
-        "transport": {"url": redis_url, "stream": f"vcoll-{tmp_path.name}"},
-        "security": {k: str(v) for k, v in keys.items()},
-        "applier": {"buffer_rows": 2000, "max_delay_ms": 300, "consumer_name": "a1"},
-        "snapshot": {"chunk_size": CHUNK},
-        "target": side.config, **side.extra,
-    }
-    for name, keys_ in extra.items():
-        sections.setdefault(name, {}).update(keys_)
-    return write_config(tmp_path / "c.toml", src, **sections)
-
-
-def _equal(src: MariaDBServer, read: Readable, tables: list[str]) -> Callable[[], bool]:
-    return lambda: all(_source_rows(src, t) == read.rows(t) for t in tables)
+def _equal(src: MariaDBServer, side: Any, tables: list[str]) -> Callable[[], bool]:
+    return lambda: all(_source_rows(src, t) == side.rows(t) for t in tables)
 
 
 def _collation_contract(tmp_path: Path, redis_url: str, side: Any, read_only: bool) -> None:
     src = _server(tmp_path, 1)
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    logs = tmp_path / "logs"
-    logs.mkdir()
-
-    def tails() -> str:
-        return "\n".join(f"--- {n}:\n{(logs / f'{n}.log').read_text()[-6000:]}" for n in procs)
-
-    try:
-        cfg = _setup(tmp_path, redis_url, side, src, snapshot={"read_only": read_only})
+    with verify_run(tmp_path, src, side) as run:
+        run.configure(redis_url, stream="vcoll", chunk=CHUNK, snapshot={"read_only": read_only})
         src.execute("CREATE DATABASE app", *[f"CREATE TABLE app.{t} ({c})" for t, c in TABLES.items()])
         conn = src.connect("app")
         with conn.cursor() as cur:
@@ -240,47 +147,27 @@ def _collation_contract(tmp_path: Path, redis_url: str, side: Any, read_only: bo
             cur.executemany("INSERT INTO en VALUES (%s, %s)", [(e, i) for i, e in enumerate(["z", "a", "M", "b"])])
         conn.commit()
         conn.close()
-        procs["producer"] = _daemon(cfg, "produce", logs / "producer.log")
-        procs["applier"] = _daemon(cfg, "apply", logs / "applier.log")
-        read = Readable(side)
+        run.start()
         tables = list(TABLES)
-        wait_for(_equal(src, read, tables), timeout=120, what="the target to catch up")
+        wait_for(_equal(src, side, tables), timeout=120, what="the target to catch up")
 
-        rc, out = _verify(cfg)
-        assert rc == 0, f"a clean replica did not verify equal (rc {rc}):\n{out}\n{tails()}"
+        run.verify_equal()
         with Writers(src) as w:
-            damage = _damage(src)
-            side.execute(*damage)
-            rc, out = _verify(cfg)
-            assert rc == 1, f"the damage was not found (rc {rc}):\n{out}\n{tails()}"
-            differs = [line for line in out.splitlines() if line.startswith("differs:")]
+            found = run.find_and_repair(lambda: side.execute(*_damage(src)))
             for t in tables:
-                assert any(d.startswith(f"differs: app.{t} ") for d in differs), (t, out)
-            rc, out = _verify(cfg, "--repair")
-            assert rc == 0, f"--repair did not end equal (rc {rc}):\n{out}\n{tails()}"
+                assert any(d.startswith(f"differs: app.{t} ") for d in found.differs), (t, found.report)
         assert not w.errors, w.errors
         # Row by row: what the repair deleted was put back, what it did not
         # delete was meant to stay (the old bug: rows of the collation's
         # range but outside the byte range were deleted and not read back).
         try:
-            wait_for(_equal(src, read, tables), timeout=60, what="the target to equal the source")
+            wait_for(_equal(src, side, tables), timeout=60, what="the target to equal the source")
         except AssertionError:
             for t in tables:
-                s, r = set(_source_rows(src, t)), set(read.rows(t))
+                s, r = set(_source_rows(src, t)), set(side.rows(t))
                 print(f"{t}: missing on the target {sorted(s - r)}, extra {sorted(r - s)}")
             raise
-        rc, out = _verify(cfg)
-        assert rc == 0, f"a verify after the repair differs:\n{out}\n{tails()}"
-        for n, p in procs.items():
-            assert p.poll() is None, f"{n} exited:\n{tails()}"
-            p.send_signal(signal.SIGTERM)
-            assert p.wait(120) == 0, tails()
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-        src.destroy()
-        side.destroy()
+        run.verify_equal(what="a verify after the repair")
 
 
 SIDES: dict[str, Callable[[Path], Any]] = {"mariadb": TargetServer, "duckdb": DuckDBSide}
@@ -302,16 +189,9 @@ def test_a_verify_job_that_cannot_be_done_fails_alone(tmp_path: Path, redis_url:
     the fix, leaves the pending jobs, and the stream goes on."""
     side = TargetServer(tmp_path)
     src = _server(tmp_path, 1)
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    logs = tmp_path / "logs"
-    logs.mkdir()
-
-    def tails() -> str:
-        return "\n".join(f"--- {n}:\n{(logs / f'{n}.log').read_text()[-6000:]}" for n in procs)
-
-    try:
-        cfg = _setup(tmp_path, redis_url, side, src, transport={"max_envelope_bytes": 256 * 1024},
-                     producer={"batch_max_events": 40})
+    with verify_run(tmp_path, src, side) as run:
+        run.configure(redis_url, stream="vcoll", chunk=CHUNK, transport={"max_envelope_bytes": 256 * 1024},
+                      producer={"batch_max_events": 40})
         src.execute("CREATE DATABASE app", "CREATE TABLE app.blobs (who INT, body VARCHAR(1500))",
                     "CREATE TABLE app.kv (id INT PRIMARY KEY, v INT)")
         conn = src.connect("app")
@@ -320,40 +200,27 @@ def test_a_verify_job_that_cannot_be_done_fails_alone(tmp_path: Path, redis_url:
                 cur.executemany("INSERT INTO blobs VALUES (%s, %s)", [(t * 20 + i, "b" * 1000) for i in range(20)])
                 conn.commit()
         conn.close()
-        procs["producer"] = _daemon(cfg, "produce", logs / "producer.log")
-        procs["applier"] = _daemon(cfg, "apply", logs / "applier.log")
-        wait_for(lambda: Readable(side).rows("blobs") and len(Readable(side).rows("blobs")) == 400, timeout=120,
-                 what="the target to catch up")
+        run.start()
+        wait_for(lambda: len(side.rows("blobs")) == 400, timeout=120, what="the target to catch up")
         side.execute("DELETE FROM app.blobs WHERE who = 7")
 
-        rc, out = _verify(cfg, "--tables", "app.blobs", "--repair")
-        assert rc == 2, f"the repair should have failed (rc {rc}):\n{out}\n{tails()}"
+        rc, out = run.verify("--tables", "app.blobs", "--repair")
+        assert rc == 2, f"the repair should have failed (rc {rc}):\n{out}\n{run.tails()}"
         assert "differs: app.blobs whole table" in out, out
         assert "no primary key" in out and "cynomys snapshot --tables app.blobs" in out, out
         state = json.loads((tmp_path / "producer-state" / "verify.json").read_text())
         assert not [j for j in state["jobs"] if j["status"] == "running"], state
         failed = [j for j in state["jobs"] if j["status"] == "failed"]
         assert len(failed) == 1 and failed[0]["repair_of"], state
-        rc, out = _verify(cfg, "--status")
+        rc, out = run.verify("--status")
         assert "failed" in out and "no primary key" in out, out
 
         # Replication goes on, now and after a restart of the producer.
         src.execute("INSERT INTO app.kv VALUES (1, 1)")
-        wait_for(lambda: len(Readable(side).rows("kv")) == 1, timeout=60, what="replication after the failed job")
-        procs["producer"].send_signal(signal.SIGTERM)
-        assert procs["producer"].wait(120) == 0, tails()
-        procs["producer"] = _daemon(cfg, "produce", logs / "producer.log")
+        wait_for(lambda: len(side.rows("kv")) == 1, timeout=60, what="replication after the failed job")
+        run.stop("producer")
+        run.start("producer")
         src.execute("INSERT INTO app.kv VALUES (2, 2)")
         wait_for(lambda: side.tgt.execute("SELECT COUNT(*) FROM app.kv")[0][0] == 2, timeout=60,
                  what="replication after a restart")
         assert side.tgt.execute("SELECT COUNT(*) FROM app.blobs")[0][0] == 399  # left as it was
-        for n, p in procs.items():
-            assert p.poll() is None, f"{n} exited:\n{tails()}"
-            p.send_signal(signal.SIGTERM)
-            assert p.wait(120) == 0, tails()
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-        src.destroy()
-        side.destroy()

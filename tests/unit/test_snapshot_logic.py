@@ -15,7 +15,7 @@ from cynomys.snapshot.columns import normalize_type, row_converter, table_info
 from cynomys.snapshot.errors import SnapshotError
 from cynomys.snapshot.state import DONE, FAILED, FINISHED, QUEUED, SnapshotJob, SnapshotStore, TableProgress
 from cynomys.snapshot.watermark import read_watermark, same_statement, watermark_ddl
-from cynomys.snapshot.window import ChunkWindow, GtidMarks, Phase
+from cynomys.snapshot.window import ChunkWindow, GtidMarks
 
 COLS = (ColumnDef("a", "int"), ColumnDef("b", "varchar(10)"), ColumnDef("v", "float"))
 
@@ -142,7 +142,7 @@ def _change(op: Op, before: tuple[int, int] | None, after: tuple[int, int] | Non
 
 
 def test_window_drops_every_key_the_log_changes_in_it() -> None:
-    w = ChunkWindow.of("d", "t", (0,), [(1, 10), (2, 20), (3, 30), (4, 40), (5, 50)], Phase.OPEN)
+    w = ChunkWindow.of("d", "t", (0,), [(1, 10), (2, 20), (3, 30), (4, 40), (5, 50)])
     w.on_change(_change(Op.UPDATE, (2, 20), (2, 21)), in_window=True)
     w.on_change(_change(Op.DELETE, (3, 30), None), in_window=True)
     w.on_change(_change(Op.UPDATE, (4, 40), (9, 40)), in_window=True)   # key moved: both keys out
@@ -153,7 +153,7 @@ def test_window_drops_every_key_the_log_changes_in_it() -> None:
 
 
 def test_keyless_window_is_dirty_on_any_change() -> None:
-    w = ChunkWindow.of("d", "t", (), [(1, 1), (1, 1)], Phase.OPEN)
+    w = ChunkWindow.of("d", "t", (), [(1, 1), (1, 1)])
     w.on_change(_change(Op.INSERT, None, (2, 2)), in_window=False)
     assert not w.dirty and w.remaining() == [(1, 1), (1, 1)]
     w.on_change(_change(Op.INSERT, None, (2, 2)), in_window=True)
@@ -187,3 +187,67 @@ def test_jobs_round_trip_and_settle(tmp_path: Path) -> None:
     assert ok.status == FINISHED
     r = store.submit({"action": "cancel", "id": "j1"})
     assert [(p, d["action"]) for p, d in store.pending_requests()] == [(r, "cancel")]
+
+
+# -- the coordinator's lifecycle (no server: the chunk in flight is put in place) -----
+WM_SCHEMA = TableSchema("cynomys_meta", "watermark", (ColumnDef("producer_id", "varchar(64)"),
+                        ColumnDef("uuid", "char(36)"), ColumnDef("kind", "varchar(4)")), ("producer_id",))
+
+
+def _mark(uuid: str) -> Change:
+    return Change(Op.UPDATE, "cynomys_meta", "watermark", "0-1-2", P, 0, WM_SCHEMA, ("p1", "x", "low"),
+                  ("p1", uuid, "low"))
+
+
+def test_a_chunk_leaves_at_a_boundary_and_is_recorded_once_the_checkpoint_passes(tmp_path: Path) -> None:
+    """DBLog through the shared lifecycle (snapshot/task.py): the watermark
+    events open and close the window (and are never shipped); a key changed
+    inside it is dropped; the rest leaves only at a transaction boundary, as
+    READ rows and a Commit at that boundary; the table records the chunk only
+    when a checkpoint at or past that boundary is reported."""
+    from cynomys.core.config import Config, ProducerConfig
+    from cynomys.parser.txn import Commit
+    from cynomys.snapshot.coordinator import SnapshotCoordinator, _Active
+    from cynomys.snapshot.state import RUNNING
+    from cynomys.snapshot.window import Phase, Window
+
+    cfg = Config(producer=ProducerConfig(state_dir=str(tmp_path)))
+    co = SnapshotCoordinator(cfg, start=P, first_start=False)
+    co.jobs = [SnapshotJob("j", "request", RUNNING, (TableProgress("d.t"),))]
+    rows = [(1, 10), (2, 20), (3, 30)]
+    co._reading = _Active("j", 0, table_info("d", "t", [("id", "int"), ("v", "int")], ["id"], "InnoDB", 3),
+                          Window(Phase.WAIT_LOW, "L", "H"), ChunkWindow.of("d", "t", (0,), rows),
+                          encode_key((3,)), True)
+    before = _change(Op.UPDATE, (1, 10), (1, 11))
+    assert co.observe(before) is before                  # before the low watermark: the select saw it
+    assert co.observe(_mark("L")) is None                # a watermark: never shipped
+    co.observe(_change(Op.DELETE, (2, 20), None))        # inside the window: the log carries key 2
+    assert co.poll(at_boundary=True) == [] and co.wait_s() > 0
+    co.observe(_mark("H"))
+    q = Position("b.000001", 900)
+    co.observe(Commit(P, q, 7, "0-1-5"))
+    assert co.wait_s() == 0.0 and co.poll(at_boundary=False) == []  # inside a transaction: wait
+    out = co.poll(at_boundary=True)
+    assert [(c.op, c.after) for c in out if isinstance(c, Change)] == [(Op.READ, (1, 10)), (Op.READ, (3, 30))]
+    assert out[-1] == Commit(q, q, 7, "")
+    co.checkpointed(P)                                   # before the rows: not theirs
+    assert co.jobs[0].tables[0].chunks == 0
+    co.checkpointed(q)
+    t = SnapshotStore(tmp_path).load()[0].tables[0]
+    assert (t.status, t.last_key, t.chunks, t.rows, t.scanned, t.dropped) == (DONE, encode_key((3,)), 1, 2, 3, 1)
+    assert SnapshotStore(tmp_path).load()[0].status == FINISHED
+
+
+def test_the_watermark_table_reaches_the_tasks_whatever_the_filter_says(tmp_path: Path) -> None:
+    from cynomys.core.config import Config, ProducerConfig, SnapshotConfig
+    from cynomys.parser.stream import TableFilter
+    from cynomys.snapshot.coordinator import SnapshotCoordinator
+
+    cfg = Config(producer=ProducerConfig(state_dir=str(tmp_path)))
+    co = SnapshotCoordinator(cfg, start=P, first_start=False)
+    f = co.table_filter(TableFilter(["app.*"], []))
+    assert f("cynomys_meta", "watermark") and f("app", "t") and not f("other", "t")
+    assert co.table_filter(f) is f  # a second task does not wrap it again
+    read_only = Config(producer=ProducerConfig(state_dir=str(tmp_path)), snapshot=SnapshotConfig(read_only=True))
+    base = TableFilter(["app.*"], [])
+    assert SnapshotCoordinator(read_only, start=P, first_start=False).table_filter(base) is base

@@ -132,15 +132,16 @@ def test_tail_shows_verification_records_as_comments() -> None:
 def _window(tmp_path, rows: list[tuple], rng: KeyRange):  # type: ignore[no-untyped-def]
     from cynomys.core.config import Config, ProducerConfig
     from cynomys.snapshot.columns import TableInfo
-    from cynomys.snapshot.window import Phase
-    from cynomys.verify.coordinator import RUNNING, VerifyCoordinator, VerifyJob, VerifyTask, _Active
+    from cynomys.snapshot.window import Phase, Window
+    from cynomys.verify.coordinator import VerifyCoordinator, _Active
+    from cynomys.verify.state import RUNNING, VerifyJob, VerifyTask
 
     cfg = Config(producer=ProducerConfig(state_dir=str(tmp_path)))
     co = VerifyCoordinator(cfg, start=POS)
     co.jobs = [VerifyJob("j", RUNNING, (VerifyTask("app.t"),), chunk_size=5)]
-    a = _Active("j", 0, TableInfo(SCHEMA, "InnoDB", len(rows)), rng, Phase.WAIT_LOW, low_uuid="L", high_uuid="H")
+    a = _Active("j", 0, TableInfo(SCHEMA, "InnoDB", len(rows)), rng, Window(Phase.WAIT_LOW, "L", "H"))
     a.rows = {(r[0],): r for r in rows}
-    co._active = a
+    co._reading = a
     return co, a
 
 
@@ -166,7 +167,7 @@ def test_window_brings_the_chunk_to_the_stream_position(tmp_path) -> None:  # ty
     co.observe(ch(Op.DELETE, _row(10), None))          # before the low watermark: the select saw it
     assert (10,) in a.rows
     co.observe(_wm("L"))
-    assert a.phase is Phase.OPEN
+    assert a.window.phase is Phase.OPEN
     changed = _row(11)[:7] + ("changed",)
     co.observe(ch(Op.UPDATE, _row(11), changed))       # in the window: its image wins
     co.observe(ch(Op.DELETE, _row(12), None))
@@ -174,7 +175,7 @@ def test_window_brings_the_chunk_to_the_stream_position(tmp_path) -> None:  # ty
     co.observe(ch(Op.UPDATE, _row(14), (20,) + _row(14)[1:]))   # key moves out of the range
     co.observe(ch(Op.INSERT, None, _row(99)))          # outside the range: not this chunk's
     co.observe(_wm("H"))
-    assert a.phase is Phase.CLOSING
+    assert a.window.phase is Phase.CLOSING
     co.observe(ch(Op.INSERT, None, (9,) + _row(9)[1:]))  # lo is exclusive
     co.observe(ch(Op.UPDATE, (20,) + _row(14)[1:], _row(14)))  # after the high watermark: moved back
     assert sorted(a.rows) == [(10,), (11,), (13,), (14,)]
@@ -279,17 +280,17 @@ def _stream(tmp_path, rows: list[tuple], *, schema: TableSchema = S_SCHEMA, chun
             repair: bool = False, max_envelope: int = 64 << 20, phase=None):
     from cynomys.core.config import Config, ProducerConfig, TransportConfig
     from cynomys.snapshot.columns import TableInfo
-    from cynomys.snapshot.window import Phase
-    from cynomys.verify.coordinator import RUNNING, VerifyCoordinator, VerifyJob, VerifyTask, _Stream
+    from cynomys.snapshot.window import Phase, Window
+    from cynomys.verify.coordinator import VerifyCoordinator, _Stream
+    from cynomys.verify.state import RUNNING, VerifyJob, VerifyTask
 
     cfg = Config(producer=ProducerConfig(state_dir=str(tmp_path)),
                  transport=TransportConfig(max_envelope_bytes=max_envelope))
     co = VerifyCoordinator(cfg, start=POS)
     co.jobs = [VerifyJob("j", RUNNING, (VerifyTask("app.t", repair=repair),), chunk_size=chunk)]
     cur = _Cursor(rows)
-    s = _Stream("j", 0, TableInfo(schema, "InnoDB", len(rows)), None, cur, phase or Phase.WAIT_LOW,
-                low_uuid="L", high_uuid="H")
-    co._stream = s
+    s = _Stream("j", 0, TableInfo(schema, "InnoDB", len(rows)), None, cur, Window(phase or Phase.WAIT_LOW, "L", "H"))
+    co._reading = s
     return co, s, cur
 
 
@@ -320,7 +321,7 @@ def test_a_collated_key_is_streamed_in_byte_order_and_the_window_stays_open(tmp_
     h = RowHasher(S_COLS)
     co.observe(_sch(Op.DELETE, ("a", "va"), None))        # before the low watermark: the read saw it
     co.observe(_wm("L"))
-    assert s.phase is Phase.OPEN
+    assert s.window.phase is Phase.OPEN
     co.observe(_sch(Op.UPDATE, ("c", "vc"), ("c", "changed")))
     co.observe(_sch(Op.INSERT, None, ("Ab", "new")))      # 'Ab' < 'B' < 'a' in bytes
     co.observe(_sch(Op.DELETE, ("f", "vf"), None))
@@ -335,10 +336,10 @@ def test_a_collated_key_is_streamed_in_byte_order_and_the_window_stays_open(tmp_
     rng, cs, _, _ = _emitted(co.poll(at_boundary=True))
     assert rng == KeyRange(("a",), ("f",))
     assert cs == h.rows([("b\t", "vb\t"), ("c", "changed"), ("e", "ins")])
-    assert co._stream is s and s.pending == {}
+    assert co._reading is s and s.pending == {}
     rng, cs, _, _ = _emitted(co.poll(at_boundary=True))
     assert rng == KeyRange(("f",), None) and cs == h.rows([("x ", "vx "), ("é", "vé")])
-    assert co._stream is None and co.poll(at_boundary=True) == []
+    assert co._reading is None and co.poll(at_boundary=True) == []
     co.checkpointed(POS)
     job = co.jobs[0]
     assert job.status == "done" and [c["id"] for c in job.chunks] == ["j/app.t/0", "j/app.t/1", "j/app.t/2"]
@@ -389,7 +390,7 @@ def test_a_keyless_table_is_hashed_while_read_and_read_again_when_changed(tmp_pa
     assert s.rows == []  # a verify keeps no rows: only the running checksum
     co2, s2, _ = _stream(tmp_path / "b", rows, schema=keyless, phase=Phase.OPEN)
     co2.observe(_sch(Op.INSERT, None, ("new", "v"), keyless))
-    assert s2.dirty and co2.poll(at_boundary=True) == [] and co2._stream is None
+    assert s2.dirty and co2.poll(at_boundary=True) == [] and co2._reading is None
     assert co2._keyless_attempts == {("j", 0): 1}
 
 
@@ -398,7 +399,7 @@ def test_a_keyless_repair_too_large_for_an_envelope_fails_alone(tmp_path) -> Non
     producer would stop on it at every start.  The task fails instead, with
     the reason and the fix; nothing is emitted."""
     from cynomys.snapshot.window import Phase
-    from cynomys.verify.coordinator import FAILED, store_for
+    from cynomys.verify.state import FAILED, store_for
 
     keyless = TableSchema("app", "t", S_COLS, ())
     rows = [(f"r{i}", "y" * 500) for i in range(400)]
@@ -406,7 +407,7 @@ def test_a_keyless_repair_too_large_for_an_envelope_fails_alone(tmp_path) -> Non
     for _ in range(20):
         assert co.poll(at_boundary=True) == []
     job = co.jobs[0]
-    assert job.status == FAILED and co._stream is None
+    assert job.status == FAILED and co._reading is None
     assert "no primary key" in job.error and "cynomys snapshot --tables app.t" in job.error
     assert store_for(co.cfg).load()[0].status == FAILED  # durable: a restart does not try again
 
@@ -417,7 +418,8 @@ def test_a_repair_the_producer_keeps_stopping_on_is_given_up(tmp_path) -> None: 
     _SHIP_ATTEMPTS means the producer stopped on it every time: the task
     fails alone rather than stop replication at every restart."""
     from cynomys.snapshot.window import Phase
-    from cynomys.verify.coordinator import FAILED, VerifyCoordinator, store_for
+    from cynomys.verify.coordinator import VerifyCoordinator
+    from cynomys.verify.state import FAILED, store_for
 
     rows = [(f"k{i}", "v") for i in range(2)]
     co, s, _ = _stream(tmp_path, rows, chunk=5, repair=True, phase=Phase.CLOSING)
