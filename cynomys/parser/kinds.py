@@ -19,6 +19,9 @@ INFO       carries no data change (format, heartbeat, GTID lists, ...)
 HALT       cannot be replicated faithfully: stop with a clear message
 ========== ==================================================================
 
+A container (MariaDB's compressed events) is unpacked into the event it
+stands for, which is then sorted like any other (``Kind.unpack``).
+
 QUERY events need their statement text to be sorted; that second table is
 ``QUERY_RULES``.  An unknown kind is HALT: we cannot know that it does not
 touch data, and a silent skip is the failure users of other tools fear most.
@@ -43,12 +46,19 @@ class Basic(str, Enum):
     HALT = "HALT"
 
 
+#: ``Kind.unpack`` of MariaDB's zlib-compressed QUERY and ROWS events.
+MARIADB_ZLIB = "mariadb-zlib"
+
+
 @dataclass(frozen=True)
 class Kind:
     code: int
     name: str
     basic: Basic
     why: str  # for HALT: what to do about it
+    #: a container: the events it holds are unpacked (parser/containers.py)
+    #: and sorted instead of it; ``basic`` is what it holds
+    unpack: str = ""
 
 
 _STATEMENT_HINT = "set binlog_format=ROW on the source (SET GLOBAL binlog_format=ROW and in its config file)"
@@ -108,13 +118,14 @@ KINDS: dict[int, Kind] = {k.code: k for k in (
     Kind(0xA2, "GTID_EVENT", Basic.BEGIN, ""),
     Kind(0xA3, "GTID_LIST_EVENT", Basic.INFO, ""),
     Kind(0xA4, "START_ENCRYPTION_EVENT", Basic.INFO, ""),
-    Kind(0xA5, "QUERY_COMPRESSED_EVENT", Basic.HALT, "compressed binlog events are not supported; SET GLOBAL log_bin_compress=OFF"),
-    Kind(0xA6, "WRITE_ROWS_COMPRESSED_EVENT_V1", Basic.HALT, "compressed binlog events are not supported; SET GLOBAL log_bin_compress=OFF"),
-    Kind(0xA7, "UPDATE_ROWS_COMPRESSED_EVENT_V1", Basic.HALT, "compressed binlog events are not supported; SET GLOBAL log_bin_compress=OFF"),
-    Kind(0xA8, "DELETE_ROWS_COMPRESSED_EVENT_V1", Basic.HALT, "compressed binlog events are not supported; SET GLOBAL log_bin_compress=OFF"),
-    Kind(0xA9, "WRITE_ROWS_COMPRESSED_EVENT", Basic.HALT, "compressed binlog events are not supported; SET GLOBAL log_bin_compress=OFF"),
-    Kind(0xAA, "UPDATE_ROWS_COMPRESSED_EVENT", Basic.HALT, "compressed binlog events are not supported; SET GLOBAL log_bin_compress=OFF"),
-    Kind(0xAB, "DELETE_ROWS_COMPRESSED_EVENT", Basic.HALT, "compressed binlog events are not supported; SET GLOBAL log_bin_compress=OFF"),
+    # MariaDB log_bin_compress: zlib inside, unpacked into the plain event (parser/containers.py)
+    Kind(0xA5, "QUERY_COMPRESSED_EVENT", Basic.INFO, "sorted by QUERY_RULES once inflated", unpack=MARIADB_ZLIB),
+    Kind(0xA6, "WRITE_ROWS_COMPRESSED_EVENT_V1", Basic.INSERT, "", unpack=MARIADB_ZLIB),
+    Kind(0xA7, "UPDATE_ROWS_COMPRESSED_EVENT_V1", Basic.UPDATE, "", unpack=MARIADB_ZLIB),
+    Kind(0xA8, "DELETE_ROWS_COMPRESSED_EVENT_V1", Basic.DELETE, "", unpack=MARIADB_ZLIB),
+    Kind(0xA9, "WRITE_ROWS_COMPRESSED_EVENT", Basic.INSERT, "", unpack=MARIADB_ZLIB),
+    Kind(0xAA, "UPDATE_ROWS_COMPRESSED_EVENT", Basic.UPDATE, "", unpack=MARIADB_ZLIB),
+    Kind(0xAB, "DELETE_ROWS_COMPRESSED_EVENT", Basic.DELETE, "", unpack=MARIADB_ZLIB),
 )}
 
 

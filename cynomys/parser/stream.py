@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import pymysql
+from pymysql.protocol import MysqlPacket
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication import event as rp_event
 from pymysqlreplication import row_event as rp_row
+from pymysqlreplication.packet import BinLogPacketWrapper
 
 from cynomys.core.config import SourceConfig
 from cynomys.core.errors import (
@@ -25,7 +27,9 @@ from cynomys.core.errors import (
 )
 from cynomys.core.model import Position, Row, TableSchema
 from cynomys.core.tls import source_connect_args, source_tls_error
-from cynomys.parser.kinds import Basic, classify_query, kind_of
+from cynomys.parser import containers
+from cynomys.parser import raw as R
+from cynomys.parser.kinds import MARIADB_ZLIB, Basic, classify_query, kind_of
 from cynomys.parser.rows import TableDecoder
 from cynomys.parser.tablemap import CachedTableMapEvent
 from cynomys.parser.tablemap import install as _install_tablemap_cache
@@ -46,6 +50,38 @@ _CONNECTION_ERRORS = {2003, 2006, 2013, 2055, 1053, 1927}
 # ER_MASTER_FATAL_ERROR_READING_BINLOG: the requested file/GTID is gone.
 _POSITION_LOST = 1236
 _MARIADB_GTID_STANDALONE = 1
+
+
+@dataclass
+class LibraryContext:
+    """What mysql-replication needs to parse one event from its bytes: the
+    reading state of the stream (or file) the bytes came from.  The table
+    map is the reader's own dict, so a TABLE_MAP parsed here serves the
+    ROWS events the reader parses, and the other way round."""
+
+    table_map: dict[int, Any]
+    ctl_connection: Any
+    mysql_version: tuple[int, ...]
+    post_header_lengths: Any
+    optional_meta_data: bool = True
+
+    def parse(self, event: bytes) -> Any:
+        """Event bytes (header to CRC32 trailer, see raw.build) -> the
+        library's event object, or None when the library skips it.  The
+        packet is what the server would have sent: an OK byte, then the
+        event."""
+        wrapper = BinLogPacketWrapper(
+            MysqlPacket(b"\x00" + event, "utf8"), self.table_map, self.ctl_connection, self.mysql_version,
+            True, _ALL_EVENT_CLASSES, None, None, None, None, False, False, False, self.optional_meta_data, False,
+            False, self.post_header_lengths)
+        return wrapper.event
+
+
+def event_bytes(ev: Any) -> tuple[bytes, bool]:
+    """A library event's own bytes (header to end) and whether they end with
+    a CRC32: the packet keeps all it received after the OK byte."""
+    data = bytes(ev.packet.packet.get_all_data()[1:])
+    return data, R.header(data).size - R.HEADER_LEN - ev.event_size == R.CHECKSUM_LEN
 
 
 @dataclass(frozen=True)
@@ -256,12 +292,49 @@ class BinlogSource:
                 raise SourceUnavailableError(f"lost the binlog connection to {self.cfg.host}:{self.cfg.port}: {exc}") from None
             if ev is None:
                 return
+            kind = kind_of(ev.event_type)
+            if kind.unpack:
+                yield from self._unpack(ev, kind.unpack)
+                continue
             out = self._convert(ev)
             if out is not None:
                 yield out
 
+    def _context(self, ev: Any) -> LibraryContext:
+        reader = self.reader
+        return LibraryContext(reader.table_map, reader._ctl_connection, reader.mysql_version,
+                              getattr(ev, "_post_header_lengths", None))
+
+    def _unpack(self, ev: Any, how: str) -> Iterator[SourceEvent]:
+        """A container event: the events it holds, parsed by the library
+        from their bytes and sorted as if the server had written them
+        plainly.  They all take the container's place in the binlog: only
+        the last ends where it ends, so a checkpoint never falls inside it
+        (a restart reads the container again, from its start)."""
+        pkt = ev.packet
+        start = Position(self.file, pkt.log_pos - pkt.event_size)
+        end = Position(self.file, pkt.log_pos)
+        data, checksum = event_bytes(ev)
+        ctx = self._context(ev)
+        if how == MARIADB_ZLIB:
+            lengths = ctx.post_header_lengths
+            post = lengths[ev.event_type - 1] if lengths and len(lengths) >= ev.event_type else None
+            inner = [containers.mariadb_uncompress(data, post, checksum, str(start))]
+        else:
+            raise AssertionError(f"no unpacker {how!r}")
+        self.pos = pkt.log_pos
+        for i, event in enumerate(inner):
+            lib = ctx.parse(event)
+            if lib is None:
+                continue
+            out = self._convert(lib, (start, end if i == len(inner) - 1 else start))
+            if out is not None:
+                yield out
+
     # ------------------------------------------------------------------
-    def _convert(self, ev: Any) -> SourceEvent | None:
+    def _convert(self, ev: Any, span: tuple[Position, Position] | None = None) -> SourceEvent | None:
+        """One library event -> SourceEvent.  ``span``: where it is in the
+        binlog when it is not where its header says (an unpacked event)."""
         kind = kind_of(ev.event_type)
         pkt = ev.packet
         if kind.basic is Basic.ROTATE:
@@ -270,14 +343,17 @@ class BinlogSource:
             here = Position(self.file, self.pos)
             return SourceEvent(Basic.ROTATE, kind.name, here, here, ev.timestamp)
         log_pos = pkt.log_pos
-        if ev.event_type == 0x0F or not log_pos:
+        if span is not None:
+            start, end = span
+        elif ev.event_type == 0x0F or not log_pos:
             # A FORMAT_DESCRIPTION re-sent on connect carries its original
             # offset, not ours: it must not move the position backwards.
             here = Position(self.file, self.pos)
             return SourceEvent(Basic.INFO, kind.name, here, here, ev.timestamp)
-        start = Position(self.file, log_pos - pkt.event_size)
-        end = Position(self.file, log_pos)
-        self.pos = log_pos
+        else:
+            start = Position(self.file, log_pos - pkt.event_size)
+            end = Position(self.file, log_pos)
+            self.pos = log_pos
         basic = kind.basic
         if ev.event_type == 0x02:  # QUERY: sorted by its statement text
             sql = ev.query
