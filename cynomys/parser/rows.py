@@ -109,8 +109,9 @@ def column_type_text(col: Any) -> str:
         VAR_STRING: lambda: f"varbinary({col.max_length})" if cs == "binary" else f"varchar({col.max_length // mb})",
         STRING: lambda: f"binary({col.max_length})" if cs == "binary" else f"char({col.max_length // mb})",
         BLOB: lambda: lob_type("blob" if cs == "binary" else "text", col.length_size),
-        ENUM: lambda: f"enum({members_text(_enum_members(col.enum_values))})",
-        SET: lambda: f"set({members_text(col.set_values or [])})",
+        # No members: a TABLE_MAP of binlog_row_metadata = MINIMAL (decode only).
+        ENUM: lambda: f"enum({members_text(_enum_members(col.enum_values))})" if col.enum_values else "enum",
+        SET: lambda: f"set({members_text(col.set_values or [])})" if col.set_values else "set",
         BIT: lambda: f"bit({col.bits})",
         DATE: lambda: "date",
         NEWDATE: lambda: "date",
@@ -354,6 +355,13 @@ def _bit(nbytes: int) -> Decoder:
     return dec
 
 
+def _bit_mask(size: int) -> Decoder:
+    def dec(buf: bytes, off: int) -> tuple[Value, int]:
+        return int.from_bytes(buf[off:off + size], "little"), off + size
+
+    return dec
+
+
 def _enum(values: Sequence[str], size: int) -> Decoder:
     # Index 0 is the "invalid value" '' the server stores for bad input.
     table = list(values) if values and values[0] == "" else [""] + list(values)
@@ -430,8 +438,10 @@ def compile_decoder(col: Any) -> Decoder:
         BLOB: lambda: _length_prefixed(col.length_size, text_or_bytes),
         GEOMETRY: lambda: _length_prefixed(col.length_size, bytes),
         JSON: lambda: _mysql_json(col.length_size),
-        ENUM: lambda: _enum(col.enum_values or [], col.size),
-        SET: lambda: _set(col.set_values or [], col.size),
+        # Without their members (binlog_row_metadata = MINIMAL) ENUM and SET
+        # values are their index and bit mask, as stored.
+        ENUM: lambda: _enum(col.enum_values, col.size) if col.enum_values else _bit_mask(col.size),
+        SET: lambda: _set(col.set_values, col.size) if col.set_values else _bit_mask(col.size),
         BIT: lambda: _bit(col.bytes),
         DATE: lambda: _date,
         NEWDATE: lambda: _date,
@@ -483,8 +493,8 @@ def _plan_for(col: Any, pydec: Decoder) -> PlanEntry:
         return (K_BYTES, col.length_size, 0, None, pydec)
     if t == NEWDECIMAL:
         return (K_DECIMAL, col.precision, col.decimals, None, pydec)
-    if t == ENUM:
-        values = list(col.enum_values or [])
+    if t == ENUM and col.enum_values:
+        values = list(col.enum_values)
         return (K_ENUM, col.size, 0, values if values and values[0] == "" else [""] + values, pydec)
     if t in (DATETIME2, TIMESTAMP2, TIME2):
         kinds = {DATETIME2: K_DATETIME2, TIMESTAMP2: K_TIMESTAMP2, TIME2: K_TIME2}

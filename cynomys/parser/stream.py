@@ -29,6 +29,7 @@ from cynomys.core.model import Position, Row, TableSchema
 from cynomys.core.tls import source_connect_args, source_tls_error
 from cynomys.parser import containers
 from cynomys.parser import raw as R
+from cynomys.parser.files import ArchiveInspector, FileReader, expand
 from cynomys.parser.kinds import MARIADB_ZLIB, Basic, classify_query, kind_of
 from cynomys.parser.rows import TableDecoder
 from cynomys.parser.tablemap import CachedTableMapEvent
@@ -102,6 +103,27 @@ class SourceEvent:
     schema: TableSchema | None = None
     rows: list[tuple[Row, Row | None]] = field(default_factory=list)
     why: str = ""
+
+
+def _minimal_metadata(ev: Any) -> None:
+    """A TABLE_MAP of binlog_row_metadata = MINIMAL: no names, no ENUM/SET
+    members, no key.  The library leaves such columns bare; what MINIMAL
+    does carry (signedness, character sets) is applied here as the library
+    applies it with FULL, and the columns are named by position."""
+    meta = ev.optional_metadata
+    unsigned = list(getattr(meta, "unsigned_column_list", []) or [])
+    charsets = iter(getattr(meta, "charset_collation_list", []) or [])
+    enum_set = iter(getattr(meta, "enum_and_set_collation_list", []) or [])
+    for i, col in enumerate(ev.columns):
+        col.name = f"@{i + 1}"
+        if i < len(unsigned) and unsigned[i]:
+            col.unsigned = True
+        pick = charsets if rp_row.TableMapEvent._is_character_column(col.type, dbms=ev.dbms) else (
+            enum_set if rp_row.TableMapEvent._is_enum_or_set_column(col.type) else None)
+        charset_id = next(pick, None) if pick is not None else None
+        if charset_id is not None:
+            encoding, collation, _ = rp_row.find_charset(str(charset_id), dbms=ev.dbms)
+            col.collation_name, col.character_set_name = collation, encoding
 
 
 class TableFilter:
@@ -245,15 +267,42 @@ class SourceInspector:
                 f"[source] start = {start!r} is not 'current', 'earliest' or 'file:pos'") from None
 
 
+def _parse_file_event(reader: FileReader, event: bytes) -> Any:
+    return LibraryContext(reader.table_map, reader._ctl_connection, reader.mysql_version,
+                          reader.post_header_lengths).parse(event)
+
+
+def open_inspector(cfg: SourceConfig) -> SourceInspector | ArchiveInspector:
+    """The source's settings and positions: the server's, or with ``[source]
+    binlog_files`` the archived files'."""
+    return ArchiveInspector(cfg.binlog_files) if cfg.binlog_files else SourceInspector(cfg)
+
+
 class BinlogSource:
     """Reads the binlog from ``start`` and yields SourceEvents."""
 
     def __init__(self, cfg: SourceConfig, start: Position, *, blocking: bool = True,
-                 is_mariadb: bool = True, table_filter: TableFilter | None = None) -> None:
+                 is_mariadb: bool = True, table_filter: TableFilter | None = None,
+                 reader: FileReader | None = None, positional_names: bool = False) -> None:
+        """``reader``: read binlog files instead of the server (by default
+        the files of ``[source] binlog_files`` when it is set);
+        ``positional_names``: accept TABLE_MAPs without column names
+        (binlog_row_metadata = MINIMAL) and name columns @1, @2, ... (for
+        `cynomys decode`; a target needs the real names)."""
         self.cfg = cfg
         self.start = start
         self.filter = table_filter or TableFilter(cfg.include_tables, cfg.exclude_tables)
         self.decoders: dict[int, tuple[Any, TableDecoder, TableSchema]] = {}
+        self.positional_names = positional_names
+        self.file = start.file
+        self.pos = start.pos
+        if reader is None and cfg.binlog_files:
+            reader = FileReader(expand(cfg.binlog_files), start)
+        self.reader: Any
+        if reader is not None:
+            reader.set_parser(_parse_file_event)
+            self.reader = reader
+            return
         settings = {"host": cfg.host, "port": cfg.port, "user": cfg.user, "password": cfg.password,
                     "connect_timeout": int(cfg.connect_timeout_s), **source_connect_args(cfg)}
         # mysql-replication's MariaDB dump request ignores log_file/log_pos
@@ -270,8 +319,6 @@ class BinlogSource:
         if gtid:
             kwargs.update(auto_position=start.gtid, log_file=None, log_pos=None)
         self.reader = BinLogStreamReader(**kwargs)
-        self.file = start.file
-        self.pos = start.pos
 
     def close(self) -> None:
         try:
@@ -382,6 +429,8 @@ class BinlogSource:
         pk = list(getattr(meta, "simple_primary_key_list", []) or [])
         if not pk and meta is not None and getattr(meta, "primary_keys_with_prefix", None):
             pk = list(meta.primary_keys_with_prefix)
+        if any(c.name is None for c in ev.columns) and self.positional_names:
+            _minimal_metadata(ev)
         if any(c.name is None for c in ev.columns):
             raise SourceConfigError(
                 f"TABLE_MAP for {ev.schema}.{ev.table} has no column names",
