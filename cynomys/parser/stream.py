@@ -27,10 +27,19 @@ from cynomys.core.errors import (
 )
 from cynomys.core.model import Position, Row, TableSchema
 from cynomys.core.tls import source_connect_args, source_tls_error
-from cynomys.parser import containers
+from cynomys.parser import containers, mysql8
 from cynomys.parser import raw as R
 from cynomys.parser.files import ArchiveInspector, FileReader, expand
-from cynomys.parser.kinds import MARIADB_ZLIB, Basic, classify_query, kind_of
+from cynomys.parser.kinds import (
+    MARIADB_ZLIB,
+    MYSQL_GTID,
+    MYSQL_GTID_TAGGED,
+    PREVIOUS_GTIDS,
+    ZSTD_PAYLOAD,
+    Basic,
+    classify_query,
+    kind_of,
+)
 from cynomys.parser.rows import TableDecoder
 from cynomys.parser.tablemap import CachedTableMapEvent
 from cynomys.parser.tablemap import install as _install_tablemap_cache
@@ -51,6 +60,26 @@ _CONNECTION_ERRORS = {2003, 2006, 2013, 2055, 1053, 1927}
 # ER_MASTER_FATAL_ERROR_READING_BINLOG: the requested file/GTID is gone.
 _POSITION_LOST = 1236
 _MARIADB_GTID_STANDALONE = 1
+_PARTIAL_UPDATE_ROWS = 0x27
+
+
+def _read_ourselves() -> None:
+    """MySQL's GTID and PREVIOUS_GTIDS events are read by Cynomys
+    (parser/mysql8.py): the library's classes stop before the 8.0 fields
+    and misread 8.3's tagged GTID sets (they take the format byte for part
+    of a count).  The library then only steps over them.  Its map is
+    private (the library is pinned, setup.cfg): if it is not there, the
+    library still parses them first, which is harmless for untagged sets."""
+    event_map: dict[int, type] | None = getattr(BinLogPacketWrapper, "_BinLogPacketWrapper__event_map", None)
+    if event_map is None:
+        log.warning("mysql-replication's event map is not the one of version 1.0.17: MySQL 8.3+ tagged "
+                    "PREVIOUS_GTIDS events may not be read")
+        return
+    for code in (0x21, 0x23):  # GTID_LOG_EVENT, PREVIOUS_GTIDS_LOG_EVENT
+        event_map[code] = rp_event.NotImplementedEvent
+
+
+_read_ourselves()
 
 
 @dataclass
@@ -103,6 +132,9 @@ class SourceEvent:
     schema: TableSchema | None = None
     rows: list[tuple[Row, Row | None]] = field(default_factory=list)
     why: str = ""
+    #: what Cynomys read from the event itself: a MySQL GTID event's fields
+    #: (mysql8.Gtid), a PREVIOUS_GTIDS set's text
+    detail: Any = None
 
 
 def _minimal_metadata(ev: Any) -> None:
@@ -340,8 +372,8 @@ class BinlogSource:
             if ev is None:
                 return
             kind = kind_of(ev.event_type)
-            if kind.unpack:
-                yield from self._unpack(ev, kind.unpack)
+            if kind.decoder:
+                yield from self._own(ev, kind.decoder, None)
                 continue
             out = self._convert(ev)
             if out is not None:
@@ -352,29 +384,59 @@ class BinlogSource:
         return LibraryContext(reader.table_map, reader._ctl_connection, reader.mysql_version,
                               getattr(ev, "_post_header_lengths", None))
 
-    def _unpack(self, ev: Any, how: str) -> Iterator[SourceEvent]:
-        """A container event: the events it holds, parsed by the library
-        from their bytes and sorted as if the server had written them
-        plainly.  They all take the container's place in the binlog: only
-        the last ends where it ends, so a checkpoint never falls inside it
-        (a restart reads the container again, from its start)."""
+    def _span(self, ev: Any, span: tuple[Position, Position] | None) -> tuple[Position, Position]:
+        """Where an event is: its own place, or (inside a container) the
+        container's; reading moves past it."""
+        if span is not None:
+            return span
         pkt = ev.packet
-        start = Position(self.file, pkt.log_pos - pkt.event_size)
-        end = Position(self.file, pkt.log_pos)
+        self.pos = pkt.log_pos
+        return Position(self.file, pkt.log_pos - pkt.event_size), Position(self.file, pkt.log_pos)
+
+    def _own(self, ev: Any, decoder: str, span: tuple[Position, Position] | None) -> Iterator[SourceEvent]:
+        """An event Cynomys reads from its bytes (Kind.decoder)."""
+        start, end = self._span(ev, span)
         data, checksum = event_bytes(ev)
+        body = data[R.HEADER_LEN:len(data) - (R.CHECKSUM_LEN if checksum else 0)]
+        kind = kind_of(ev.event_type)
+        where = str(start)
+        if decoder in (MYSQL_GTID, MYSQL_GTID_TAGGED):
+            info = mysql8.parse_tagged_gtid(body, where) if decoder == MYSQL_GTID_TAGGED else \
+                mysql8.parse_gtid(body, ev.event_type == mysql8.ANONYMOUS_GTID, where)
+            yield SourceEvent(Basic.BEGIN, kind.name, start, end, ev.timestamp, gtid=info.gtid, detail=info)
+            return
+        if decoder == PREVIOUS_GTIDS:
+            yield SourceEvent(Basic.INFO, kind.name, start, end, ev.timestamp,
+                              detail=mysql8.parse_previous_gtids(body, where))
+            return
         ctx = self._context(ev)
-        if how == MARIADB_ZLIB:
+        if decoder == MARIADB_ZLIB:
             lengths = ctx.post_header_lengths
             post = lengths[ev.event_type - 1] if lengths and len(lengths) >= ev.event_type else None
-            inner = [containers.mariadb_uncompress(data, post, checksum, str(start))]
+            inner = [containers.mariadb_uncompress(data, post, checksum, where)]
+        elif decoder == ZSTD_PAYLOAD:
+            inner = mysql8.payload_events(body, where)
         else:
-            raise AssertionError(f"no unpacker {how!r}")
-        self.pos = pkt.log_pos
+            raise AssertionError(f"no decoder {decoder!r}")
+        yield from self._unpacked(inner, ctx, start, end)
+
+    def _unpacked(self, inner: list[bytes], ctx: LibraryContext, start: Position, end: Position
+                  ) -> Iterator[SourceEvent]:
+        """A container's events, parsed by the library from their bytes and
+        sorted as if the server had written them plainly.  They all take
+        the container's place in the binlog: only the last ends where it
+        ends, so a checkpoint never falls inside it (a restart reads the
+        container again, from its start, and skips what was shipped)."""
         for i, event in enumerate(inner):
             lib = ctx.parse(event)
             if lib is None:
                 continue
-            out = self._convert(lib, (start, end if i == len(inner) - 1 else start))
+            span = (start, end if i == len(inner) - 1 else start)
+            kind = kind_of(lib.event_type)
+            if kind.decoder:
+                yield from self._own(lib, kind.decoder, span)
+                continue
+            out = self._convert(lib, span)
             if out is not None:
                 yield out
 
@@ -460,6 +522,9 @@ class BinlogSource:
             raise UnsupportedEventError(
                 f"UPDATE on {ev.schema}.{ev.table} at {end} has a partial after-image",
                 hint="SET GLOBAL binlog_row_image=FULL on the source")
-        rows = dec.rows(body, present, basic is Basic.UPDATE)
+        if ev.event_type == _PARTIAL_UPDATE_ROWS:
+            rows = dec.partial_rows(body, present, f"{ev.schema}.{ev.table} at {start}")
+        else:
+            rows = dec.rows(body, present, basic is Basic.UPDATE)
         return SourceEvent(basic, kind, start, end, ev.timestamp, database=ev.schema, table=ev.table,
                            schema=schema, rows=rows)

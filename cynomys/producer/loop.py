@@ -257,7 +257,9 @@ class Producer:
         self._recover_pending()
         if self.state.open is not None and is_snapshot_tid(str(self.state.open.get("tid", ""))):
             self._abandon_snapshot_read()
-        first_start = self.state.checkpoint is None
+        # Archived binlog files ([source] binlog_files) are the history asked
+        # for: no initial snapshot of the live tables.
+        first_start = self.state.checkpoint is None and not self.cfg.source.binlog_files
         inspector = open_inspector(self.cfg.source)  # the server's, or [source] binlog_files'
         try:
             inspector.check_settings()

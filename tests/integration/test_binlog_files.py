@@ -136,7 +136,8 @@ def _copy_damaged(src: Path, dst: Path, at: int, length: int | None = None) -> P
     return dst
 
 
-def test_damaged_or_incomplete_archives_are_refused(mariadb: MariaDBServer, tmp_path: Path) -> None:
+def test_damaged_or_incomplete_archives_are_refused(fresh_mariadb: MariaDBServer, tmp_path: Path) -> None:
+    mariadb = fresh_mariadb
     file, _ = _position(mariadb)
     _run_statements(mariadb, ["CREATE DATABASE IF NOT EXISTS dmg", "CREATE TABLE IF NOT EXISTS dmg.t (a int)",
                               "INSERT INTO dmg.t VALUES (1), (2)", "FLUSH BINARY LOGS",
