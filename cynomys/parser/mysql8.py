@@ -285,3 +285,57 @@ def _zstd(data: bytes, expected: int, where: str) -> bytes:
     if expected and len(out) != expected:
         raise _damaged(f"TRANSACTION_PAYLOAD inflated to {len(out)} bytes, its header says {expected}", where)
     return bytes(out)
+
+
+# -- TABLE_MAP of MySQL 9 (VECTOR) ---------------------------------------------
+VECTOR = 242
+_BLOB = 252
+_VECTOR_DIMENSIONALITY = 13
+#: Optional metadata kinds mysql-replication 1.0.17 knows (it refuses others).
+_LIBRARY_METADATA = range(1, 13)
+
+
+def table_map_for_library(body: bytes) -> tuple[bytes, dict[int, int]] | None:
+    """A TABLE_MAP body (without CRC32) the library can parse, or None when
+    it can parse this one as it is.
+
+    MySQL 9.0 has VECTOR columns (type 242, one metadata byte: the length's
+    size, like a BLOB; a character column of charset binary) and their
+    dimensions in optional metadata VECTOR_DIMENSIONALITY (13, a packed
+    integer per vector column).  The library knows neither: VECTOR is
+    handed to it as the BLOB it is stored like, and optional metadata it
+    does not know is left out.  Returns the body and {column: dimensions}
+    (0 when the map does not say)."""
+    off = 8
+    off += 1 + body[off] + 1  # db
+    off += 1 + body[off] + 1  # table
+    n, off = R.lenenc(body, off)
+    types_at = off
+    types = body[off:off + n]
+    off += n
+    meta_len, off = R.lenenc(body, off)
+    off += meta_len + (n + 7) // 8
+    tlvs_at = off
+    keep = bytearray()
+    dims: list[int] = []
+    unknown = False
+    while off < len(body):
+        kind = body[off]
+        length, start = R.lenenc(body, off + 1)
+        end = start + length
+        if kind == _VECTOR_DIMENSIONALITY:
+            pos = start
+            while pos < end:
+                d, pos = R.lenenc(body, pos)
+                dims.append(d)
+        if kind in _LIBRARY_METADATA:
+            keep += body[off:end]
+        else:
+            unknown = True
+        off = end
+    if VECTOR not in types and not unknown:
+        return None
+    vectors = [i for i, t in enumerate(types) if t == VECTOR]
+    fixed = bytes(_BLOB if t == VECTOR else t for t in types)
+    out = body[:types_at] + fixed + body[types_at + n:tlvs_at] + bytes(keep)
+    return out, {col: (dims[k] if k < len(dims) else 0) for k, col in enumerate(vectors)}

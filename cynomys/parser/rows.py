@@ -42,6 +42,7 @@ from cynomys.parser.raw import lenenc
 DECIMAL, TINY, SHORT, LONG, FLOAT, DOUBLE, NULL, TIMESTAMP, LONGLONG, INT24 = range(10)
 DATE, TIME, DATETIME, YEAR, NEWDATE, VARCHAR, BIT, TIMESTAMP2, DATETIME2, TIME2 = range(10, 20)
 JSON, NEWDECIMAL, ENUM, SET, TINY_BLOB, MEDIUM_BLOB, LONG_BLOB, BLOB, VAR_STRING, STRING, GEOMETRY = range(245, 256)
+VECTOR = 242  # MySQL 9.0: float32 values, little-endian, length-prefixed like a BLOB
 
 Decoder = Callable[[bytes, int], "tuple[Value, int]"]
 
@@ -126,6 +127,7 @@ def column_type_text(col: Any) -> str:
         YEAR: lambda: "year",
         JSON: lambda: "json",
         GEOMETRY: lambda: "geometry",
+        VECTOR: lambda: f"vector({getattr(col, 'dimensions', 0) or 2048})",
         NULL: lambda: "null",
     }
     if t not in simple:
@@ -424,6 +426,7 @@ def compile_decoder(col: Any) -> Decoder:
             _binary_fixed(col.max_length) if cs == "binary" else text_or_bytes),
         BLOB: lambda: _length_prefixed(col.length_size, text_or_bytes),
         GEOMETRY: lambda: _length_prefixed(col.length_size, bytes),
+        VECTOR: lambda: _length_prefixed(col.length_size, bytes),
         JSON: lambda: _mysql_json(col.length_size),
         # Without their members (binlog_row_metadata = MINIMAL) ENUM and SET
         # values are their index and bit mask, as stored.
@@ -476,7 +479,7 @@ def _plan_for(col: Any, pydec: Decoder) -> PlanEntry:
         return (K_BINARY_FIXED, prefix, col.max_length, None, pydec) if cs == "binary" else text(prefix)
     if t == BLOB:
         return text(col.length_size)
-    if t == GEOMETRY:
+    if t in (GEOMETRY, VECTOR):
         return (K_BYTES, col.length_size, 0, None, pydec)
     if t == NEWDECIMAL:
         return (K_DECIMAL, col.precision, col.decimals, None, pydec)

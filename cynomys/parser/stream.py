@@ -25,6 +25,7 @@ from cynomys.core.errors import (
     SourceUnavailableError,
     UnsupportedEventError,
 )
+from cynomys.core.flavour import Flavour, flavour_of
 from cynomys.core.model import Position, Row, TableSchema
 from cynomys.core.tls import source_connect_args, source_tls_error
 from cynomys.parser import containers, mysql8
@@ -224,7 +225,12 @@ class SourceInspector:
 
     @property
     def is_mariadb(self) -> bool:
-        return "mariadb" in self.conn.get_server_info().lower()
+        return self.flavour.name == "mariadb"
+
+    @property
+    def flavour(self) -> Flavour:
+        """MySQL or MariaDB, which version, and so which statements (core/flavour.py)."""
+        return flavour_of(self.conn.get_server_info())
 
     def server_identity(self) -> str:
         """Which server this is, for telling binlog positions of two servers
@@ -251,12 +257,13 @@ class SourceInspector:
             )
 
     def binlogs(self) -> list[tuple[str, int]]:
-        return [(str(r[0]), int(r[1])) for r in self.query("SHOW BINARY LOGS")]
+        return [(str(r[0]), int(r[1])) for r in self.query(self.flavour.statements.binary_logs)]
 
     def current(self) -> Position:
-        rows = self.query("SHOW MASTER STATUS")
+        statement = self.flavour.statements.binlog_status
+        rows = self.query(statement)
         if not rows:
-            raise SourceConfigError("SHOW MASTER STATUS is empty: the binlog is off", hint="enable log_bin")
+            raise SourceConfigError(f"{statement} is empty: the binlog is off", hint="enable log_bin")
         gtid = ""
         if self.is_mariadb:
             gtid = self.variables("gtid_binlog_pos").get("gtid_binlog_pos", "")

@@ -267,3 +267,22 @@ def test_invisible_columns_travel_like_the_others(tmp_path: Path) -> None:
               (B.XID, B.xid_body(1))]
     (c,) = _changes(_items(tmp_path, events, version="8.0.36"))
     assert c.schema is not None and c.schema.column_names == ("id", "hidden") and c.after == (1, 77)
+
+
+def test_vector_columns_of_mysql_9(tmp_path: Path) -> None:
+    """VECTOR (type 242, metadata: the length's size) with its dimensions in
+    optional metadata VECTOR_DIMENSIONALITY (13); an optional metadata kind
+    of a later server (14) is passed over."""
+    dims = B.lenenc(3)
+    tm = B.table_map_body(92, "ai", "emb", [(B.T_LONG, b""), (B.T_VECTOR, b"\x04"), (B.T_VARCHAR, struct.pack("<H", 80))],
+                          names=["id", "v", "label"], pk=(0,), signed=[True],
+                          extra_tlv=bytes([13]) + B.lenenc(len(dims)) + dims + bytes([14, 2, 0xAB, 0xCD]))
+    vec = struct.pack("<3f", 0.5, -1.25, 3e-7)
+    row = B.image([struct.pack("<i", 7), struct.pack("<I", len(vec)) + vec, bytes([len("caf\u00e9".encode())])
+                   + "caf\u00e9".encode()])
+    events = [(B.GTID, B.gtid_body(SID, 1)), (B.QUERY, B.query_body("BEGIN", "ai")), (B.TABLE_MAP, tm),
+              (B.WRITE_V2, B.rows_v2_body(92, 3, row)), (B.XID, B.xid_body(1))]
+    (c,) = _changes(_items(tmp_path, events, version="9.1.0"))
+    assert c.schema is not None
+    assert [col.type for col in c.schema.columns] == ["int", "vector(3)", "varchar(20)"]
+    assert c.after == (7, vec, "caf\u00e9")
