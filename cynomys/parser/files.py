@@ -353,9 +353,26 @@ class ArchiveInspector:
                 f"[source] start = {start!r} is not 'earliest' or 'file:pos' (with binlog_files)") from None
 
     def ensure_available(self, pos: Position) -> None:
+        """The checkpoint's file must be in the archive (or, right after a
+        rotation, be the next file, not archived yet): a missing file would
+        be a silent gap."""
+        names = {p.name: p for p in self.paths}
         first = self.paths[0].name
-        if pos.sort_key()[:2] < Position(first, 0).sort_key()[:2]:
+        key = pos.sort_key()[:2]
+        if key < Position(first, 0).sort_key()[:2]:
             raise PositionLostError(
                 f"the checkpoint {pos} is before the first archived binlog file ({first}) of "
                 f"[source] binlog_files = {self.pattern!r}",
                 hint="add the missing files to the archive, or re-snapshot the tables")
+        if pos.file in names:
+            size = names[pos.file].stat().st_size
+            if pos.pos > size:
+                raise PositionLostError(f"the checkpoint {pos} is beyond the end of the archived {pos.file} "
+                                        f"({size} bytes)", hint="is the archived file complete? copy it again")
+            return
+        later = [p.name for p in self.paths if Position(p.name, 0).sort_key()[:2] > key]
+        if later or pos.pos > FIRST_EVENT:
+            raise PositionLostError(
+                f"the checkpoint {pos} is in binlog file {pos.file}, which [source] binlog_files = "
+                f"{self.pattern!r} does not hold" + (f" (it holds {later[0]} after it)" if later else ""),
+                hint=f"add {pos.file} to the archive")
