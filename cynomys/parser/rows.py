@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 from cynomys.core import compiled
 from cynomys.core.errors import UnsupportedEventError
 from cynomys.core.model import ColumnDef, RawTemporal, Row, Value
-from cynomys.core.sourcetypes import INT_FAMILIES, IntFamily, lob_type, members_text
+from cynomys.core.sourcetypes import INT_FAMILIES, IntFamily, lob_type, members_text, vector_type
 from cynomys.parser import mysqljson
 from cynomys.parser.raw import lenenc
 
@@ -127,7 +127,7 @@ def column_type_text(col: Any) -> str:
         YEAR: lambda: "year",
         JSON: lambda: "json",
         GEOMETRY: lambda: "geometry",
-        VECTOR: lambda: f"vector({getattr(col, 'dimensions', 0) or 2048})",
+        VECTOR: lambda: vector_type(getattr(col, "dimensions", 0)),
         NULL: lambda: "null",
     }
     if t not in simple:
