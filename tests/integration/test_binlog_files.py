@@ -209,6 +209,10 @@ def test_replay_of_archived_files_into_a_target_equals_the_source(tmp_path: Path
                            target={"kind": "duckdb", "url": str(replica)})
         produced = cli("produce", "-c", str(cfg))  # stops by itself at the archive's end
         assert produced.returncode == 0, produced.stderr
+        # `cynomys status` measures the producer against the archive's end, not the server.
+        status = json.loads(cli("status", "-c", str(cfg), "--json").stdout)
+        last = max(archive.glob("mysql-bin.[0-9]*"))
+        assert status["source"] == {"reachable": True, "binlog_end": f"{last.name}:{last.stat().st_size}"}
         applied = cli("apply", "-c", str(cfg), "--until-idle", "3")
         assert applied.returncode == 0, applied.stderr
         assert not any(_diff(srv, replica).values()), _diff(srv, replica)
