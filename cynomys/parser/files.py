@@ -28,7 +28,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Sequence
+from typing import Any, BinaryIO, Callable, Iterator, Sequence
 
 from cynomys.core.errors import PositionLostError, SourceConfigError, UnsupportedEventError
 from cynomys.core.model import Position
@@ -140,6 +140,7 @@ class FileReader:
         self._stop_at = 0
         self._next_name: str | None = None   # the file the last ROTATE read names
         self._last: Path | None = None       # the file read before
+        self._events: Iterator[tuple[bytes, int]] | None = None
 
     def _plan(self) -> list[tuple[Path, int]]:
         """(file, first offset) of each file to read."""
@@ -260,8 +261,9 @@ class FileReader:
             raise PositionLostError(f"binlog file {path.name} does not follow {last.name}",
                                     hint="add the files between them to the files read")
 
-    def events(self) -> Any:
-        """Event bytes (with a CRC32 trailer) and their size in the file."""
+    def events(self) -> Iterator[tuple[bytes, int]]:
+        """Event bytes (with a CRC32 trailer) and their size in the file (0
+        for the ROTATE made up for each file)."""
         pending: list[bytes] = []
         while True:
             if self._file is None:
@@ -283,7 +285,7 @@ class FileReader:
 
     def fetchone(self) -> Any:
         """The next library event, None after the last file's end."""
-        if not hasattr(self, "_events"):
+        if self._events is None:
             self._events = self.events()
         assert self._parse is not None, "FileReader needs a parser (BinlogSource sets it)"
         for event, size in self._events:
