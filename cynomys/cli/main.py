@@ -9,6 +9,7 @@
     cynomys snapshot -c FILE [--tables db.t1,db.t2] [--where SQL]   (full-state capture via the producer)
     cynomys verify -c FILE [--tables PATTERN] [--chunk-size N] [--repair] [--no-wait] [--status]
     cynomys sql -c FILE "SELECT"   (Spark SQL on the Iceberg target)
+    cynomys decode FILE... [--json] [--start POS] [--stop POS]   (binlog files as the changes shipped)
     cynomys demo                   (the sample job: throwaway MariaDB + Redis + keys)
 
 Exit codes: 0 done (also after SIGTERM/SIGINT, once flushed and
@@ -20,12 +21,12 @@ import argparse
 import sys
 from typing import Callable
 
-from cynomys.cli import apply, config, demo, keygen, produce, snapshot, sql, status, tail, verify
+from cynomys.cli import apply, config, decode, demo, keygen, produce, snapshot, sql, status, tail, verify
 from cynomys.cli.common import log_peak_memory, one_line
 from cynomys.core.errors import ConfigError, CynomysError
 
 #: The commands, in the order ``--help`` lists them: each module registers its parser.
-COMMANDS = (config, keygen, produce, apply, tail, status, snapshot, verify, sql, demo)
+COMMANDS = (config, keygen, produce, apply, tail, status, snapshot, verify, sql, decode, demo)
 #: Daemons log their peak memory when they stop.
 DAEMONS = ("produce", "apply")
 

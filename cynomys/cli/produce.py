@@ -17,18 +17,21 @@ def run(args: argparse.Namespace) -> int:
     stop = stop_on_signals()
     monitor = ProducerMonitor(cfg)
     monitor.start()  # /metrics and /healthz when [metrics] listen is set
+    # Archived binlog files ([source] binlog_files) are replayed to their end.
+    once = args.once or bool(cfg.source.binlog_files)
     try:
         sink = SealedSink(cfg)
         try:
             if cfg.producer.ha:
                 from cynomys.producer.ha import run_ha
 
-                if args.once:
-                    raise ConfigError("produce --once reads as a single producer; [producer] ha = true is set",
+                if once:
+                    raise ConfigError("produce --once and [source] binlog_files read as a single producer; "
+                                      "[producer] ha = true is set",
                                       hint="run `cynomys produce` (leader or standby), or set ha = false")
                 run_ha(cfg, sink, stop, monitor, fresh_start=args.fresh_start)
             else:
-                run_with_retry(lambda: Producer(cfg, sink, stop, blocking=not args.once, monitor=monitor,
+                run_with_retry(lambda: Producer(cfg, sink, stop, blocking=not once, monitor=monitor,
                                                 fresh_start=args.fresh_start), stop, monitor=monitor)
         finally:
             sink.close()

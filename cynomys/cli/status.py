@@ -136,9 +136,9 @@ def collect(cfg: Config) -> dict[str, Any]:
     report: dict[str, Any] = {"config": cfg.path, "now": time.time()}
     source_end: Position | None = None
     try:
-        from cynomys.parser.stream import SourceInspector
+        from cynomys.parser.stream import open_inspector
 
-        ins = SourceInspector(cfg.source)
+        ins = open_inspector(cfg.source)  # the server, or the end of [source] binlog_files
         try:
             source_end = ins.current()
             report["source"] = {"reachable": True, "binlog_end": str(source_end)}

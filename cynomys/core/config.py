@@ -70,6 +70,12 @@ class SourceConfig:
     ssl_ca: str = field(default="", metadata=PATH)
     ssl_cert: str = field(default="", metadata=PATH)
     ssl_key: str = field(default="", metadata=PATH)
+    # Archived binlog files to read instead of the server (a glob, taken
+    # relative to the config file's folder, e.g. "archive/mysql-bin.[0-9]*"):
+    # `cynomys produce` replays them in binlog order and stops at their end.
+    # "" = the live server.
+    binlog_files: str = field(default="", metadata={**PATH, **checked(
+        lambda v: not v or not v.endswith("/"), "a glob of binlog files, not a folder (e.g. 'dir/mysql-bin.[0-9]*')")})
 
 
 @dataclass(frozen=True)

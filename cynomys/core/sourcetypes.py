@@ -164,3 +164,21 @@ def datetime_text(v: datetime.datetime, always_fraction: bool = True) -> str:
     if v.tzinfo is not None:
         v = v.astimezone(datetime.timezone.utc).replace(tzinfo=None)
     return v.isoformat(sep=" ", timespec="microseconds" if always_fraction or v.microsecond else "seconds")
+
+
+# --------------------------------------------------------------------------
+# Types that travel as their binlog bytes
+# --------------------------------------------------------------------------
+#: MariaDB types the binlog's TABLE_MAP describes as BINARY(n) (it does not
+#: tell them apart): their values travel as the row image's bytes -- INET4
+#: and INET6 in network order, UUID in its text order -- and every reader
+#: (row decoder, DDL parser, snapshot) gives them this type.
+BINARY_OF_SOURCE_TYPE = {"inet4": "binary(4)", "inet6": "binary(16)", "uuid": "binary(16)"}
+
+#: MySQL 9's VECTOR holds at most this many dimensions (the default of VECTOR).
+VECTOR_MAX_DIMENSIONS = 2048
+
+
+def vector_type(dimensions: int) -> str:
+    """VECTOR(n) as the bytes it is stored as: n float32 values, little-endian."""
+    return f"varbinary({4 * (dimensions or VECTOR_MAX_DIMENSIONS)})"

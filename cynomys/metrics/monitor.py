@@ -266,11 +266,11 @@ class ProducerMonitor(_Monitor):
         super().close()
 
     def _probe_loop(self) -> None:
-        from cynomys.parser.stream import SourceInspector
+        from cynomys.parser.stream import open_inspector
 
         while not self._stop.is_set():
             try:
-                ins = SourceInspector(self.cfg.source)
+                ins = open_inspector(self.cfg.source)  # the server, or [source] binlog_files
                 try:
                     self._source_end = ins.current()
                 finally:

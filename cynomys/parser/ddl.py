@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import ipaddress
 import logging
 import re
+import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
@@ -37,7 +39,16 @@ from sqlglot.errors import SqlglotError
 from cynomys.core.dialect import MARIADB
 from cynomys.core.errors import TerminalError
 from cynomys.core.model import ColumnDef, RawTemporal, Value
-from cynomys.core.sourcetypes import BINARY_OF_TEXT, BINARY_TYPES, INT_FAMILIES, TEXT_TYPES, members_text, smallest_lob
+from cynomys.core.sourcetypes import (
+    BINARY_OF_SOURCE_TYPE,
+    BINARY_OF_TEXT,
+    BINARY_TYPES,
+    INT_FAMILIES,
+    TEXT_TYPES,
+    members_text,
+    smallest_lob,
+    vector_type,
+)
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +219,9 @@ class CynomysSourceMySQL(MySQL):
             "LONG": TokenType.MEDIUMTEXT,
             "LONG VARCHAR": TokenType.MEDIUMTEXT,
             "LONG VARBINARY": TokenType.MEDIUMBLOB,
+            # MariaDB's INET4 (10.10) and INET6 (10.5); UUID is sqlglot's own
+            "INET4": TokenType.IPV4,
+            "INET6": TokenType.IPV6,
         }
 
 
@@ -319,6 +333,14 @@ TYPE_TEXT: dict[exp.DType, Callable[[exp.DataType], str]] = {
     T.SET: lambda dt: f"set({_members(dt)})",
     T.GEOMETRY: _const("geometry"),
     T.SERIAL: _const("bigint"),
+    # Types the binlog carries as their bytes (parser/rows.py), so the
+    # replica holds them as those bytes too: MariaDB's INET4/INET6 in
+    # network order and UUID (TABLE_MAP says BINARY(4)/BINARY(16)), MySQL
+    # 9's VECTOR(n) as its n float32 values, little-endian.
+    T.IPV4: _const(BINARY_OF_SOURCE_TYPE["inet4"]),
+    T.IPV6: _const(BINARY_OF_SOURCE_TYPE["inet6"]),
+    T.UUID: _const(BINARY_OF_SOURCE_TYPE["uuid"]),
+    T.VECTOR: lambda dt: vector_type(_params(dt)[0] if _params(dt) else 0),
 }
 _UNSIGNED = frozenset(_UINTS) | {T.UDECIMAL, T.UDOUBLE, T.SERIAL}
 
@@ -365,8 +387,30 @@ _IMPLICIT_ZERO: dict[str, Value] = {
 }
 
 
+#: The text of INET4/INET6/UUID literals -> the bytes those columns hold.
+_PACK: dict[exp.DType, Callable[[str], bytes]] = {
+    T.IPV4: lambda s: ipaddress.IPv4Address(s).packed,
+    T.IPV6: lambda s: ipaddress.IPv6Address(s).packed,
+    T.UUID: lambda s: uuid.UUID(s).bytes,
+}
+
+
+def _fixed_width(col: ColumnDef) -> int:
+    """BINARY(n)'s n (its values are always n bytes, zero-padded), else 0."""
+    m = re.match(r"binary\((\d+)\)", col.type)
+    return int(m.group(1)) if m and col.base_type == "binary" else 0
+
+
 def _fill(node: exp.ColumnDef, col: ColumnDef) -> tuple[Value, bool]:
     """(value for existing rows, is CURRENT_TIMESTAMP) of an added column."""
+    value, now = _fill_value(node, col)
+    width = _fixed_width(col)
+    if width and isinstance(value, bytes):
+        value = value.ljust(width, b"\x00")
+    return value, now
+
+
+def _fill_value(node: exp.ColumnDef, col: ColumnDef) -> tuple[Value, bool]:
     default: exp.Expression | None = None
     for c in node.args.get("constraints") or []:
         kind = c.args.get("kind") if isinstance(c, exp.ColumnConstraint) else c
@@ -399,6 +443,10 @@ def _fill(node: exp.ColumnDef, col: ColumnDef) -> tuple[Value, bool]:
         return int(bool(lit.this)), False
     if isinstance(lit, exp.Literal):
         if lit.is_string:
+            dt = node.args.get("kind")
+            pack = _PACK.get(dt.this) if isinstance(dt, exp.DataType) else None
+            if pack is not None:
+                return pack(lit.this), False
             if col.base_type in BINARY_TYPES:
                 return lit.this.encode(), False
             return lit.this, False

@@ -19,6 +19,10 @@ INFO       carries no data change (format, heartbeat, GTID lists, ...)
 HALT       cannot be replicated faithfully: stop with a clear message
 ========== ==================================================================
 
+A container (MariaDB's compressed events) is unpacked into the event it
+stands for, which is then sorted like any other (``Kind.decoder``); so is
+MySQL's TRANSACTION_PAYLOAD (zstd) into the events of its transaction.
+
 QUERY events need their statement text to be sorted; that second table is
 ``QUERY_RULES``.  An unknown kind is HALT: we cannot know that it does not
 touch data, and a silent skip is the failure users of other tools fear most.
@@ -43,12 +47,27 @@ class Basic(str, Enum):
     HALT = "HALT"
 
 
+#: ``Kind.decoder`` values: MariaDB's zlib-compressed QUERY and ROWS events,
+#: MySQL's zstd TRANSACTION_PAYLOAD (containers), and MySQL events whose
+#: bytes Cynomys reads itself (parser/mysql8.py).
+MARIADB_ZLIB = "mariadb-zlib"
+ZSTD_PAYLOAD = "zstd-payload"
+MYSQL_GTID = "mysql-gtid"
+MYSQL_GTID_TAGGED = "mysql-gtid-tagged"
+PREVIOUS_GTIDS = "previous-gtids"
+
+
 @dataclass(frozen=True)
 class Kind:
     code: int
     name: str
     basic: Basic
     why: str  # for HALT: what to do about it
+    #: read by Cynomys from the event's bytes, not by mysql-replication: a
+    #: container's events are unpacked (parser/containers.py, mysql8.py) and
+    #: sorted instead of it (``basic`` is what it holds), a MySQL 8 event
+    #: decoded (parser/mysql8.py)
+    decoder: str = ""
 
 
 _STATEMENT_HINT = "set binlog_format=ROW on the source (SET GLOBAL binlog_format=ROW and in its config file)"
@@ -90,31 +109,31 @@ KINDS: dict[int, Kind] = {k.code: k for k in (
     Kind(0x1E, "WRITE_ROWS_EVENT_V2", Basic.INSERT, ""),
     Kind(0x1F, "UPDATE_ROWS_EVENT_V2", Basic.UPDATE, ""),
     Kind(0x20, "DELETE_ROWS_EVENT_V2", Basic.DELETE, ""),
-    Kind(0x21, "GTID_LOG_EVENT", Basic.BEGIN, ""),
-    Kind(0x22, "ANONYMOUS_GTID_LOG_EVENT", Basic.BEGIN, ""),
-    Kind(0x23, "PREVIOUS_GTIDS_LOG_EVENT", Basic.INFO, ""),
+    Kind(0x21, "GTID_LOG_EVENT", Basic.BEGIN, "", decoder=MYSQL_GTID),
+    Kind(0x22, "ANONYMOUS_GTID_LOG_EVENT", Basic.BEGIN, "", decoder=MYSQL_GTID),
+    Kind(0x23, "PREVIOUS_GTIDS_LOG_EVENT", Basic.INFO, "", decoder=PREVIOUS_GTIDS),
     Kind(0x24, "TRANSACTION_CONTEXT_EVENT", Basic.INFO, ""),
     Kind(0x25, "VIEW_CHANGE_EVENT", Basic.INFO, ""),
     Kind(0x26, "XA_PREPARE_LOG_EVENT", Basic.HALT, "XA transactions are not supported; commit them without XA"),
-    Kind(0x27, "PARTIAL_UPDATE_ROWS_EVENT", Basic.HALT,
-         "partial JSON updates hide the full row image; SET GLOBAL binlog_row_value_options='' on the source"),
-    Kind(0x28, "TRANSACTION_PAYLOAD_EVENT", Basic.HALT,
-         "compressed transactions are not supported; SET GLOBAL binlog_transaction_compression=OFF"),
+    # JSON diffs applied to the before image (parser/rows.py partial_rows)
+    Kind(0x27, "PARTIAL_UPDATE_ROWS_EVENT", Basic.UPDATE, ""),
+    Kind(0x28, "TRANSACTION_PAYLOAD_EVENT", Basic.INFO, "", decoder=ZSTD_PAYLOAD),
     Kind(0x29, "HEARTBEAT_LOG_EVENT_V2", Basic.INFO, ""),
-    Kind(0x2A, "GTID_TAGGED_LOG_EVENT", Basic.BEGIN, ""),
+    Kind(0x2A, "GTID_TAGGED_LOG_EVENT", Basic.BEGIN, "", decoder=MYSQL_GTID_TAGGED),
     # MariaDB
     Kind(0xA0, "ANNOTATE_ROWS_EVENT", Basic.INFO, ""),
     Kind(0xA1, "BINLOG_CHECKPOINT_EVENT", Basic.INFO, ""),
     Kind(0xA2, "GTID_EVENT", Basic.BEGIN, ""),
     Kind(0xA3, "GTID_LIST_EVENT", Basic.INFO, ""),
     Kind(0xA4, "START_ENCRYPTION_EVENT", Basic.INFO, ""),
-    Kind(0xA5, "QUERY_COMPRESSED_EVENT", Basic.HALT, "compressed binlog events are not supported; SET GLOBAL log_bin_compress=OFF"),
-    Kind(0xA6, "WRITE_ROWS_COMPRESSED_EVENT_V1", Basic.HALT, "compressed binlog events are not supported; SET GLOBAL log_bin_compress=OFF"),
-    Kind(0xA7, "UPDATE_ROWS_COMPRESSED_EVENT_V1", Basic.HALT, "compressed binlog events are not supported; SET GLOBAL log_bin_compress=OFF"),
-    Kind(0xA8, "DELETE_ROWS_COMPRESSED_EVENT_V1", Basic.HALT, "compressed binlog events are not supported; SET GLOBAL log_bin_compress=OFF"),
-    Kind(0xA9, "WRITE_ROWS_COMPRESSED_EVENT", Basic.HALT, "compressed binlog events are not supported; SET GLOBAL log_bin_compress=OFF"),
-    Kind(0xAA, "UPDATE_ROWS_COMPRESSED_EVENT", Basic.HALT, "compressed binlog events are not supported; SET GLOBAL log_bin_compress=OFF"),
-    Kind(0xAB, "DELETE_ROWS_COMPRESSED_EVENT", Basic.HALT, "compressed binlog events are not supported; SET GLOBAL log_bin_compress=OFF"),
+    # MariaDB log_bin_compress: zlib inside, unpacked into the plain event (parser/containers.py)
+    Kind(0xA5, "QUERY_COMPRESSED_EVENT", Basic.INFO, "sorted by QUERY_RULES once inflated", decoder=MARIADB_ZLIB),
+    Kind(0xA6, "WRITE_ROWS_COMPRESSED_EVENT_V1", Basic.INSERT, "", decoder=MARIADB_ZLIB),
+    Kind(0xA7, "UPDATE_ROWS_COMPRESSED_EVENT_V1", Basic.UPDATE, "", decoder=MARIADB_ZLIB),
+    Kind(0xA8, "DELETE_ROWS_COMPRESSED_EVENT_V1", Basic.DELETE, "", decoder=MARIADB_ZLIB),
+    Kind(0xA9, "WRITE_ROWS_COMPRESSED_EVENT", Basic.INSERT, "", decoder=MARIADB_ZLIB),
+    Kind(0xAA, "UPDATE_ROWS_COMPRESSED_EVENT", Basic.UPDATE, "", decoder=MARIADB_ZLIB),
+    Kind(0xAB, "DELETE_ROWS_COMPRESSED_EVENT", Basic.DELETE, "", decoder=MARIADB_ZLIB),
 )}
 
 

@@ -24,9 +24,9 @@ big-endian, integers little-endian.
 """
 from __future__ import annotations
 
+import copy
 import datetime
 import decimal
-import json
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -34,12 +34,15 @@ from typing import Any, Callable, Sequence
 from cynomys.core import compiled
 from cynomys.core.errors import UnsupportedEventError
 from cynomys.core.model import ColumnDef, RawTemporal, Row, Value
-from cynomys.core.sourcetypes import INT_FAMILIES, IntFamily, lob_type, members_text
+from cynomys.core.sourcetypes import INT_FAMILIES, IntFamily, lob_type, members_text, vector_type
+from cynomys.parser import mysqljson
+from cynomys.parser.raw import lenenc
 
 # MySQL field type codes (include/field_types.h).
 DECIMAL, TINY, SHORT, LONG, FLOAT, DOUBLE, NULL, TIMESTAMP, LONGLONG, INT24 = range(10)
 DATE, TIME, DATETIME, YEAR, NEWDATE, VARCHAR, BIT, TIMESTAMP2, DATETIME2, TIME2 = range(10, 20)
 JSON, NEWDECIMAL, ENUM, SET, TINY_BLOB, MEDIUM_BLOB, LONG_BLOB, BLOB, VAR_STRING, STRING, GEOMETRY = range(245, 256)
+VECTOR = 242  # MySQL 9.0: float32 values, little-endian, length-prefixed like a BLOB
 
 Decoder = Callable[[bytes, int], "tuple[Value, int]"]
 
@@ -109,8 +112,9 @@ def column_type_text(col: Any) -> str:
         VAR_STRING: lambda: f"varbinary({col.max_length})" if cs == "binary" else f"varchar({col.max_length // mb})",
         STRING: lambda: f"binary({col.max_length})" if cs == "binary" else f"char({col.max_length // mb})",
         BLOB: lambda: lob_type("blob" if cs == "binary" else "text", col.length_size),
-        ENUM: lambda: f"enum({members_text(_enum_members(col.enum_values))})",
-        SET: lambda: f"set({members_text(col.set_values or [])})",
+        # No members: a TABLE_MAP of binlog_row_metadata = MINIMAL (decode only).
+        ENUM: lambda: f"enum({members_text(_enum_members(col.enum_values))})" if col.enum_values else "enum",
+        SET: lambda: f"set({members_text(col.set_values or [])})" if col.set_values else "set",
         BIT: lambda: f"bit({col.bits})",
         DATE: lambda: "date",
         NEWDATE: lambda: "date",
@@ -123,6 +127,7 @@ def column_type_text(col: Any) -> str:
         YEAR: lambda: "year",
         JSON: lambda: "json",
         GEOMETRY: lambda: "geometry",
+        VECTOR: lambda: vector_type(getattr(col, "dimensions", 0)),
         NULL: lambda: "null",
     }
     if t not in simple:
@@ -354,6 +359,13 @@ def _bit(nbytes: int) -> Decoder:
     return dec
 
 
+def _bit_mask(size: int) -> Decoder:
+    def dec(buf: bytes, off: int) -> tuple[Value, int]:
+        return int.from_bytes(buf[off:off + size], "little"), off + size
+
+    return dec
+
+
 def _enum(values: Sequence[str], size: int) -> Decoder:
     # Index 0 is the "invalid value" '' the server stores for bad input.
     table = list(values) if values and values[0] == "" else [""] + list(values)
@@ -376,31 +388,16 @@ def _set(values: Sequence[str], size: int) -> Decoder:
 
 
 def _mysql_json(length_size: int) -> Decoder:
-    from pymysqlreplication.json_binary import parse_json  # MySQL's binary JSON format
-
-    def _default(o: Any) -> Any:
-        if isinstance(o, bytes):
-            return o.decode("utf-8", "replace")
-        if isinstance(o, decimal.Decimal):
-            return float(o)
-        return str(o)
-
-    def _fix(o: Any) -> Any:
-        if isinstance(o, dict):
-            return {(k.decode() if isinstance(k, bytes) else k): _fix(v) for k, v in o.items()}
-        if isinstance(o, list):
-            return [_fix(v) for v in o]
-        if isinstance(o, bytes):
-            return o.decode("utf-8", "replace")
-        return o
+    """MySQL's binary JSON as its JSON text (parser/mysqljson.py: exact
+    DECIMALs, MySQL's own printing)."""
+    to_text = mysqljson.to_text
 
     def dec(buf: bytes, off: int) -> tuple[Value, int]:
         n = int.from_bytes(buf[off:off + length_size], "little")
         start = off + length_size
         if n == 0:
             return "null", start
-        data = buf[start:start + n]
-        return json.dumps(_fix(parse_json(data[0], data[1:])), default=_default, ensure_ascii=False), start + n
+        return to_text(bytes(buf[start:start + n])), start + n
 
     return dec
 
@@ -429,9 +426,12 @@ def compile_decoder(col: Any) -> Decoder:
             _binary_fixed(col.max_length) if cs == "binary" else text_or_bytes),
         BLOB: lambda: _length_prefixed(col.length_size, text_or_bytes),
         GEOMETRY: lambda: _length_prefixed(col.length_size, bytes),
+        VECTOR: lambda: _length_prefixed(col.length_size, bytes),
         JSON: lambda: _mysql_json(col.length_size),
-        ENUM: lambda: _enum(col.enum_values or [], col.size),
-        SET: lambda: _set(col.set_values or [], col.size),
+        # Without their members (binlog_row_metadata = MINIMAL) ENUM and SET
+        # values are their index and bit mask, as stored.
+        ENUM: lambda: _enum(col.enum_values, col.size) if col.enum_values else _bit_mask(col.size),
+        SET: lambda: _set(col.set_values, col.size) if col.set_values else _bit_mask(col.size),
         BIT: lambda: _bit(col.bytes),
         DATE: lambda: _date,
         NEWDATE: lambda: _date,
@@ -479,12 +479,12 @@ def _plan_for(col: Any, pydec: Decoder) -> PlanEntry:
         return (K_BINARY_FIXED, prefix, col.max_length, None, pydec) if cs == "binary" else text(prefix)
     if t == BLOB:
         return text(col.length_size)
-    if t == GEOMETRY:
+    if t in (GEOMETRY, VECTOR):
         return (K_BYTES, col.length_size, 0, None, pydec)
     if t == NEWDECIMAL:
         return (K_DECIMAL, col.precision, col.decimals, None, pydec)
-    if t == ENUM:
-        values = list(col.enum_values or [])
+    if t == ENUM and col.enum_values:
+        values = list(col.enum_values)
         return (K_ENUM, col.size, 0, values if values and values[0] == "" else [""] + values, pydec)
     if t in (DATETIME2, TIMESTAMP2, TIME2):
         kinds = {DATETIME2: K_DATETIME2, TIMESTAMP2: K_TIMESTAMP2, TIME2: K_TIME2}
@@ -506,6 +506,8 @@ class TableDecoder:
     plan: tuple[PlanEntry, ...] = ()
     #: the plan compiled by the extension (with its value caches), when it is built
     compiled_plan: Any = field(default=None, compare=False, repr=False)
+    #: per column: the JSON column's model decoder (partial JSON updates), else None
+    json_models: tuple[mysqljson.ModelDecoder | None, ...] = ()
 
     @classmethod
     def from_table_map(cls, columns: Sequence[Any], primary_key: Sequence[int]) -> TableDecoder:
@@ -514,7 +516,8 @@ class TableDecoder:
         key = tuple(defs[i].name for i in primary_key)
         decoders = tuple(compile_decoder(c) for c in columns)
         plan = tuple(_plan_for(c, d) for c, d in zip(columns, decoders))
-        return cls(decoders, defs, key, plan, compiled.make_plan(plan))
+        models = tuple(mysqljson.model_decoder(c.length_size) if c.type == JSON else None for c in columns)
+        return cls(decoders, defs, key, plan, compiled.make_plan(plan), models)
 
     def _read_image(self, buf: bytes, off: int, present: int) -> tuple[Row, int]:
         """One row image.  ``present`` is the columns-present bitmap as int."""
@@ -565,3 +568,77 @@ class TableDecoder:
             else:
                 out.append((first, None))
         return out
+
+    # -- PARTIAL_UPDATE_ROWS (MySQL binlog_row_value_options = PARTIAL_JSON) --
+    def _read_models(self, buf: bytes, off: int) -> tuple[list[Any], int, int]:
+        """A full row image with JSON columns as models: values, the null
+        bits, the offset after it."""
+        n = len(self.decoders)
+        null_len = (n + 7) >> 3
+        nulls = int.from_bytes(buf[off:off + null_len], "little")
+        off += null_len
+        out: list[Any] = []
+        for i, d in enumerate(self.decoders):
+            if nulls >> i & 1:
+                out.append(None)
+                continue
+            model = self.json_models[i]
+            v, off = (model or d)(buf, off)
+            out.append(v)
+        return out, nulls, off
+
+    def _text(self, values: list[Any], nulls: int) -> Row:
+        return tuple(mysqljson.dumps(v) if self.json_models[i] is not None and not nulls >> i & 1 else v
+                     for i, v in enumerate(values))
+
+    def partial_rows(self, buf: bytes, present: int, where: str) -> list[tuple[Row, Row | None]]:
+        """(before, after) pairs of a PARTIAL_UPDATE_ROWS event body.  Each
+        after image starts with its value options; with PARTIAL_JSON_UPDATES
+        (bit 0) a bitmap says which JSON columns hold a diff vector instead
+        of a value, and each diff vector is applied to the column's before
+        image, so the after image carries the full JSON.  ``where``: the
+        table and position, for the error when a diff does not apply."""
+        n = len(self.decoders)
+        if present != (1 << n) - 1:
+            raise UnsupportedEventError(
+                "a ROWS event holds a partial row image (binlog_row_image is not FULL)",
+                hint="SET GLOBAL binlog_row_image=FULL on the source (and in its config file)")
+        json_cols = [i for i, m in enumerate(self.json_models) if m is not None]
+        out: list[tuple[Row, Row | None]] = []
+        off, end = 0, len(buf)
+        while off < end:
+            before, before_nulls, off = self._read_models(buf, off)
+            options, off = lenenc(buf, off)
+            partial = 0
+            if options & 1:
+                width = (len(json_cols) + 7) // 8
+                partial = int.from_bytes(buf[off:off + width], "little")
+                off += width
+            diffed = {col for bit, col in enumerate(json_cols) if partial >> bit & 1}
+            null_len = (n + 7) >> 3
+            nulls = int.from_bytes(buf[off:off + null_len], "little")
+            off += null_len
+            after: list[Any] = []
+            for i, d in enumerate(self.decoders):
+                if nulls >> i & 1:
+                    after.append(None)
+                elif i in diffed:
+                    diffs, off = mysqljson.read_diffs(buf, off)
+                    after.append(self._apply(before, before_nulls, i, diffs, where))
+                else:
+                    v, off = (self.json_models[i] or d)(buf, off)
+                    after.append(v)
+            out.append((self._text(before, before_nulls), self._text(after, nulls)))
+        return out
+
+    def _apply(self, before: list[Any], nulls: int, i: int, diffs: list[mysqljson.Diff], where: str) -> Any:
+        name = self.columns[i].name
+        try:
+            if nulls >> i & 1:
+                raise mysqljson.DiffError("the before image is SQL NULL")
+            return mysqljson.apply_diffs(copy.deepcopy(before[i]), diffs)
+        except mysqljson.DiffError as exc:
+            raise UnsupportedEventError(
+                f"partial JSON update of column {name!r} of {where} cannot be applied to its before image: {exc}",
+                hint="the binlog does not match the row it updates; re-snapshot the table, and consider "
+                     "SET GLOBAL binlog_row_value_options='' on the source") from None

@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import pymysql
+from pymysql.protocol import MysqlPacket
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication import event as rp_event
 from pymysqlreplication import row_event as rp_row
+from pymysqlreplication.packet import BinLogPacketWrapper
 
 from cynomys.core.config import SourceConfig
 from cynomys.core.errors import (
@@ -23,9 +25,22 @@ from cynomys.core.errors import (
     SourceUnavailableError,
     UnsupportedEventError,
 )
+from cynomys.core.flavour import Flavour, flavour_of
 from cynomys.core.model import Position, Row, TableSchema
 from cynomys.core.tls import source_connect_args, source_tls_error
-from cynomys.parser.kinds import Basic, classify_query, kind_of
+from cynomys.parser import containers, mysql8
+from cynomys.parser import raw as R
+from cynomys.parser.files import ArchiveInspector, FileReader, expand
+from cynomys.parser.kinds import (
+    MARIADB_ZLIB,
+    MYSQL_GTID,
+    MYSQL_GTID_TAGGED,
+    PREVIOUS_GTIDS,
+    ZSTD_PAYLOAD,
+    Basic,
+    classify_query,
+    kind_of,
+)
 from cynomys.parser.rows import TableDecoder
 from cynomys.parser.tablemap import CachedTableMapEvent
 from cynomys.parser.tablemap import install as _install_tablemap_cache
@@ -46,6 +61,58 @@ _CONNECTION_ERRORS = {2003, 2006, 2013, 2055, 1053, 1927}
 # ER_MASTER_FATAL_ERROR_READING_BINLOG: the requested file/GTID is gone.
 _POSITION_LOST = 1236
 _MARIADB_GTID_STANDALONE = 1
+_PARTIAL_UPDATE_ROWS = 0x27
+
+
+def _read_ourselves() -> None:
+    """MySQL's GTID and PREVIOUS_GTIDS events are read by Cynomys
+    (parser/mysql8.py): the library's classes stop before the 8.0 fields
+    and misread 8.3's tagged GTID sets (they take the format byte for part
+    of a count).  The library then only steps over them.  Its map is
+    private (the library is pinned, setup.cfg): if it is not there, the
+    library still parses them first, which is harmless for untagged sets."""
+    event_map: dict[int, type] | None = getattr(BinLogPacketWrapper, "_BinLogPacketWrapper__event_map", None)
+    if event_map is None:
+        log.warning("mysql-replication's event map is not the one of version 1.0.17: MySQL 8.3+ tagged "
+                    "PREVIOUS_GTIDS events may not be read")
+        return
+    for code in (0x21, 0x23):  # GTID_LOG_EVENT, PREVIOUS_GTIDS_LOG_EVENT
+        event_map[code] = rp_event.NotImplementedEvent
+
+
+_read_ourselves()
+
+
+@dataclass
+class LibraryContext:
+    """What mysql-replication needs to parse one event from its bytes: the
+    reading state of the stream (or file) the bytes came from.  The table
+    map is the reader's own dict, so a TABLE_MAP parsed here serves the
+    ROWS events the reader parses, and the other way round."""
+
+    table_map: dict[int, Any]
+    ctl_connection: Any
+    mysql_version: tuple[int, ...]
+    post_header_lengths: Any
+    optional_meta_data: bool = True
+
+    def parse(self, event: bytes) -> Any:
+        """Event bytes (header to CRC32 trailer, see raw.build) -> the
+        library's event object, or None when the library skips it.  The
+        packet is what the server would have sent: an OK byte, then the
+        event."""
+        wrapper = BinLogPacketWrapper(
+            MysqlPacket(b"\x00" + event, "utf8"), self.table_map, self.ctl_connection, self.mysql_version,
+            True, _ALL_EVENT_CLASSES, None, None, None, None, False, False, False, self.optional_meta_data, False,
+            False, self.post_header_lengths)
+        return wrapper.event
+
+
+def event_bytes(ev: Any) -> tuple[bytes, bool]:
+    """A library event's own bytes (header to end) and whether they end with
+    a CRC32: the packet keeps all it received after the OK byte."""
+    data = bytes(ev.packet.packet.get_all_data()[1:])
+    return data, R.header(data).size - R.HEADER_LEN - ev.event_size == R.CHECKSUM_LEN
 
 
 @dataclass(frozen=True)
@@ -66,6 +133,30 @@ class SourceEvent:
     schema: TableSchema | None = None
     rows: list[tuple[Row, Row | None]] = field(default_factory=list)
     why: str = ""
+    #: what Cynomys read from the event itself: a MySQL GTID event's fields
+    #: (mysql8.Gtid), a PREVIOUS_GTIDS set's text
+    detail: Any = None
+
+
+def _minimal_metadata(ev: Any) -> None:
+    """A TABLE_MAP of binlog_row_metadata = MINIMAL: no names, no ENUM/SET
+    members, no key.  The library leaves such columns bare; what MINIMAL
+    does carry (signedness, character sets) is applied here as the library
+    applies it with FULL, and the columns are named by position."""
+    meta = ev.optional_metadata
+    unsigned = list(getattr(meta, "unsigned_column_list", []) or [])
+    charsets = iter(getattr(meta, "charset_collation_list", []) or [])
+    enum_set = iter(getattr(meta, "enum_and_set_collation_list", []) or [])
+    for i, col in enumerate(ev.columns):
+        col.name = f"@{i + 1}"
+        if i < len(unsigned) and unsigned[i]:
+            col.unsigned = True
+        pick = charsets if rp_row.TableMapEvent._is_character_column(col.type, dbms=ev.dbms) else (
+            enum_set if rp_row.TableMapEvent._is_enum_or_set_column(col.type) else None)
+        charset_id = next(pick, None) if pick is not None else None
+        if charset_id is not None:
+            encoding, collation, _ = rp_row.find_charset(str(charset_id), dbms=ev.dbms)
+            col.collation_name, col.character_set_name = collation, encoding
 
 
 class TableFilter:
@@ -134,7 +225,12 @@ class SourceInspector:
 
     @property
     def is_mariadb(self) -> bool:
-        return "mariadb" in self.conn.get_server_info().lower()
+        return self.flavour.name == "mariadb"
+
+    @property
+    def flavour(self) -> Flavour:
+        """MySQL or MariaDB, which version, and so which statements (core/flavour.py)."""
+        return flavour_of(self.conn.get_server_info())
 
     def server_identity(self) -> str:
         """Which server this is, for telling binlog positions of two servers
@@ -161,12 +257,13 @@ class SourceInspector:
             )
 
     def binlogs(self) -> list[tuple[str, int]]:
-        return [(str(r[0]), int(r[1])) for r in self.query("SHOW BINARY LOGS")]
+        return [(str(r[0]), int(r[1])) for r in self.query(self.flavour.statements.binary_logs)]
 
     def current(self) -> Position:
-        rows = self.query("SHOW MASTER STATUS")
+        statement = self.flavour.statements.binlog_status
+        rows = self.query(statement)
         if not rows:
-            raise SourceConfigError("SHOW MASTER STATUS is empty: the binlog is off", hint="enable log_bin")
+            raise SourceConfigError(f"{statement} is empty: the binlog is off", hint="enable log_bin")
         gtid = ""
         if self.is_mariadb:
             gtid = self.variables("gtid_binlog_pos").get("gtid_binlog_pos", "")
@@ -209,15 +306,42 @@ class SourceInspector:
                 f"[source] start = {start!r} is not 'current', 'earliest' or 'file:pos'") from None
 
 
+def _parse_file_event(reader: FileReader, event: bytes) -> Any:
+    return LibraryContext(reader.table_map, reader._ctl_connection, reader.mysql_version,
+                          reader.post_header_lengths).parse(event)
+
+
+def open_inspector(cfg: SourceConfig) -> SourceInspector | ArchiveInspector:
+    """The source's settings and positions: the server's, or with ``[source]
+    binlog_files`` the archived files'."""
+    return ArchiveInspector(cfg.binlog_files) if cfg.binlog_files else SourceInspector(cfg)
+
+
 class BinlogSource:
     """Reads the binlog from ``start`` and yields SourceEvents."""
 
     def __init__(self, cfg: SourceConfig, start: Position, *, blocking: bool = True,
-                 is_mariadb: bool = True, table_filter: TableFilter | None = None) -> None:
+                 is_mariadb: bool = True, table_filter: TableFilter | None = None,
+                 reader: FileReader | None = None, positional_names: bool = False) -> None:
+        """``reader``: read binlog files instead of the server (by default
+        the files of ``[source] binlog_files`` when it is set);
+        ``positional_names``: accept TABLE_MAPs without column names
+        (binlog_row_metadata = MINIMAL) and name columns @1, @2, ... (for
+        `cynomys decode`; a target needs the real names)."""
         self.cfg = cfg
         self.start = start
         self.filter = table_filter or TableFilter(cfg.include_tables, cfg.exclude_tables)
         self.decoders: dict[int, tuple[Any, TableDecoder, TableSchema]] = {}
+        self.positional_names = positional_names
+        self.file = start.file
+        self.pos = start.pos
+        if reader is None and cfg.binlog_files:
+            reader = FileReader(expand(cfg.binlog_files), start)
+        self.reader: Any
+        if reader is not None:
+            reader.set_parser(_parse_file_event)
+            self.reader = reader
+            return
         settings = {"host": cfg.host, "port": cfg.port, "user": cfg.user, "password": cfg.password,
                     "connect_timeout": int(cfg.connect_timeout_s), **source_connect_args(cfg)}
         # mysql-replication's MariaDB dump request ignores log_file/log_pos
@@ -234,8 +358,6 @@ class BinlogSource:
         if gtid:
             kwargs.update(auto_position=start.gtid, log_file=None, log_pos=None)
         self.reader = BinLogStreamReader(**kwargs)
-        self.file = start.file
-        self.pos = start.pos
 
     def close(self) -> None:
         try:
@@ -256,12 +378,79 @@ class BinlogSource:
                 raise SourceUnavailableError(f"lost the binlog connection to {self.cfg.host}:{self.cfg.port}: {exc}") from None
             if ev is None:
                 return
+            kind = kind_of(ev.event_type)
+            if kind.decoder:
+                yield from self._own(ev, kind.decoder, None)
+                continue
             out = self._convert(ev)
             if out is not None:
                 yield out
 
+    def _context(self, ev: Any) -> LibraryContext:
+        reader = self.reader
+        return LibraryContext(reader.table_map, reader._ctl_connection, reader.mysql_version,
+                              getattr(ev, "_post_header_lengths", None))
+
+    def _span(self, ev: Any, span: tuple[Position, Position] | None) -> tuple[Position, Position]:
+        """Where an event is: its own place, or (inside a container) the
+        container's; reading moves past it."""
+        if span is not None:
+            return span
+        pkt = ev.packet
+        self.pos = pkt.log_pos
+        return Position(self.file, pkt.log_pos - pkt.event_size), Position(self.file, pkt.log_pos)
+
+    def _own(self, ev: Any, decoder: str, span: tuple[Position, Position] | None) -> Iterator[SourceEvent]:
+        """An event Cynomys reads from its bytes (Kind.decoder)."""
+        start, end = self._span(ev, span)
+        data, checksum = event_bytes(ev)
+        body = data[R.HEADER_LEN:len(data) - (R.CHECKSUM_LEN if checksum else 0)]
+        kind = kind_of(ev.event_type)
+        where = str(start)
+        if decoder in (MYSQL_GTID, MYSQL_GTID_TAGGED):
+            info = mysql8.parse_tagged_gtid(body, where) if decoder == MYSQL_GTID_TAGGED else \
+                mysql8.parse_gtid(body, ev.event_type == mysql8.ANONYMOUS_GTID, where)
+            yield SourceEvent(Basic.BEGIN, kind.name, start, end, ev.timestamp, gtid=info.gtid, detail=info)
+            return
+        if decoder == PREVIOUS_GTIDS:
+            yield SourceEvent(Basic.INFO, kind.name, start, end, ev.timestamp,
+                              detail=mysql8.parse_previous_gtids(body, where))
+            return
+        ctx = self._context(ev)
+        if decoder == MARIADB_ZLIB:
+            lengths = ctx.post_header_lengths
+            post = lengths[ev.event_type - 1] if lengths and len(lengths) >= ev.event_type else None
+            inner = [containers.mariadb_uncompress(data, post, checksum, where)]
+        elif decoder == ZSTD_PAYLOAD:
+            inner = mysql8.payload_events(body, where)
+        else:
+            raise AssertionError(f"no decoder {decoder!r}")
+        yield from self._unpacked(inner, ctx, start, end)
+
+    def _unpacked(self, inner: list[bytes], ctx: LibraryContext, start: Position, end: Position
+                  ) -> Iterator[SourceEvent]:
+        """A container's events, parsed by the library from their bytes and
+        sorted as if the server had written them plainly.  They all take
+        the container's place in the binlog: only the last ends where it
+        ends, so a checkpoint never falls inside it (a restart reads the
+        container again, from its start, and skips what was shipped)."""
+        for i, event in enumerate(inner):
+            lib = ctx.parse(event)
+            if lib is None:
+                continue
+            span = (start, end if i == len(inner) - 1 else start)
+            kind = kind_of(lib.event_type)
+            if kind.decoder:
+                yield from self._own(lib, kind.decoder, span)
+                continue
+            out = self._convert(lib, span)
+            if out is not None:
+                yield out
+
     # ------------------------------------------------------------------
-    def _convert(self, ev: Any) -> SourceEvent | None:
+    def _convert(self, ev: Any, span: tuple[Position, Position] | None = None) -> SourceEvent | None:
+        """One library event -> SourceEvent.  ``span``: where it is in the
+        binlog when it is not where its header says (an unpacked event)."""
         kind = kind_of(ev.event_type)
         pkt = ev.packet
         if kind.basic is Basic.ROTATE:
@@ -270,14 +459,17 @@ class BinlogSource:
             here = Position(self.file, self.pos)
             return SourceEvent(Basic.ROTATE, kind.name, here, here, ev.timestamp)
         log_pos = pkt.log_pos
-        if ev.event_type == 0x0F or not log_pos:
+        if span is not None:
+            start, end = span
+        elif ev.event_type == 0x0F or not log_pos:
             # A FORMAT_DESCRIPTION re-sent on connect carries its original
             # offset, not ours: it must not move the position backwards.
             here = Position(self.file, self.pos)
             return SourceEvent(Basic.INFO, kind.name, here, here, ev.timestamp)
-        start = Position(self.file, log_pos - pkt.event_size)
-        end = Position(self.file, log_pos)
-        self.pos = log_pos
+        else:
+            start = Position(self.file, log_pos - pkt.event_size)
+            end = Position(self.file, log_pos)
+            self.pos = log_pos
         basic = kind.basic
         if ev.event_type == 0x02:  # QUERY: sorted by its statement text
             sql = ev.query
@@ -306,6 +498,8 @@ class BinlogSource:
         pk = list(getattr(meta, "simple_primary_key_list", []) or [])
         if not pk and meta is not None and getattr(meta, "primary_keys_with_prefix", None):
             pk = list(meta.primary_keys_with_prefix)
+        if any(c.name is None for c in ev.columns) and self.positional_names:
+            _minimal_metadata(ev)
         if any(c.name is None for c in ev.columns):
             raise SourceConfigError(
                 f"TABLE_MAP for {ev.schema}.{ev.table} has no column names",
@@ -335,6 +529,9 @@ class BinlogSource:
             raise UnsupportedEventError(
                 f"UPDATE on {ev.schema}.{ev.table} at {end} has a partial after-image",
                 hint="SET GLOBAL binlog_row_image=FULL on the source")
-        rows = dec.rows(body, present, basic is Basic.UPDATE)
+        if ev.event_type == _PARTIAL_UPDATE_ROWS:
+            rows = dec.partial_rows(body, present, f"{ev.schema}.{ev.table} at {start}")
+        else:
+            rows = dec.rows(body, present, basic is Basic.UPDATE)
         return SourceEvent(basic, kind, start, end, ev.timestamp, database=ev.schema, table=ev.table,
                            schema=schema, rows=rows)

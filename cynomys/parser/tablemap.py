@@ -29,6 +29,8 @@ from pymysqlreplication import packet as rp_packet
 from pymysqlreplication.event import BinLogEvent
 from pymysqlreplication.row_event import TableMapEvent
 
+from cynomys.parser.mysql8 import VECTOR, table_map_for_library
+
 log = logging.getLogger(__name__)
 
 # Attributes BinLogEvent.__init__ sets for each event (the packet, its
@@ -58,6 +60,16 @@ class CachedTableMapEvent(TableMapEvent):
         raw = from_packet.packet
         body = bytes(raw.get_bytes(raw._position, event_size))
         hit = self._cache.get(body)
+        vectors: dict[int, int] = {}
+        if hit is None:
+            # MySQL 9's VECTOR columns and optional metadata the library
+            # does not know: it parses a rewritten copy (mysql8.py).
+            fixed = table_map_for_library(body)
+            if fixed is not None:
+                new_body, vectors = fixed
+                at = raw._position
+                raw._data = raw._data[:at] + new_body + raw._data[at + event_size:]
+                event_size = len(new_body)
         if hit is not None:
             BinLogEvent.__init__(self, from_packet, event_size, table_map, ctl_connection, **kwargs)
             self.__dict__.update(hit)
@@ -66,6 +78,10 @@ class CachedTableMapEvent(TableMapEvent):
             return
         super().__init__(from_packet, event_size, table_map, ctl_connection, **kwargs)
         self.body = body
+        for i, dims in vectors.items():
+            if self._processed and i < len(self.columns):
+                self.columns[i].type = VECTOR
+                self.columns[i].dimensions = dims
         meta = getattr(self, "optional_metadata", None)
         if self._processed and meta is not None and len(getattr(meta, "column_name_list", ()) or ()) > 0:
             if len(self._cache) >= MAX_BODIES:

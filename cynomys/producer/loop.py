@@ -45,7 +45,8 @@ from cynomys.core.errors import CynomysError, TerminalError
 from cynomys.core.model import Batch, EnvelopeMeta, Position
 from cynomys.metrics.events import ProducerTurn
 from cynomys.metrics.monitor import ProducerMonitor
-from cynomys.parser.stream import BinlogSource, SourceInspector, TableFilter
+from cynomys.parser.files import ArchiveInspector
+from cynomys.parser.stream import BinlogSource, SourceInspector, TableFilter, open_inspector
 from cynomys.parser.txn import Assembler
 from cynomys.producer.batching import Batching
 from cynomys.producer.state import FileStateStore, StateStore
@@ -108,7 +109,7 @@ class Producer:
         self.tasks: tuple[ProducerTask, ...] = ()  # plugged in by run (producer/tasks.py)
 
     # ------------------------------------------------------------------
-    def _start_position(self, inspector: SourceInspector) -> Position:
+    def _start_position(self, inspector: SourceInspector | ArchiveInspector) -> Position:
         server = inspector.server_identity()
         if self.state.checkpoint is not None:
             pos = self._on_server(self.state.checkpoint, server)
@@ -257,8 +258,10 @@ class Producer:
         self._recover_pending()
         if self.state.open is not None and is_snapshot_tid(str(self.state.open.get("tid", ""))):
             self._abandon_snapshot_read()
-        first_start = self.state.checkpoint is None
-        inspector = SourceInspector(self.cfg.source)
+        # Archived binlog files ([source] binlog_files) are the history asked
+        # for: no initial snapshot of the live tables.
+        first_start = self.state.checkpoint is None and not self.cfg.source.binlog_files
+        inspector = open_inspector(self.cfg.source)  # the server's, or [source] binlog_files'
         try:
             inspector.check_settings()
             start = self._start_position(inspector)

@@ -23,18 +23,21 @@ BINARY/BLOB        bytes (a str never)    -> bytes
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import re
 import struct
+import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 from cynomys.core.model import ColumnDef, RawTemporal, Row, TableSchema, Value
-from cynomys.core.sourcetypes import BINARY_TYPES, INT_FAMILIES, SPATIAL_TYPES
+from cynomys.core.sourcetypes import BINARY_OF_SOURCE_TYPE, BINARY_TYPES, INT_FAMILIES, SPATIAL_TYPES, vector_type
 from cynomys.snapshot.errors import SnapshotError
 
 # Types whose binlog image the row decoder reads as something else than the
-# SQL value (MariaDB's INET4/INET6/UUID are binary in the binlog, text in a SELECT).
-_UNSUPPORTED = ("inet4", "inet6", "uuid", "vector")
+# SQL value: none left (MariaDB's INET4/INET6/UUID, binary in the binlog and
+# text in a SELECT, are converted to the binlog's bytes by _binary).
+_UNSUPPORTED: tuple[str, ...] = ()
 _UTC = datetime.timezone.utc
 
 
@@ -57,6 +60,11 @@ def normalize_type(column_type: str) -> str:
         return "year"
     if base in SPATIAL_TYPES:
         return "geometry"
+    if base in BINARY_OF_SOURCE_TYPE:
+        return BINARY_OF_SOURCE_TYPE[base]
+    if base == "vector":
+        m = re.match(r"vector\((\d+)\)", low)
+        return vector_type(int(m.group(1)) if m else 0)
     if base in ("decimal", "numeric"):
         m = re.match(r"\w+\((\d+)(?:,(\d+))?\)", low)
         p, s = (m.group(1), m.group(2) or "0") if m else ("10", "0")
@@ -85,8 +93,23 @@ def _float(v: Any) -> Value:
     return _F32.unpack(_F32.pack(v))[0] if isinstance(v, float) else v  # type: ignore[no-any-return]
 
 
+_UUID_TEXT = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
 def _binary(v: Any) -> Value:
-    return v.encode() if isinstance(v, str) else v
+    """A binary column's value.  The driver gives bytes for every binary
+    type; text only for MariaDB's INET4, INET6 and UUID, whose binlog image
+    (the model value, core/sourcetypes.py BINARY_OF_SOURCE_TYPE) is the
+    address in network order and the UUID's 16 bytes in text order."""
+    if not isinstance(v, str):
+        return cast(Value, v)
+    if ":" in v:
+        return ipaddress.IPv6Address(v).packed
+    if _UUID_TEXT.fullmatch(v):
+        return uuid.UUID(v).bytes
+    if v.count(".") == 3:
+        return ipaddress.IPv4Address(v).packed
+    return v.encode()
 
 
 _CONVERT: dict[str, Callable[[Any], Value]] = {

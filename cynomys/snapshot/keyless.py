@@ -48,6 +48,7 @@ import pymysql.cursors
 
 from cynomys.core.config import SourceConfig
 from cynomys.core.errors import SourceUnavailableError, TransientError
+from cynomys.core.flavour import flavour_of
 from cynomys.core.model import Change, Op, Position, Row, TableSchema
 from cynomys.core.tls import source_connect_args
 from cynomys.parser.txn import Commit, Item
@@ -174,14 +175,16 @@ class ConsistentRead:
             return Position(str(file), int(pos or 0))
         # MySQL: its consistent snapshot has no binlog position of its own;
         # hold every commit back for the moment it takes to start the read.
+        # SHOW BINARY LOG STATUS on MySQL 8.2+ (SHOW MASTER STATUS is gone in 8.4)
+        statement = flavour_of(self.conn.get_server_info()).statements.binlog_status
         self._exec("FLUSH TABLES WITH READ LOCK")
         try:
             self._exec("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-            rows = self._exec("SHOW MASTER STATUS")
+            rows = self._exec(statement)
         finally:
             self._exec("UNLOCK TABLES")
         if not rows:
-            raise SnapshotError("SHOW MASTER STATUS is empty on the source: its binlog is off",
+            raise SnapshotError(f"{statement} is empty on the source: its binlog is off",
                                 hint="enable log_bin on the source")
         return Position(str(rows[0][0]), int(rows[0][1]))
 

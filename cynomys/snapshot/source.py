@@ -19,6 +19,7 @@ import pymysql
 
 from cynomys.core.config import SourceConfig
 from cynomys.core.errors import CynomysError, SourceUnavailableError
+from cynomys.core.flavour import flavour_of
 from cynomys.core.model import Position
 from cynomys.core.tls import source_connect_args, source_tls_error
 from cynomys.snapshot.columns import TableInfo, table_info
@@ -59,6 +60,8 @@ class SnapshotConnection:
         self.query("SET time_zone = '+00:00'")
         self.query("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         self.is_mariadb = "mariadb" in self.conn.get_server_info().lower()
+        # SHOW BINARY LOG STATUS on MySQL 8.2+ (SHOW MASTER STATUS is gone in 8.4)
+        self.binlog_status = flavour_of(self.conn.get_server_info()).statements.binlog_status
 
     def close(self) -> None:
         try:
@@ -93,15 +96,15 @@ class SnapshotConnection:
         return Position(str(status["Binlog_snapshot_file"]), int(status["Binlog_snapshot_position"]))
 
     def binlog_end(self) -> Position:
-        rows = self.query("SHOW MASTER STATUS")
+        rows = self.query(self.binlog_status)
         if not rows:
-            raise SnapshotError("SHOW MASTER STATUS is empty on the source: its binlog is off",
+            raise SnapshotError(f"{self.binlog_status} is empty on the source: its binlog is off",
                                 hint="enable log_bin on the source")
         return Position(str(rows[0][0]), int(rows[0][1]))
 
     def binlog_filters(self) -> tuple[list[str], list[str]]:
         """(Binlog_Do_DB, Binlog_Ignore_DB) of the source."""
-        rows = self.query("SHOW MASTER STATUS")
+        rows = self.query(self.binlog_status)
         if not rows or len(rows[0]) < 4:
             return [], []
         return _names(rows[0][2]), _names(rows[0][3])

@@ -233,13 +233,15 @@ class OneProducer:
 def _run(tmp_path: Path, redis_url: str, *, writer: Any, batch_max_events: int, kills: list[str],
          alter_at: int | None, target: Callable[[MariaDBServer], Any] = MariaDBSide, write_s: float = 0.0,
          catch_up_s: float = 180, applier: dict[str, Any] | None = None, producer: dict[str, Any] | None = None,
-         producers: Callable[[Path, Path, str], Any] = OneProducer, appliers: int = 1) -> Path:
+         producers: Callable[[Path, Path, str], Any] = OneProducer, appliers: int = 1,
+         binlog_compress: bool = False) -> Path:
     """Writers and kills, then wait until the target equals the source.
     ``write_s``: keep writing at least this long (kills spread over it).
     ``producers`` starts the producer process(es) and kills "the" producer.
     ``appliers``: that many partitioned appliers ([applier] partitions), named
-    "applier0".. in ``kills``."""
-    src = MariaDBServer(server_id=1).start()
+    "applier0".. in ``kills``.  ``binlog_compress``: the source writes
+    compressed binlog events (log_bin_compress)."""
+    src = MariaDBServer(server_id=1, binlog_compress=binlog_compress).start()
     side = target(src)
     prods: Any = None
     names = _applier_names(appliers)
@@ -334,6 +336,14 @@ def test_random_workload_with_sigkills_ends_equal(tmp_path: Path, redis_url: str
     """Both daemons killed 4 times each, an ALTER half way.  Run it in a loop
     with ``scripts/kill_loop.sh 20`` (keeps the artifacts of a failure)."""
     _run(tmp_path, redis_url, writer=_writer, batch_max_events=500, kills=["producer", "applier"] * 4, alter_at=4)
+
+
+@pytest.mark.slow
+def test_compressed_binlog_with_sigkills_ends_equal(tmp_path: Path, redis_url: str) -> None:
+    """The same with log_bin_compress = ON (every event over 10 bytes
+    compressed): both daemons killed 4 times each, an ALTER half way."""
+    _run(tmp_path, redis_url, writer=_writer, batch_max_events=500, kills=["producer", "applier"] * 4, alter_at=4,
+         binlog_compress=True)
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """End to end into the embedded default, Spark/Iceberg (issue #11's scenario):
 4 writers of the mixed workload (multi-row inserts, range updates, deletes,
 key changes, a keyless table), producer and applier killed with SIGKILL
-while they write, then the Iceberg tables must equal the source row by row.
+while they write, then the Iceberg tables must equal the source row by row
+(once with a source writing compressed binlog events).
 The test prints how long after the writers stopped the target was equal."""
 from __future__ import annotations
 
@@ -90,12 +91,14 @@ class SparkSide:
             self.reader.close()
 
 
-@pytest.mark.parametrize("buffer_rows", [10_000, 2000])
-def test_mixed_workload_with_kills_into_iceberg(tmp_path: Path, redis_url: str, buffer_rows: int) -> None:
+@pytest.mark.parametrize("buffer_rows,binlog_compress", [(10_000, False), (2000, False), (2000, True)],
+                         ids=["buffer10000", "buffer2000", "compressed-binlog"])
+def test_mixed_workload_with_kills_into_iceberg(tmp_path: Path, redis_url: str, buffer_rows: int,
+                                                binlog_compress: bool) -> None:
     # _run asserts that every table ends equal to the source, row by row
     # (catch_up_s is a generous limit, not the goal); it prints how long
     # after the writers stopped that was: bench/bench_spark_catchup.py
     # records that number.
     _run(tmp_path, redis_url, writer=_writer, batch_max_events=500, kills=["producer", "applier"] * 2,
          alter_at=2, target=lambda src: SparkSide(src, tmp_path / "c.toml"), write_s=60, catch_up_s=300,
-         applier={"buffer_rows": buffer_rows, "max_delay_ms": 300})
+         applier={"buffer_rows": buffer_rows, "max_delay_ms": 300}, binlog_compress=binlog_compress)

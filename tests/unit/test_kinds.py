@@ -19,10 +19,29 @@ def test_ten_basic_types() -> None:
     assert used == set(Basic)  # every basic type is reachable
 
 
-@pytest.mark.parametrize("code", [0x1A, 0x05, 0x0D, 0x0E, 0x11, 0x12, 0x27, 0x28, 0xA6, 0x00])
+@pytest.mark.parametrize("code", [0x1A, 0x05, 0x0D, 0x0E, 0x11, 0x12, 0x26, 0x00])
 def test_data_bearing_surprises_halt_with_a_hint(code: int) -> None:
     k = kind_of(code)
     assert k.basic is Basic.HALT and k.why
+
+
+@pytest.mark.parametrize("code,basic", [(0xA5, Basic.INFO), (0xA6, Basic.INSERT), (0xA7, Basic.UPDATE),
+                                        (0xA8, Basic.DELETE), (0xA9, Basic.INSERT), (0xAA, Basic.UPDATE),
+                                        (0xAB, Basic.DELETE)])
+def test_mariadb_compressed_kinds_are_unpacked(code: int, basic: Basic) -> None:
+    k = kind_of(code)
+    assert k.decoder and k.basic is basic
+
+
+@pytest.mark.parametrize("code,basic", [(0x21, Basic.BEGIN), (0x22, Basic.BEGIN), (0x2A, Basic.BEGIN),
+                                        (0x23, Basic.INFO), (0x28, Basic.INFO)])
+def test_mysql8_kinds_are_read_by_cynomys(code: int, basic: Basic) -> None:
+    k = kind_of(code)
+    assert k.decoder and k.basic is basic
+
+
+def test_partial_json_updates_are_updates() -> None:
+    assert kind_of(0x27).basic is Basic.UPDATE
 
 
 def test_unknown_kind_halts() -> None:
