@@ -137,8 +137,9 @@ def test_replicated_exactly_on_every_target(source: tuple[MariaDBServer, str], t
             assert done.returncode == 0, done.stderr[-3000:]
         c = load_config(cfg, env={})
         if kind == "spark":
-            c = dataclasses.replace(c, target=dataclasses.replace(c.target, spark=dataclasses.replace(
-                c.target.spark, master="local[1]")))
+            from cynomys.applier.targets.spark.config import SparkConfig
+            c = dataclasses.replace(c, target=c.target.with_options(
+                dataclasses.replace(c.target.of(SparkConfig), master="local[1]")))
         reader = open_target(c)
         reader.connect()
         try:
