@@ -21,7 +21,8 @@ from cynomys.core.errors import ConfigError
 from cynomys.core.targets import TARGET_KINDS, target_config_classes
 
 # Field metadata keys: "check" -> (predicate, what-is-expected), "secret" ->
-# bool, "path" -> bool.  Public: the targets' own settings classes
+# bool, "path" -> bool, "required" -> bool (with a "check" saying what to
+# give).  Public: the targets' own settings classes
 # (cynomys/applier/targets/<kind>/config.py) declare their keys with them.
 Check = tuple[Callable[[Any], bool], str]
 
@@ -268,6 +269,119 @@ class LogConfig:
     level: str = field(default="INFO", metadata=one_of("DEBUG", "INFO", "WARNING", "ERROR"))
 
 
+#: Schema-change policies ([shape] schema_changes and per target table): what
+#: a source DDL may do to a target table (cynomys/shape/policy.py).
+SCHEMA_CHANGES = ("evolve", "ignore_drops", "freeze", "stop")
+#: Applier modes per target table (cynomys/shape/modes.py).
+MODES = ("upsert", "soft_delete", "history")
+
+
+def _ident_ok(v: str) -> bool:
+    return bool(v) and len(v) <= 64 and "`" not in v
+
+
+IDENT = checked(_ident_ok, "a column name of 1-64 characters without backticks")
+
+
+@dataclass(frozen=True)
+class RouteRule:
+    """One ``[[shape.route]]`` rule (producer): source tables whose
+    ``db.table`` matches ``source`` are written to the table ``target``
+    names.  Rules are tried in file order; the first match wins.  A rule
+    whose target does not tell its sources apart (a pattern matching many
+    tables, and a target that does not use every capture group) merges
+    them: the source database and table become columns of the target table
+    (``database_column``, ``table_column``) and lead its primary key."""
+
+    # Source tables: a glob on "db.table" ("shop_*.orders"; each * and ? is a
+    # capture group, \1 \2 ... in target), or a regular expression after
+    # "re:" matched against the whole name ("re:shop_(\d+)\.orders").
+    source: str = field(default="", metadata={**checked(bool, "a pattern on 'db.table'"), "required": True})
+    # The target table "db.table"; \1 (or \g<name>) stands for a capture group.
+    target: str = field(default="", metadata={**checked(bool, "a table 'db.table'"), "required": True})
+    # Merging routes: the column holding each row's source database ("" = none).
+    database_column: str = "source_db"
+    # Merging routes: the column holding each row's source table ("" = none).
+    table_column: str = "source_table"
+
+
+@dataclass(frozen=True)
+class TableRule:
+    """``[shape.tables."<pattern>"]`` (producer): the columns and rows of
+    the source tables whose ``db.table`` matches the glob ``<pattern>``
+    (the first matching entry in file order applies).  Column names are the
+    source's; masking happens on the source host, so a masked value never
+    travels nor reaches the target."""
+
+    # Columns to keep (empty: every column); primary-key columns must be kept.
+    include: list[str] = field(default_factory=list)
+    # Columns to leave out; primary-key columns cannot be left out.
+    exclude: list[str] = field(default_factory=list)
+    # Source column -> its name on the target.
+    rename: dict[str, str] = field(default_factory=dict)
+    # Source column -> mask: "hash" (HMAC-SHA256 with [shape] mask_key, 64
+    # hex characters, type char(64)), "hash:N" (its first N hex characters),
+    # "hash_int" (a bigint from the HMAC), "null", "const:TEXT", "truncate:N".
+    mask: dict[str, str] = field(default_factory=dict)
+    # Rows to keep: an SQL predicate on the source row ("tenant_id = 42 AND
+    # status <> 'test'"); a row moving in or out becomes an insert or a delete.
+    filter: str = ""
+
+
+@dataclass(frozen=True)
+class TargetRule:
+    """``[shape.targets."<pattern>"]`` (applier): how the target tables
+    whose ``db.table`` matches the glob ``<pattern>`` are written (the first
+    matching entry in file order applies)."""
+
+    # "upsert": the table mirrors the source; "soft_delete": deleted rows stay,
+    # flagged; "history": every change is appended as a row (a changelog).
+    mode: str = field(default="upsert", metadata=one_of(*MODES))
+    # What a source DDL may do to these tables ("" = [shape] schema_changes).
+    schema_changes: str = field(default="", metadata=one_of("", *SCHEMA_CHANGES))
+
+
+@dataclass(frozen=True)
+class ShapeConfig:
+    """Shaping data on the way (docs/guides/shaping.md): routing, column
+    choice, masking and row filters run in the producer, before anything
+    leaves the source host; modes (soft delete, history) and the
+    schema-change policy run in the applier, where the target is."""
+
+    # Key of the "hash" masks (HMAC-SHA256), at least 16 characters; set it
+    # as CYNOMYS_SHAPE_MASK_KEY on the producer's host (the applier never needs it).
+    mask_key: str = field(default="", repr=False, metadata=SECRET)
+    # Producer: source DDL statements (exact text, or their position
+    # "file:pos") the shaping stage drops instead of stopping on them.
+    skip_ddl: list[str] = field(default_factory=list)
+    # Applier: the schema-change policy of target tables without their own.
+    schema_changes: str = field(default="evolve", metadata=one_of(*SCHEMA_CHANGES))
+    # soft_delete: the flag column (1 once the source row is deleted).
+    deleted_column: str = field(default="_deleted", metadata=IDENT)
+    # soft_delete and history: the column holding the source commit time (UTC).
+    commit_time_column: str = field(default="_commit_time", metadata=IDENT)
+    # history: the column holding the change (INSERT, UPDATE, DELETE, READ).
+    op_column: str = field(default="_op", metadata=IDENT)
+    # history: the source transaction (its GTID, else "file:pos" of its start); with seq_column the key.
+    txn_column: str = field(default="_txn", metadata=IDENT)
+    # history: the binlog file of the transaction's start.
+    file_column: str = field(default="_binlog_file", metadata=IDENT)
+    # history: the binlog position of the transaction's start.
+    pos_column: str = field(default="_binlog_pos", metadata=IDENT)
+    # history: the change's number within its transaction and table (from 0).
+    seq_column: str = field(default="_seq", metadata=IDENT)
+    # history: the prefix of the columns holding the before image.
+    before_prefix: str = field(default="_before_", metadata=IDENT)
+    route: list[RouteRule] = field(default_factory=list)
+    tables: dict[str, TableRule] = field(default_factory=dict)
+    targets: dict[str, TargetRule] = field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        """Any shaping configured at all."""
+        return bool(self.route or self.tables or self.targets or self.schema_changes != "evolve")
+
+
 @dataclass(frozen=True)
 class Config:
     source: SourceConfig = field(default_factory=SourceConfig)
@@ -277,6 +391,7 @@ class Config:
     applier: ApplierConfig = field(default_factory=ApplierConfig)
     target: TargetConfig = field(default_factory=TargetConfig)
     snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
+    shape: ShapeConfig = field(default_factory=ShapeConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     log: LogConfig = field(default_factory=LogConfig)
     path: str = field(default="<defaults>", compare=False, metadata={"internal": True})
@@ -370,6 +485,11 @@ def _build(cls: type, data: Mapping[str, Any], section: str, file: str, env: Map
                 raise ConfigError(f"{where} in {file}: expected a table [{sub}]")
             kwargs[name] = _build(typing.cast(type, tp), raw, sub, file, env)
             continue
+        item_cls = _table_items(tp)
+        if item_cls is not None:
+            if name in data:
+                kwargs[name] = _build_items(tp, item_cls, data[name], where, sub, file)
+            continue
         env_name = "CYNOMYS_" + sub.replace(".", "_").upper()
         secret = bool(f.metadata.get("secret"))
         if env_name in env:
@@ -383,6 +503,8 @@ def _build(cls: type, data: Mapping[str, Any], section: str, file: str, env: Map
             if tp is float:
                 value = float(value)
         else:
+            if f.metadata.get("required"):
+                raise ConfigError(f"{where} in {file} is required", hint=f.metadata["check"][1])
             continue
         check: Check | None = f.metadata.get("check")
         if check is not None and not check[0](value):
@@ -399,6 +521,30 @@ def _build(cls: type, data: Mapping[str, Any], section: str, file: str, env: Map
     if problem:
         raise ConfigError(f"[{section}] {problem} (in {file})")
     return obj
+
+
+def _table_items(tp: Any) -> type | None:
+    """The dataclass of a list of tables (``[[shape.route]]``) or of a table
+    of tables (``[shape.tables."db.t"]``), else None."""
+    origin = typing.get_origin(tp)
+    if origin not in (list, dict):
+        return None
+    item = typing.get_args(tp)[-1]
+    return typing.cast(type, item) if dataclasses.is_dataclass(item) else None
+
+
+def _build_items(tp: Any, cls: type, raw: Any, where: str, sub: str, file: str) -> Any:
+    """Each table of a ``[[section.name]]`` list or a ``[section.name."key"]``
+    table, validated like a section (named ``[section.name.1]``,
+    ``[section.name."key"]`` in errors).  Not overridden from the environment:
+    a list of tables has no variable names."""
+    if typing.get_origin(tp) is list:
+        if not isinstance(raw, list) or not all(isinstance(x, dict) for x in raw):
+            raise ConfigError(f"{where} in {file}: expected a list of tables [[{sub}]]")
+        return [_build(cls, x, f"{sub}.{i + 1}", file, {}) for i, x in enumerate(raw)]
+    if not isinstance(raw, dict) or not all(isinstance(x, dict) for x in raw.values()):
+        raise ConfigError(f"{where} in {file}: expected tables [{sub}.\"<name>\"]")
+    return {k: _build(cls, x, f'{sub}."{k}"', file, {}) for k, x in raw.items()}
 
 
 def _build_options(cls: type[TargetOptions], data: Mapping[str, Any], section: str, file: str,

@@ -410,6 +410,20 @@ def _fill(node: exp.ColumnDef, col: ColumnDef) -> tuple[Value, bool]:
     return value, now
 
 
+def implicit_fill(col: ColumnDef) -> Value:
+    """What an added column without a DEFAULT gives the rows already there:
+    NULL when nullable, else the type's implicit default."""
+    if col.nullable:
+        return None
+    base = col.base_type
+    if base == "enum":
+        first = re.match(r"enum\('((?:[^']|'')*)'", col.type)
+        return first.group(1).replace("''", "'") if first else ""
+    if base == "bit":
+        return 0
+    return _IMPLICIT_ZERO.get(base, 0)
+
+
 def _fill_value(node: exp.ColumnDef, col: ColumnDef) -> tuple[Value, bool]:
     default: exp.Expression | None = None
     for c in node.args.get("constraints") or []:
@@ -420,15 +434,7 @@ def _fill_value(node: exp.ColumnDef, col: ColumnDef) -> tuple[Value, bool]:
         if isinstance(kind, exp.DefaultColumnConstraint):
             default = kind.this
     if default is None:
-        if col.nullable:
-            return None, False
-        base = col.base_type
-        if base == "enum":
-            first = re.match(r"enum\('((?:[^']|'')*)'", col.type)
-            return (first.group(1).replace("''", "'") if first else ""), False
-        if base == "bit":
-            return 0, False
-        return _IMPLICIT_ZERO.get(base, 0), False
+        return implicit_fill(col), False
     if isinstance(default, exp.Paren):
         default = default.this
     if isinstance(default, (exp.CurrentTimestamp, exp.CurrentDatetime)) or (
@@ -441,6 +447,9 @@ def _fill_value(node: exp.ColumnDef, col: ColumnDef) -> tuple[Value, bool]:
     lit = default.this if negative else default
     if isinstance(lit, exp.Boolean):
         return int(bool(lit.this)), False
+    if isinstance(lit, exp.HexString) and col.base_type in BINARY_TYPES and not negative:
+        # X'0a0b': bytes that need not be text (cynomys/parser/ddl_render.py writes them so)
+        return bytes.fromhex(str(lit.this)), False
     if isinstance(lit, exp.Literal):
         if lit.is_string:
             dt = node.args.get("kind")

@@ -1,6 +1,6 @@
 """The structure rule (docs/internals/pipeline.md): imports point downstream
-only -- core <- parser, reducer, schemas, transport <- snapshot, verify <-
-metrics <- producer, applier <- cli, sandbox -- and no package imports a
+only -- core <- parser, reducer, schemas, transport <- shape <- snapshot,
+verify <- metrics <- producer, applier <- cli, sandbox -- and no package imports a
 package above it, so there is no cycle between packages.  Imports only for
 type checking (``if TYPE_CHECKING:``) create no dependency at run time and
 are not counted."""
@@ -15,10 +15,12 @@ ROOT = Path(__file__).parents[2] / "cynomys"
 LAYERS = {
     "core": 0, "compiled": 0, "_speedups": 0,
     "parser": 1, "reducer": 1, "schemas": 1, "transport": 1,
-    "snapshot": 2, "verify": 2,
-    "metrics": 3,
-    "producer": 4, "applier": 4,
-    "cli": 5, "sandbox": 5,
+    # shape: the [shape] rules as pure logic; verify checksums rows shaped.
+    "shape": 2,
+    "snapshot": 3, "verify": 3,
+    "metrics": 4,
+    "producer": 5, "applier": 5,
+    "cli": 6, "sandbox": 6,
 }
 
 

@@ -1,0 +1,133 @@
+"""The producer's shape stage: every assembled change, as the target needs it.
+
+It runs in the producer between the plugged tasks (snapshot, verify) and
+fold/batch (producer/batching.py), on every Change: binlog row changes,
+snapshot READ rows, verify's CHECKSUM/PURGE records and DDL.  So what
+leaves the source host is already routed, cut to its columns, masked and
+filtered: a masked value is never in an envelope.
+
+Row changes (shape/tables.py says how each image maps): the row filter is
+evaluated on both images, so
+
+=================  ===================  =================
+before / after     UPDATE becomes       INSERT/DELETE/READ
+=================  ===================  =================
+in / in            UPDATE               kept
+in / out           DELETE of before     (DELETE: kept)
+out / in           INSERT of after      (INSERT, READ: kept)
+out / out          nothing              nothing
+=================  ===================  =================
+
+A change that becomes nothing is not shipped; the producer still counts it
+where it counts the source's changes (resuming inside a transaction), so
+shaping never moves a resume point.
+
+Verification records name the target table; their checksum was computed by
+verify over shaped rows (verify/coordinator.py), and tables whose target
+cannot be compared range by range are refused there (``verify_refusal``).
+
+DDL: a statement touching no shaped table passes as it is.  One that does
+is parsed, its operations shaped (shape/ddl.py) and written back as SQL
+(parser/ddl_render.py); one that cannot be shaped stops the producer with
+the statement and the fix, unless ``[shape] skip_ddl`` names it (then it is
+dropped: the target never sees it).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from cynomys.core.model import Change, Op, Row, TableSchema
+from cynomys.parser.ddl import NoOp, UnsupportedDdl, parse_ddl
+from cynomys.parser.ddl_render import render
+from cynomys.shape.ddl import shape_ops, touches
+from cynomys.shape.rules import ShapeRules
+from cynomys.shape.tables import SchemaShape, shape_schema
+
+log = logging.getLogger(__name__)
+
+
+
+class Shaper:
+    """Shapes changes with ``rules``; keeps each source schema's shape
+    (schemas are shared by every change of a table map, so by identity)."""
+
+    def __init__(self, rules: ShapeRules) -> None:
+        self.rules = rules
+        # id(source schema) -> (that schema, held so its id is not reused; its shape)
+        self._shapes: dict[int, tuple[TableSchema, SchemaShape]] = {}
+
+    @property
+    def active(self) -> bool:
+        return self.rules.producer_active
+
+    def shape_of(self, schema: TableSchema) -> SchemaShape:
+        hit = self._shapes.get(id(schema))
+        if hit is None or hit[0] is not schema:
+            hit = self._shapes[id(schema)] = (schema, shape_schema(self.rules, schema))
+        return hit[1]
+
+    def unfolded(self, database: str, table: str) -> bool:
+        """Target tables whose every change is kept (mode ``history``): the
+        producer must not fold them (cynomys/reducer/fold.py ``Folder``)."""
+        return self.rules.target(database, table).mode == "history"
+
+    # ------------------------------------------------------------------
+    def change(self, c: Change) -> Change | None:
+        """``c`` as the target needs it; None when nothing of it goes."""
+        if c.op is Op.DDL:
+            return self._ddl(c)
+        if c.schema is None or not self.rules.shaped(c.database, c.table):
+            return c
+        shape = self.shape_of(c.schema)
+        target = shape.schema
+        if c.op is Op.CHECKSUM or c.op is Op.PURGE:
+            return replace(c, database=target.database, table=target.table, schema=target)
+        keep, row = shape.keep, shape.row
+        before, after = c.before, c.after
+        b_in = before is not None and (keep is None or keep(before))
+        a_in = after is not None and (keep is None or keep(after))
+        op: Op = c.op
+        if op is Op.UPDATE:
+            if not (b_in or a_in):
+                return None
+            op = Op.UPDATE if b_in and a_in else Op.DELETE if b_in else Op.INSERT
+        elif (op is Op.DELETE and not b_in) or (op is not Op.DELETE and not a_in):
+            return None
+        return Change(op, target.database, target.table, c.tid, c.txn, c.commit_ts, target,
+                      row(before) if before is not None and b_in and op is not Op.INSERT else None,
+                      row(after) if after is not None and a_in and op is not Op.DELETE else None, c.sql)
+
+    def rows(self, schema: TableSchema, rows: list[Row]) -> tuple[TableSchema, list[Row]]:
+        """Source rows as the target holds them (filtered, shaped): what
+        `cynomys verify` checksums on the source side."""
+        if not self.rules.shaped(schema.database, schema.table):
+            return schema, rows
+        shape = self.shape_of(schema)
+        keep, row = shape.keep, shape.row
+        return shape.schema, [row(r) for r in rows if keep is None or keep(r)]
+
+    # ------------------------------------------------------------------
+    def _ddl(self, c: Change) -> Change | None:
+        sql = c.sql or ""
+        try:
+            ops = parse_ddl(sql, c.database)
+        except UnsupportedDdl:
+            return c  # the applier stops on it (or skips it), as without shaping
+        if not touches(self.rules, ops):
+            return c
+        position = f"{c.txn.file}:{c.txn.pos}"
+        norm = " ".join(sql.split())
+        if any(s == position or " ".join(s.split()) == norm for s in self.rules.cfg.skip_ddl):
+            log.warning("dropping DDL at %s on purpose ([shape] skip_ddl): %s", position, norm[:200])
+            return None
+        shaped = shape_ops(self.rules, ops, c, position)
+        real = [op for op in shaped if not isinstance(op, NoOp)]
+        if real == [op for op in ops if not isinstance(op, NoOp)]:
+            return c  # nothing changed: the source's own text goes
+        if not real:
+            log.info("DDL at %s changes nothing the shaped tables hold: not shipped: %s", position, norm[:200])
+            return None
+        text = render(real)
+        log.info("DDL at %s shaped: %s -> %s", position, norm[:200], text[:300])
+        return replace(c, sql=text)
