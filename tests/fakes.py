@@ -171,6 +171,11 @@ class FakeTarget(Target):
         self._check()
         return (database, table) in self.store.tables
 
+    def column_names(self, database: str, table: str) -> tuple[str, ...] | None:
+        self._check()
+        t = self.store.tables.get((database, table))
+        return None if t is None else t.schema.column_names
+
     def fetch_rows(self, database: str, table: str) -> list[Row]:
         self._check()
         return self.store.rows(database, table)
@@ -620,15 +625,18 @@ class Sent:
 class FakeProducer:
     """Reads a FakeSource from ``state`` and cuts batches the way
     producer/batching.py does (that module, not this one, is the truth:
-    keep them in step).  A batch ends at a commit once it holds
+    keep them in step; ``unfolded`` is its shape stage's ``unfolded``).
+    A batch ends at a commit once it holds
     ``max_events`` changes, or where ``cut`` says (the producer's delay
     timer); a transaction's ``max_events``-th change of a batch ends a
     fragment.  ``start``: where a producer without a checkpoint begins."""
 
     def __init__(self, source: FakeSource, state: ProducerState | None = None, *, max_events: int = 4,
                  cut: Callable[[], bool] = lambda: False, producer_id: str = PRODUCER,
-                 start: Position | None = None, server: str | None = None) -> None:
+                 start: Position | None = None, server: str | None = None,
+                 unfolded: Callable[[str, str], bool] | None = None) -> None:
         self.source = source
+        self.unfolded = unfolded  # tables shipped unfolded (mode history: Shaper.unfolded)
         self.state = state or ProducerState()
         self.max_events = max_events
         self.cut = cut
@@ -640,7 +648,7 @@ class FakeProducer:
         """Everything from the state to the source's end."""
         out: list[Sent] = []
         st = self.state
-        folder = Folder(PRODUCER_RULES)
+        folder = Folder(PRODUCER_RULES, self.unfolded)
         raw = txn_in_batch = 0
         batch_from: tuple[Position, int] | None = None
         last_commit: SourceTxn | None = None
@@ -675,7 +683,7 @@ class FakeProducer:
             self.state = dataclasses.replace(st, seq=st.seq + 1, checkpoint=checkpoint, open=after_open)
             out.append(Sent(self.state.seq, batch, self.state))
             frag = 0 if complete else frag + 1
-            folder = Folder(PRODUCER_RULES)
+            folder = Folder(PRODUCER_RULES, self.unfolded)
             raw = txn_in_batch = 0
             batch_from = None
 

@@ -23,6 +23,7 @@ from cynomys.applier.admit import Admission, BufferView, Decision, Verdict
 from cynomys.applier.batcher import DelayBuffer, Span
 from cynomys.applier.partition import Partitioning, PartitionTarget
 from cynomys.applier.receive import make_subscriber
+from cynomys.applier.shaping import Shaping
 from cynomys.applier.targets.base import AppliedState, Capabilities, Flush, Target, build_flush, open_target
 from cynomys.core.checkpoint import write_json_atomic
 from cynomys.core.columnar import row_count
@@ -84,6 +85,7 @@ class Applier:
         self.last_delivery = time.monotonic()
         self.report_path = cfg.resolve(cfg.applier.state_dir) / self.partitioning.file_name("applier")
         self.verifier = Verifier(cfg, self.target)
+        self.shaping = Shaping(cfg, self.target)  # modes and schema-change policy ([shape.targets])
 
     # ------------------------------------------------------------------
     def start(self) -> None:
@@ -180,8 +182,9 @@ class Applier:
         elif decision.verdict is Verdict.TAKE:
             assert decision.batch is not None
             # A partition takes only its tables' changes, but every envelope's
-            # number and position (cynomys/applier/partition.py).
-            self.take(pid, seq, self.partitioning.select(decision.batch), fence)
+            # number and position (cynomys/applier/partition.py); then each
+            # table's changes as its mode needs them (cynomys/applier/shaping.py).
+            self.take(pid, seq, self.shaping.batch(self.partitioning.select(decision.batch)), fence)
         return decision
 
     def _view(self) -> BufferView:

@@ -246,6 +246,9 @@ class PartitionTarget(Target):
     def table_exists(self, database: str, table: str) -> bool:
         return self.inner.table_exists(database, table)
 
+    def column_names(self, database: str, table: str) -> tuple[str, ...] | None:
+        return self.inner.column_names(database, table)
+
     def housekeeping(self) -> dict[str, Any]:
         return self.inner.housekeeping()
 

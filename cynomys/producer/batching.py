@@ -1,5 +1,9 @@
-"""The fold/batch stage: one producer run's batch under construction.
+"""The shape and fold/batch stages: one producer run's batch under construction.
 
+Each change is shaped first (cynomys/shape/stage.py: routed, its columns
+kept and masked, filtered), then folded per (target table, shaped key)
+-- the shape stage runs here so that what it drops still counts as one of
+its transaction's changes (a resume point never depends on the rules).
 Changes are folded per (table, key) with the producer's rules (reducer.fold
 PRODUCER_RULES: exact for an applier holding any prefix of an envelope's
 transactions).  A batch ends at a commit; a transaction with more than
@@ -20,6 +24,7 @@ from cynomys.core.model import Batch, Change, EnvelopeMeta, Op, Position
 from cynomys.parser.txn import Assembler, Commit, Item, Progress
 from cynomys.reducer.fold import PRODUCER_RULES, Folder
 from cynomys.reducer.sql import render_one
+from cynomys.shape import Shaper, compile_rules
 from cynomys.snapshot.keyless import KeylessRead
 
 if TYPE_CHECKING:
@@ -36,7 +41,11 @@ class Batching:
     def __init__(self, producer: Producer, start: Position) -> None:
         self.p = producer
         self.start = start  # where this run began reading
-        self.folder = Folder(PRODUCER_RULES)
+        # The shape stage (cynomys/shape): routes, columns, masks, filters,
+        # on every change before it folds; None when [shape] asks for nothing.
+        rules = compile_rules(producer.cfg, producer=True)
+        self.shaper: Shaper | None = Shaper(rules) if rules.producer_active else None
+        self.folder = self._folder()
         self.raw_in_batch = 0
         self.txn_in_batch = 0         # changes of the open transaction in this batch
         self.started = 0.0
@@ -53,6 +62,10 @@ class Batching:
         if opened:
             log.info("resuming inside transaction %s: %d of its changes were sent in %d envelope(s); "
                      "skipping them", opened["tid"], self.skip_n, self.frag)
+
+    def _folder(self) -> Folder:
+        # Target tables keeping their history need every change: not folded.
+        return Folder(PRODUCER_RULES, self.shaper.unfolded if self.shaper is not None else None)
 
     def in_txn(self, asm: Assembler) -> bool:
         """Inside a source transaction (or resuming inside one)."""
@@ -77,11 +90,18 @@ class Batching:
                     return  # in an envelope the transport already holds
                 self.skip_tid = None
             p.monitor.change_in(out)
+            shaped = self.shaper.change(out) if self.shaper is not None else out
+            if shaped is None:
+                # Nothing of it goes (filtered, a column left out by a DDL):
+                # still one of its transaction's changes, as counted when
+                # resuming inside a transaction, whatever the rules are then.
+                self.txn_seen += 1
+                return
             if not self.raw_in_batch:
                 self.started = time.monotonic()
                 if self.batch_from is None:
                     self.batch_from = (out.txn, self.txn_seen)
-            self.folder.add(out)
+            self.folder.add(shaped)
             self.raw_in_batch += 1
             self.txn_in_batch += 1
             self.txn_seen += 1
@@ -178,7 +198,7 @@ class Batching:
         p.stats["changes_in"] += self.raw_in_batch
         p.stats["changes_out"] += len(changes)
         self.frag = 0 if complete else self.frag + 1
-        self.folder = Folder(PRODUCER_RULES)
+        self.folder = self._folder()
         self.raw_in_batch = 0
         self.txn_in_batch = 0
         self.batch_from = None

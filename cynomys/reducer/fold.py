@@ -92,14 +92,16 @@ FOLD_RULES: dict[tuple[Op, Op], Rule] = {
     (I, D): _vanish,                          # insert + delete  -> nothing
     (I, R): _op(I, None, "b.after"),
     (U, U): _op(U, "a.before", "b.after"),    # update + update  -> one update
-    (U, D): _op(D, "a.before", None),         # update + delete  -> delete
+    # update + delete -> a delete of the image deleted (the key is the same:
+    # a key change is split first; a soft_delete table keeps this image).
+    (U, D): _op(D, "b.before", None),
     (U, R): _op(U, "a.before", "b.after"),
     (D, I): _op(U, "a.before", "b.after"),    # delete + insert  -> replace (an update of the whole row)
     (D, R): _op(U, "a.before", "b.after"),
-    (D, D): _op(D, "a.before", None),         # two deletes left by _tombstone (the key came back in between)
+    (D, D): _op(D, "b.before", None),         # two deletes left by _tombstone (the key came back in between)
     (D, U): _op(U, "a.before", "b.after"),    # a tombstone, then _insert_then_update's update: a replace
     (R, U): _op(R, None, "b.after"),          # a snapshot row updated later: still an upsert
-    (R, D): _op(D, "a.after", None),          # delete the image that was read
+    (R, D): _op(D, "b.before", None),         # a row read, then deleted: a delete of its last image
     (R, R): _op(R, None, "b.after"),
 }
 
@@ -165,8 +167,13 @@ class Folder:
     (database, table), and each table's key getter is made once.
     """
 
-    def __init__(self, rules: dict[tuple[Op, Op], Rule] = FOLD_RULES) -> None:
+    def __init__(self, rules: dict[tuple[Op, Op], Rule] = FOLD_RULES,
+                 unfolded: Callable[[str, str], bool] | None = None) -> None:
         self._rules = rules
+        # (database, table) -> keep every change of it, unfolded and in order
+        # (a table whose target keeps its history: cynomys/shape/modes.py).
+        self._unfolded = unfolded
+        self._plain: dict[tuple[str, str], bool] = {}
         self._slots: list[Change | None] = []
         # slot of an InsertRun -> offsets of its rows taken out since (folded)
         self._out_of_run: dict[int, set[int]] = {}
@@ -192,6 +199,9 @@ class Folder:
         return len(self._slots) - self._vanished + self._run_extra
 
     def add(self, change: Change) -> None:
+        if self._unfolded is not None and change.schema is not None and self._keeps_all(change):
+            self._slots.append(change)  # not indexed: nothing folds into it, nor it into anything
+            return
         if change.op is U:
             for c in split_key_change(change):
                 self._add_one(c)
@@ -199,6 +209,16 @@ class Folder:
             self._add_run(change)
         else:
             self._add_one(change)
+
+    def _keeps_all(self, change: Change) -> bool:
+        if change.op is Op.DDL or change.op in _BARRIER_OPS:
+            return False
+        ident = (change.database, change.table)
+        keep = self._plain.get(ident)
+        if keep is None:
+            assert self._unfolded is not None
+            keep = self._plain[ident] = self._unfolded(*ident)
+        return keep
 
     def extend(self, changes: Iterable[Change]) -> None:
         for c in changes:

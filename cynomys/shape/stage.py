@@ -68,9 +68,12 @@ class Shaper:
         return hit[1]
 
     def unfolded(self, database: str, table: str) -> bool:
-        """Target tables whose every change is kept (mode ``history``): the
-        producer must not fold them (cynomys/reducer/fold.py ``Folder``)."""
-        return self.rules.target(database, table).mode == "history"
+        """Target tables the producer must not fold (cynomys/reducer/fold.py
+        ``Folder``): a ``history`` table records every change, and a
+        ``soft_delete`` table keeps every row written, also one inserted and
+        deleted inside a transaction -- folded, whether it stays would
+        depend on where batches end (a transaction cut in fragments)."""
+        return self.rules.target(database, table).mode != "upsert"
 
     # ------------------------------------------------------------------
     def change(self, c: Change) -> Change | None:

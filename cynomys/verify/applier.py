@@ -143,7 +143,10 @@ class Verifier:
             self.stats["mismatched"] += 1
             log.warning("verify: %s %s differs: source %d rows (hash %016x), target %d rows (hash %016x)",
                         schema.name, rng.describe(schema.key), want.count, want.hash, got.count, got.hash)
-        result = {"job": d.get("job"), "chunk": d.get("chunk"), "table": schema.name, "key": list(schema.key),
+        # "table": the source table (a repair reads it again); the target's
+        # may be another name ([shape] routes).
+        result = {"job": d.get("job"), "chunk": d.get("chunk"), "table": d.get("source") or schema.name,
+                  "target_table": schema.name, "key": list(schema.key),
                   "range": d["range"], "describe": rng.describe(schema.key), "repair": bool(d.get("repair")),
                   "source": want.to_dict(), "target": got.to_dict(), "match": match,
                   "position": str(change.txn), "checked": time.time(),

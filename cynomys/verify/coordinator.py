@@ -74,7 +74,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import pymysql
 import pymysql.cursors
@@ -82,6 +82,7 @@ import pymysql.cursors
 from cynomys.core.config import Config
 from cynomys.core.model import Batch, Change, Op, Position, Row, TableSchema, Value
 from cynomys.parser.txn import Commit, Item
+from cynomys.shape import Shaper, compile_rules
 from cynomys.snapshot.chunker import (
     COLUMN_ORDER_SQL,
     ChunkQuery,
@@ -299,6 +300,26 @@ class VerifyCoordinator(ChunkedTask[VerifyJob, _Active | _Stream, _Emitted]):
         # the producer batched before them (less than a batch of changes):
         # half the limit leaves room for that.
         self.ship_budget = max(1, cfg.transport.max_envelope_bytes // 2)
+        # Checksums are of the rows as the target holds them: shaped (verify stays exact).
+        self.shaper = Shaper(compile_rules(cfg, producer=enabled))
+
+    # -- shaped tables ([shape]: the target holds rows as the shape stage makes them)
+    def _shaped_refusal(self, schema: TableSchema) -> str:
+        """Why a table's target cannot be compared range by range, or ''."""
+        why = self.shaper.rules.verify_refusal(schema.database, schema.table)
+        if not why and self.shaper.rules.shaped(schema.database, schema.table) and \
+                self.shaper.shape_of(schema).key_masked:
+            why = "its primary key is masked: a key range of the source is no key range of the hashed keys"
+        return why
+
+    def _hashing(self, schema: TableSchema) -> tuple[RowHasher, Callable[[Row], Row | None]]:
+        """The hasher of the rows as the target holds them, and the view of a
+        source row there (None: the row filter leaves it out)."""
+        if not self.shaper.rules.shaped(schema.database, schema.table):
+            return RowHasher(schema.columns), lambda r: r
+        shape = self.shaper.shape_of(schema)
+        keep, row = shape.keep, shape.row
+        return RowHasher(shape.schema.columns), lambda r: row(r) if keep is None or keep(r) else None
 
     def wait_s(self) -> float:
         a, s = self._flight()
@@ -466,12 +487,14 @@ class VerifyCoordinator(ChunkedTask[VerifyJob, _Active | _Stream, _Emitted]):
                     "while writes to it pause, or give it a primary key)"))
             return []
         t = job.tasks[s.part]
-        hasher = RowHasher(s.info.schema.columns)
+        hasher, view = self._hashing(s.info.schema)
         deadline = time.monotonic() + _READ_SLICE_S
         while not s.eof and time.monotonic() < deadline:
             for row in self._fetch(s, _FETCH_ROWS):
-                s.count += 1
-                s.total += hasher.row(row)
+                seen = view(row)
+                if seen is not None:
+                    s.count += 1
+                    s.total += hasher.row(seen)
                 if t.repair:
                     s.rows.append(row)
                     s.size += _row_bytes(row)
@@ -583,13 +606,14 @@ class VerifyCoordinator(ChunkedTask[VerifyJob, _Active | _Stream, _Emitted]):
         assert job is not None
         t = job.tasks[i]
         if cs is None:
-            cs = RowHasher(schema.columns).rows(rows)
+            target, shaped = self.shaper.rows(schema, rows)  # the rows as the target holds them
+            cs = RowHasher(target.columns).rows(shaped)
         at, ts = self._emission()
         n = t.chunks + sum(1 for e in self._emitted if e.job_id == job_id and e.part == i)
         cid = chunk_id(job_id, t, n)
         chunk = {"id": cid, "table": t.name, "range": rng.to_dict()}
         payload = json.dumps({"job": job_id, "chunk": cid, "range": rng.to_dict(), **cs.to_dict(),
-                              "repair": t.repair}, separators=(",", ":"))
+                              "repair": t.repair, "source": t.name}, separators=(",", ":"))
         tid = f"verify:{cid}"
         db, table = schema.database, schema.table
         out: list[Item] = []
@@ -648,6 +672,10 @@ class VerifyCoordinator(ChunkedTask[VerifyJob, _Active | _Stream, _Emitted]):
                             "replica of it to verify")))
                         continue
                     info = conn.describe(db, t)
+                    why = self._shaped_refusal(info.schema)
+                    if why:
+                        tasks.append(VerifyTask(str(name), error=f"cannot be verified: {why}"))
+                        continue
                     tasks.append(VerifyTask(str(name), estimate=info.rows_estimate))
             else:
                 for r in req.get("ranges") or []:

@@ -19,7 +19,8 @@ def ch(op: Op, before: tuple | None, after: tuple | None, schema: TableSchema = 
     (ch(I, None, (1, "a")), ch(U, (1, "a"), (1, "b"), n=1), (I, None, (1, "b"))),
     (ch(I, None, (1, "a")), ch(D, (1, "a"), None, n=1), None),
     (ch(U, (1, "a"), (1, "b")), ch(U, (1, "b"), (1, "c"), n=1), (U, (1, "a"), (1, "c"))),
-    (ch(U, (1, "a"), (1, "b")), ch(D, (1, "b"), None, n=1), (D, (1, "a"), None)),
+    # the image deleted: the same key as the first one, and what a soft_delete table keeps
+    (ch(U, (1, "a"), (1, "b")), ch(D, (1, "b"), None, n=1), (D, (1, "b"), None)),
     (ch(D, (1, "a"), None), ch(I, None, (1, "z"), n=1), (U, (1, "a"), (1, "z"))),
     (ch(R, None, (1, "a")), ch(U, (1, "a"), (1, "b"), n=1), (R, None, (1, "b"))),
     (ch(R, None, (1, "a")), ch(D, (1, "a"), None, n=1), (D, (1, "a"), None)),

@@ -21,7 +21,7 @@ from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
 from cynomys.core.columnar import InsertRun
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, TargetRejectedError
-from cynomys.core.model import Change, Op, Position, Row, TableSchema, Value
+from cynomys.core.model import Change, ColumnDef, Op, Position, Row, TableSchema, Value
 from cynomys.core.targets import TARGETS
 from cynomys.parser.ddl import SKIP_HINT, DdlOp, UnsupportedDdl, parse_ddl
 from cynomys.verify.checksum import Checksum, KeyRange, range_checksum
@@ -115,10 +115,67 @@ class Flush:
     state: AppliedState
 
 
+def unify_shapes(changes: list[Change]) -> list[Change]:
+    """``changes`` with one schema per table: where a table comes in more
+    than one shape (sources merged into one table by [shape] routes, at
+    different schema versions: an ALTER runs shard by shard), the union of
+    their columns by name, in first-seen order (a column's last definition
+    wins), each image given NULL for the columns its source lacks -- as an
+    insert naming only its columns would.  The key must be the same."""
+    shapes: dict[tuple[str, str], list[TableSchema]] = {}
+    for c in changes:
+        if c.schema is None:
+            continue
+        seen = shapes.setdefault((c.database, c.table), [])
+        if not any(s is c.schema or s == c.schema for s in seen):
+            seen.append(c.schema)
+    mixed = {ident: seen for ident, seen in shapes.items() if len(seen) > 1}
+    if not mixed:
+        return changes
+    unions: dict[tuple[str, str], TableSchema] = {}
+    for ident, seen in mixed.items():
+        cols: dict[str, ColumnDef] = {}
+        for s in seen:
+            if tuple(k.lower() for k in s.key) != tuple(k.lower() for k in seen[0].key):
+                raise ValueError(f"table {s.name} changed its key inside one flush")
+            for col in s.columns:
+                cols[col.name.lower()] = col
+        unions[ident] = TableSchema(ident[0], ident[1], tuple(cols.values()), seen[0].key)
+    maps: dict[int, Callable[[Row | None], Row | None]] = {}
+    out: list[Change] = []
+    for c in changes:
+        union = unions.get((c.database, c.table))
+        if union is None or c.schema is None or c.schema == union:
+            out.append(c)
+            continue
+        fn = maps.get(id(c.schema))
+        if fn is None:
+            where = {n.lower(): i for i, n in enumerate(c.schema.column_names)}
+            picks = [where.get(n.lower()) for n in union.column_names]
+            fn = maps[id(c.schema)] = lambda r, picks=picks: None if r is None else tuple(  # type: ignore[misc]
+                None if i is None else r[i] for i in picks)
+        for one in (c.as_changes() if type(c) is InsertRun else [c]):
+            out.append(Change(one.op, one.database, one.table, one.tid, one.txn, one.commit_ts, union,
+                              fn(one.before), fn(one.after), one.sql))
+    return out
+
+
 def build_flush(changes: list[Change], state: AppliedState, columnar: bool = False) -> Flush:
     """Net row changes (already folded per key) -> per-table deletes/inserts.
     ``columnar``: keep InsertRuns column-wise in ``TableFlush.runs`` (the
-    target's ``Capabilities.columnar_inserts``), else as row images."""
+    target's ``Capabilities.columnar_inserts``), else as row images.  A
+    table in several shapes is written in their union (``unify_shapes``)."""
+    try:
+        return _build_flush(changes, state, columnar)
+    except _MixedShapes:
+        return _build_flush(unify_shapes(changes), state, columnar)
+
+
+class _MixedShapes(Exception):
+    """A table comes in more than one shape: unify them first (the rare case)."""
+
+
+def _build_flush(changes: list[Change], state: AppliedState, columnar: bool) -> Flush:
     by_table: dict[tuple[str, str], TableFlush] = {}
     keyless: dict[tuple[str, str], Counter[Row]] = {}
     for c in changes:
@@ -128,7 +185,7 @@ def build_flush(changes: list[Change], state: AppliedState, columnar: bool = Fal
         tf = by_table.get(ident)
         if tf is None or (tf.schema is not c.schema and tf.schema != c.schema):
             if tf is not None:
-                raise ValueError(f"table {c.database}.{c.table} changed shape inside one flush")
+                raise _MixedShapes()
             tf = by_table[ident] = TableFlush(c.schema)
         if type(c) is InsertRun:  # inserts of new keys (runs exist for keyed tables only)
             if columnar:
@@ -218,6 +275,13 @@ class Target(ABC):
 
     @abstractmethod
     def table_exists(self, database: str, table: str) -> bool: ...
+
+    def column_names(self, database: str, table: str) -> tuple[str, ...] | None:
+        """The names of a target table's columns, in order; None when the
+        table does not exist.  Read by [shape] schema_changes = "freeze"
+        (cynomys/applier/shaping.py), which keeps rows to these columns."""
+        raise TargetRejectedError(f"{self.where} cannot list the columns of {database}.{table}",
+                                  hint='use another [shape] schema_changes than "freeze" for it')
 
     def housekeeping(self) -> dict[str, Any]:
         """What the target does to its tables on its own (Spark: maintenance

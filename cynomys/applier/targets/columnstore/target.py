@@ -316,6 +316,10 @@ class ColumnStoreTarget(SqlTarget):
         with self.transaction(f"looking up {database}.{table}") as cur:
             return self.exists(cur, database, table)
 
+    def column_names(self, database: str, table: str) -> tuple[str, ...] | None:
+        with self.transaction(f"looking up the columns of {database}.{table}") as cur:
+            return tuple(name for name, _, _ in self.target_columns(cur, database, table)) or None
+
     @staticmethod
     def exists(cur: Cursor, database: str, table: str) -> bool:
         cur.execute("SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",

@@ -321,6 +321,10 @@ class MonetDBTarget(SqlTarget):
         with self.transaction(f"looking up {database}.{table}") as cur:
             return self.table_id(cur, database, table) is not None
 
+    def column_names(self, database: str, table: str) -> tuple[str, ...] | None:
+        with self.transaction(f"looking up the columns of {database}.{table}") as cur:
+            return tuple(c.name for c in self.target_columns(cur, database, table)) or None
+
     def check_schema(self, cur: Cursor, database: str) -> None:
         """Refuse a source database that would land on Cynomys' state schema
         or one of MonetDB's own schemas (sys, tmp, json, ...)."""
