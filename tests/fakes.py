@@ -171,10 +171,10 @@ class FakeTarget(Target):
         self._check()
         return (database, table) in self.store.tables
 
-    def column_names(self, database: str, table: str) -> tuple[str, ...] | None:
+    def table_columns(self, database: str, table: str) -> tuple[ColumnDef, ...] | None:
         self._check()
         t = self.store.tables.get((database, table))
-        return None if t is None else t.schema.column_names
+        return None if t is None else t.schema.columns
 
     def fetch_rows(self, database: str, table: str) -> list[Row]:
         self._check()

@@ -41,7 +41,7 @@ from cynomys.applier.targets.base import AppliedState, Flush, Target
 from cynomys.core.config import Config
 from cynomys.core.dialect import MARIADB
 from cynomys.core.errors import TerminalError
-from cynomys.core.model import Batch, Change, Op, Position, Row, TableSchema
+from cynomys.core.model import Batch, Change, ColumnDef, Op, Position, Row, TableSchema
 from cynomys.parser.ddl import (
     CreateTableLike,
     DdlOp,
@@ -246,8 +246,8 @@ class PartitionTarget(Target):
     def table_exists(self, database: str, table: str) -> bool:
         return self.inner.table_exists(database, table)
 
-    def column_names(self, database: str, table: str) -> tuple[str, ...] | None:
-        return self.inner.column_names(database, table)
+    def table_columns(self, database: str, table: str) -> tuple[ColumnDef, ...] | None:
+        return self.inner.table_columns(database, table)
 
     def housekeeping(self) -> dict[str, Any]:
         return self.inner.housekeeping()

@@ -7,8 +7,11 @@ admitted envelope's changes are rewritten for their target table:
   flagged upserts, ``history`` turns every change into an INSERT of a
   changelog row numbered within its transaction;
 * the schema-change policy (cynomys/shape/policy.py) on DDL statements, and
-  for ``freeze`` on rows: a row keeps the columns the target table has
-  (read from the target once per table, again after a DDL naming it).
+  for ``freeze`` and ``ignore_drops`` on rows: a row gets the target
+  table's columns it lacks as NULL (a column kept for a source that
+  dropped it: every target writes NULL, none keeps an updated row's old
+  value), and with ``freeze`` loses those the table lacks (the target's
+  columns are read once per table, again after a DDL naming it).
 
 It runs after admit, which decides by transaction on the source's changes,
 so exactly-once holds in every mode: a transaction the target holds is
@@ -28,7 +31,7 @@ from cynomys.applier.targets.base import Target
 from cynomys.core.columnar import InsertRun
 from cynomys.core.config import Config
 from cynomys.core.errors import TerminalError
-from cynomys.core.model import Batch, Change, EnvelopeMeta, Op, Position, Row, TableSchema
+from cynomys.core.model import Batch, Change, ColumnDef, EnvelopeMeta, Op, Position, Row, TableSchema
 from cynomys.parser.ddl import NoOp, UnsupportedDdl, parse_ddl
 from cynomys.parser.ddl_render import render
 from cynomys.shape import compile_rules
@@ -53,10 +56,11 @@ class Shaping:
         self._seq: dict[tuple[str, str], tuple[str, Position, int]] = {}
         # id(schema) -> (schema, what a mode makes of it) / (schema, columns kept, its projection)
         self._modes: dict[tuple[int, str], tuple[TableSchema, TableSchema]] = {}
-        self._views: dict[tuple[int, frozenset[str]], tuple[TableSchema, TableSchema | None, tuple[int, ...]]] = {}
-        # freeze: (db, table) -> the target table's columns (lower-case), None: no such table yet
-        self._catalog: dict[tuple[str, str], frozenset[str] | None] = {}
-        self._first: dict[tuple[str, str], frozenset[str]] = {}
+        self._views: dict[tuple[int, int, bool], tuple[TableSchema, tuple[ColumnDef, ...], TableSchema | None,
+                                                        tuple[int | None, ...]]] = {}
+        # freeze, ignore_drops: (db, table) -> the target table's columns, None: no such table yet
+        self._catalog: dict[tuple[str, str], tuple[ColumnDef, ...] | None] = {}
+        self._first: dict[tuple[str, str], tuple[ColumnDef, ...]] = {}
 
     def batch(self, batch: Batch) -> Batch:
         if not self.active or not batch.changes:
@@ -78,20 +82,18 @@ class Shaping:
         if c.schema is None or c.op not in _ROW_OPS:
             return [c]
         shape = self.rules.target(c.database, c.table)
-        frozen = shape.schema_changes == "freeze"
-        if shape.mode == "upsert" and not frozen:
+        fit = shape.schema_changes in ("freeze", "ignore_drops")
+        if shape.mode == "upsert" and not fit:
             return [c]
         out: list[Change] = []
         for one in (c.as_changes() if type(c) is InsertRun else [c]):
-            if frozen:
-                one = self._frozen_view(one)
             if shape.mode == "soft_delete":
                 out.extend(self.soft.rewrite(one, self._mode_schema(one, "soft_delete")))
             elif shape.mode == "history":
                 out.append(self.history.rewrite(one, self._mode_schema(one, "history"), self._next(one)))
             else:
                 out.append(one)
-        return out
+        return [self._fit(x, shape.schema_changes == "freeze") for x in out] if fit else out
 
     # -- modes -------------------------------------------------------------------
     def _mode_schema(self, c: Change, mode: str) -> TableSchema:
@@ -110,37 +112,51 @@ class Shaping:
         self._seq[ident] = (c.tid, at, n + 1)
         return n
 
-    # -- freeze ------------------------------------------------------------------
-    def _columns(self, ident: tuple[str, str], schema: TableSchema) -> frozenset[str]:
+    # -- freeze and ignore_drops: rows fitted to the target table's columns -------
+    def _columns(self, ident: tuple[str, str], schema: TableSchema, freeze: bool) -> tuple[ColumnDef, ...] | None:
         if ident not in self._catalog:
-            names = self.target.column_names(*ident)
-            self._catalog[ident] = None if names is None else frozenset(n.lower() for n in names)
+            self._catalog[ident] = self.target.table_columns(*ident)
         have = self._catalog[ident]
-        # No table yet: the first shape seen creates it, and stays.
-        return have if have is not None else self._first.setdefault(ident, frozenset(
-            n.lower() for n in schema.column_names))
+        if have is None and freeze:
+            # No table yet: the first shape seen creates it, and stays.
+            return self._first.setdefault(ident, schema.columns)
+        return have
 
-    def _frozen_view(self, c: Change) -> Change:
-        """``c`` with only the columns the target table has."""
+    def _fit(self, c: Change, freeze: bool) -> Change:
+        """``c`` with the target table's columns it lacks, as NULL (every
+        target then writes NULL there: the column is kept, the source has
+        no value), and with ``freeze`` without the columns the table lacks."""
         assert c.schema is not None
-        keep = self._columns((c.database, c.table), c.schema)
-        hit = self._views.get((id(c.schema), keep))
-        if hit is None or hit[0] is not c.schema:
-            idx = [i for i, n in enumerate(c.schema.column_names) if n.lower() in keep]
-            missing = [k for k in c.schema.key if k.lower() not in keep]
+        have = self._columns((c.database, c.table), c.schema, freeze)
+        if have is None:
+            return c
+        hit = self._views.get((id(c.schema), id(have), freeze))
+        if hit is None or hit[0] is not c.schema or hit[1] is not have:
+            names = {col.name.lower() for col in have}
+            mine = {n.lower(): i for i, n in enumerate(c.schema.column_names)}
+            missing = [k for k in c.schema.key if k.lower() not in names] if freeze else []
             if missing:
                 raise TerminalError(
                     f"table {c.schema.name} keeps schema_changes = 'freeze' but its target table lacks the primary-key "
                     f"column {missing[0]}", hint="add the column to the target table by hand, or use another policy")
-            view = None if len(idx) == len(c.schema.columns) else replace(
-                c.schema, columns=tuple(c.schema.columns[i] for i in idx))
-            hit = self._views[(id(c.schema), keep)] = (c.schema, view, tuple(idx))
-        view, idx_kept = hit[1], hit[2]
+            # The target's columns in its order (NULL where the row has none),
+            # then, unless frozen, the row's new ones (the target adds them).
+            picks: list[int | None] = [mine.get(col.name.lower()) for col in have]
+            cols = [c.schema.columns[i] if i is not None else replace(col, nullable=True)
+                    for i, col in zip(picks, have)]
+            if not freeze:
+                new = [i for n, i in mine.items() if n not in names]
+                picks += new
+                cols += [c.schema.columns[i] for i in new]
+            same = picks == list(range(len(c.schema.columns)))
+            view = None if same else replace(c.schema, columns=tuple(cols))
+            hit = self._views[(id(c.schema), id(have), freeze)] = (c.schema, have, view, tuple(picks))
+        view, kept = hit[2], hit[3]
         if view is None:
             return c
 
         def cut(row: Row | None) -> Row | None:
-            return None if row is None else tuple(row[i] for i in idx_kept)
+            return None if row is None else tuple(None if i is None else row[i] for i in kept)
 
         return Change(c.op, c.database, c.table, c.tid, c.txn, c.commit_ts, view, cut(c.before), cut(c.after), c.sql)
 

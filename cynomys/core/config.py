@@ -356,22 +356,23 @@ class ShapeConfig:
     skip_ddl: list[str] = field(default_factory=list)
     # Applier: the schema-change policy of target tables without their own.
     schema_changes: str = field(default="evolve", metadata=one_of(*SCHEMA_CHANGES))
-    # soft_delete: the flag column (1 once the source row is deleted).
-    deleted_column: str = field(default="_deleted", metadata=IDENT)
+    # soft_delete: the flag column (1 once the source row is deleted).  The
+    # defaults avoid names Iceberg keeps for itself (_deleted, _pos, _file).
+    deleted_column: str = field(default="_cdc_deleted", metadata=IDENT)
     # soft_delete and history: the column holding the source commit time (UTC).
-    commit_time_column: str = field(default="_commit_time", metadata=IDENT)
+    commit_time_column: str = field(default="_cdc_commit_time", metadata=IDENT)
     # history: the column holding the change (INSERT, UPDATE, DELETE, READ).
-    op_column: str = field(default="_op", metadata=IDENT)
+    op_column: str = field(default="_cdc_op", metadata=IDENT)
     # history: the source transaction (its GTID, else "file:pos" of its start); with seq_column the key.
-    txn_column: str = field(default="_txn", metadata=IDENT)
+    txn_column: str = field(default="_cdc_txn", metadata=IDENT)
     # history: the binlog file of the transaction's start.
-    file_column: str = field(default="_binlog_file", metadata=IDENT)
+    file_column: str = field(default="_cdc_binlog_file", metadata=IDENT)
     # history: the binlog position of the transaction's start.
-    pos_column: str = field(default="_binlog_pos", metadata=IDENT)
+    pos_column: str = field(default="_cdc_binlog_pos", metadata=IDENT)
     # history: the change's number within its transaction and table (from 0).
-    seq_column: str = field(default="_seq", metadata=IDENT)
+    seq_column: str = field(default="_cdc_seq", metadata=IDENT)
     # history: the prefix of the columns holding the before image.
-    before_prefix: str = field(default="_before_", metadata=IDENT)
+    before_prefix: str = field(default="_cdc_before_", metadata=IDENT)
     route: list[RouteRule] = field(default_factory=list)
     tables: dict[str, TableRule] = field(default_factory=dict)
     targets: dict[str, TargetRule] = field(default_factory=dict)

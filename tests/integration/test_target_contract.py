@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import pytest
 
 from cynomys.core.targets import TARGET_KINDS
+from tests.integration import shape_contract
 from tests.integration import target_contract as contract
 from tests.integration.target_setups import Factory, setup_of
 
@@ -96,6 +97,10 @@ def db(case: tuple[str, str]) -> str:
     return f"contract_{case[0]}_{_run}_{next(_names)}"
 
 
-@pytest.mark.parametrize("body", sorted(contract.CONTRACT))
+#: Every body: the target's own contract and [shape]'s (shape_contract.py).
+BODIES = {**contract.CONTRACT, **shape_contract.CONTRACT}
+
+
+@pytest.mark.parametrize("body", sorted(BODIES))
 def test_contract(body: str, factory: Factory, db: str) -> None:
-    contract.CONTRACT[body](factory, db)
+    BODIES[body](factory, db)

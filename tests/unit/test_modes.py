@@ -205,7 +205,7 @@ def test_soft_delete_rewrites() -> None:
     sd = SoftDelete(SHAPE)
     s = sd.schema(KEYED)
     at = _ts(1_700_000_000)
-    assert s.column_names == ("id", "v", "_deleted", "_commit_time") and s.key == ("id",)
+    assert s.column_names == ("id", "v", "_cdc_deleted", "_cdc_commit_time") and s.key == ("id",)
     assert [(c.op, c.after) for c in sd.rewrite(_c(Op.INSERT, None, (1, "a")), s)] == [(Op.READ, (1, "a", 0, at))]
     assert [(c.op, c.after) for c in sd.rewrite(_c(Op.DELETE, (1, "a"), None), s)] == [(Op.UPDATE, (1, "a", 1, at))]
     moved = sd.rewrite(_c(Op.UPDATE, (1, "a"), (2, "a")), s)
@@ -217,9 +217,9 @@ def test_soft_delete_rewrites() -> None:
 def test_history_rows() -> None:
     h = History(SHAPE)
     s = h.schema(KEYED)
-    assert s.key == ("_txn", "_seq")
-    assert s.column_names == ("_op", "_commit_time", "_txn", "_binlog_file", "_binlog_pos", "_seq", "id", "v",
-                              "_before_id", "_before_v")
+    assert s.key == ("_cdc_txn", "_cdc_seq")
+    assert s.column_names == ("_cdc_op", "_cdc_commit_time", "_cdc_txn", "_cdc_binlog_file", "_cdc_binlog_pos", "_cdc_seq", "id", "v",
+                              "_cdc_before_id", "_cdc_before_v")
     row = h.rewrite(_c(Op.UPDATE, (1, "a"), (1, "b")), s, 3)
     assert row.op is Op.INSERT and row.after == ("UPDATE", _ts(1_700_000_000), "0-1-9", "b.000002", 300, 3, 1, "b", 1, "a")
     assert h.rewrite(_c(Op.DELETE, (1, "a"), None), s, 0).after[6:] == (1, "a", 1, "a")  # type: ignore[index]
@@ -249,9 +249,9 @@ def test_schema_change_policies() -> None:
 
 def test_ddl_on_history_and_soft_delete_tables() -> None:
     (create,) = _policy(HISTORY, "CREATE TABLE t (id INT PRIMARY KEY, v TEXT)")
-    assert isinstance(create, ddl.CreateTable) and create.key == ("_txn", "_seq") and len(create.columns) == 10
+    assert isinstance(create, ddl.CreateTable) and create.key == ("_cdc_txn", "_cdc_seq") and len(create.columns) == 10
     assert _policy(HISTORY, "ALTER TABLE t ADD COLUMN x INT NOT NULL DEFAULT 5") == [
-        ddl.AddColumn("d", "t", ColumnDef("x", "int")), ddl.AddColumn("d", "t", ColumnDef("_before_x", "int"))]
+        ddl.AddColumn("d", "t", ColumnDef("x", "int")), ddl.AddColumn("d", "t", ColumnDef("_cdc_before_x", "int"))]
     assert _policy(HISTORY, "ALTER TABLE t DROP COLUMN v") == []
     for shape in (HISTORY, SOFT):
         for sql in ("TRUNCATE t", "DROP TABLE t"):
@@ -259,4 +259,4 @@ def test_ddl_on_history_and_soft_delete_tables() -> None:
                 _policy(shape, sql)
     (soft,) = _policy(SOFT, "CREATE TABLE t (id INT PRIMARY KEY, v TEXT)")
     assert isinstance(soft, ddl.CreateTable) and soft.columns[-2:] == (
-        ColumnDef("_deleted", "tinyint", False), ColumnDef("_commit_time", "timestamp(6)"))
+        ColumnDef("_cdc_deleted", "tinyint", False), ColumnDef("_cdc_commit_time", "timestamp(6)"))

@@ -237,7 +237,7 @@ def test_partition_target_calls_reach_the_wrapped_target(tmp_path: Path) -> None
     args: dict[str, tuple[object, ...]] = {
         "applied": ("p1",), "apply": (Flush([], state),), "apply_ddl": (_ddl("CREATE DATABASE x"), state),
         "ddl_ops": (_ddl("CREATE DATABASE x"),), "table_exists": ("app", "t"), "fetch_rows": ("app", "t"),
-        "column_names": ("app", "t"),
+        "table_columns": ("app", "t"),
         "range_rows": (schema, None), "checksum_range": (schema, None), "purge_into": (Flush([], state), schema, None),
     }
     for name, value in methods.items():

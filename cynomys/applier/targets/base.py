@@ -276,10 +276,12 @@ class Target(ABC):
     @abstractmethod
     def table_exists(self, database: str, table: str) -> bool: ...
 
-    def column_names(self, database: str, table: str) -> tuple[str, ...] | None:
-        """The names of a target table's columns, in order; None when the
-        table does not exist.  Read by [shape] schema_changes = "freeze"
-        (cynomys/applier/shaping.py), which keeps rows to these columns."""
+    def table_columns(self, database: str, table: str) -> tuple[ColumnDef, ...] | None:
+        """A target table's columns, in order, as source columns (the source
+        type the target keeps for each where it can tell, else its own type);
+        None when the table does not exist.  Read by [shape] schema_changes
+        "freeze" and "ignore_drops" (cynomys/applier/shaping.py), which fit
+        rows to these columns (a column a row lacks is written NULL)."""
         raise TargetRejectedError(f"{self.where} cannot list the columns of {database}.{table}",
                                   hint='use another [shape] schema_changes than "freeze" for it')
 

@@ -316,9 +316,13 @@ class ColumnStoreTarget(SqlTarget):
         with self.transaction(f"looking up {database}.{table}") as cur:
             return self.exists(cur, database, table)
 
-    def column_names(self, database: str, table: str) -> tuple[str, ...] | None:
+    def table_columns(self, database: str, table: str) -> tuple[ColumnDef, ...] | None:
         with self.transaction(f"looking up the columns of {database}.{table}") as cur:
-            return tuple(name for name, _, _ in self.target_columns(cur, database, table)) or None
+            have = self.target_columns(cur, database, table)
+        # The source's types when the schema loaded with has these columns (as fetch_rows reads them).
+        known = {c.name.lower(): c for c in self.schemas[(database, table)].columns} \
+            if (database, table) in self.schemas else {}
+        return tuple(known.get(n.lower(), ColumnDef(n, t, nullable)) for n, t, nullable in have) or None
 
     @staticmethod
     def exists(cur: Cursor, database: str, table: str) -> bool:

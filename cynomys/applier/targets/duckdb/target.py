@@ -127,9 +127,9 @@ class DuckDBTarget(SqlTarget):
         with self.transaction(f"looking up {database}.{table}") as cur:
             return bool(self.columns(cur, database, table))
 
-    def column_names(self, database: str, table: str) -> tuple[str, ...] | None:
+    def table_columns(self, database: str, table: str) -> tuple[ColumnDef, ...] | None:
         with self.transaction(f"looking up the columns of {database}.{table}") as cur:
-            return tuple(c.name for c in self.columns(cur, database, table)) or None
+            return tuple(self.columns(cur, database, table)) or None
 
     def duck_type(self, schema_name: str, col: ColumnDef) -> DuckType:
         try:

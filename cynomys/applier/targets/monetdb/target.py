@@ -321,9 +321,10 @@ class MonetDBTarget(SqlTarget):
         with self.transaction(f"looking up {database}.{table}") as cur:
             return self.table_id(cur, database, table) is not None
 
-    def column_names(self, database: str, table: str) -> tuple[str, ...] | None:
+    def table_columns(self, database: str, table: str) -> tuple[ColumnDef, ...] | None:
         with self.transaction(f"looking up the columns of {database}.{table}") as cur:
-            return tuple(c.name for c in self.target_columns(cur, database, table)) or None
+            have = self.target_columns(cur, database, table)
+        return tuple(ColumnDef(c.name, c.source_type, c.nullable) for c in have) or None
 
     def check_schema(self, cur: Cursor, database: str) -> None:
         """Refuse a source database that would land on Cynomys' state schema
@@ -514,9 +515,13 @@ class MonetDBTarget(SqlTarget):
         newline = "'\\n'" if self.features.literal_backslash else "E'\\n'"
         # The statement is put together by concatenation: names may hold
         # '{' and '}', so nothing after them may go through str.format.
-        into = (f" RECORDS INTO {qualified(schema.database, schema.table)} ("
-                + ", ".join(quote_ident(c) for c in schema.column_names)
-                + f") FROM STDIN USING DELIMITERS '|', {newline}, '\"';\n")
+        # The column list twice: the table's columns to fill, and the
+        # records' own (without it MonetDB wants a field for every column of
+        # the table, and rows narrower than it -- a column kept by [shape]
+        # schema_changes, a DROP COLUMN skipped -- were refused).
+        names = "(" + ", ".join(quote_ident(c) for c in schema.column_names) + ")"
+        into = (f" RECORDS INTO {qualified(schema.database, schema.table)} {names} FROM STDIN {names} "
+                f"USING DELIMITERS '|', {newline}, '\"';\n")
         fields = [c.field for c in codecs]
         join = "|".join
         step = self.copy_rows

@@ -289,10 +289,10 @@ class SparkTarget(StatefulTarget):
         with self.edge(f"looking up {database}.{table} on {self.where}"):
             return self.iceberg.exists(database, table)
 
-    def column_names(self, database: str, table: str) -> tuple[str, ...] | None:
+    def table_columns(self, database: str, table: str) -> tuple[ColumnDef, ...] | None:
         with self.edge(f"looking up the columns of {database}.{table} on {self.where}"):
             layout = self.layout(database, table)
-        return None if layout is None else tuple(f.name for f in layout.fields.values())
+        return None if layout is None else tuple(col for _, col in self.source_columns(layout))
 
     def layout(self, database: str, table: str) -> Layout | None:
         """The target table's columns, or None when it does not exist."""
