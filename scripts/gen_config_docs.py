@@ -160,6 +160,15 @@ class Section:
     cls: type
     intro: str
     keys: list[Key]
+    # How the file writes it: "[source]", "[[shape.route]]" (a list of
+    # tables), '[shape.tables."<pattern>"]' (a table of tables).
+    title: str = ""
+    # Keys of a list or table of tables are not read from the environment.
+    no_env: bool = False
+
+    @property
+    def heading(self) -> str:
+        return self.title or f"[{self.name}]"
 
 
 def _source_notes(cls: type) -> tuple[str, dict[str, str]]:
@@ -266,7 +275,7 @@ def collect() -> tuple[str, list[Section], list[str], list[str]]:
     used_intro: set[str] = set()
     sections: list[Section] = []
 
-    def walk(cls: type, name: str) -> None:
+    def walk(cls: type, name: str, title: str = "") -> None:
         doc, _ = _source_notes(cls)
         intro = _paragraphs(doc) if doc else ""
         if name in INTRO:
@@ -275,7 +284,7 @@ def collect() -> tuple[str, list[Section], list[str], list[str]]:
                 warnings.append(f"INTRO[{name!r}] is not used: the class has a docstring (delete the entry)")
             else:
                 intro = _md(INTRO[name])
-        section = Section(name, cls, intro, [])
+        section = Section(name, cls, intro, [], title, no_env=bool(title))
         sections.append(section)
         nested = add_keys(cls, section)
         for f in dataclasses.fields(cls):
@@ -284,24 +293,32 @@ def collect() -> tuple[str, list[Section], list[str], list[str]]:
             loader = f.metadata.get("options")
             for extra in (loader() if loader else ()):
                 if extra.section:
-                    nested.append((extra, f"{name}.{extra.section}"))
+                    nested.append((extra, f"{name}.{extra.section}", ""))
                 else:
                     nested += add_keys(extra, section)
-        for sub, sub_name in nested:
-            walk(sub, sub_name)
+        for sub, sub_name, sub_title in nested:
+            walk(sub, sub_name, sub_title)
 
-    def add_keys(cls: type, section: Section) -> list[tuple[type, str]]:
+    def add_keys(cls: type, section: Section) -> list[tuple[type, str, str]]:
         """Add ``cls``'s keys to ``section``; its nested sections, to walk."""
         name = section.name
         _, notes = _source_notes(cls)
         hints = typing.get_type_hints(cls)
-        nested: list[tuple[type, str]] = []
+        nested: list[tuple[type, str, str]] = []
         for f in dataclasses.fields(cls):
             if f.metadata.get("internal"):
                 continue
             tp = hints[f.name]
             if dataclasses.is_dataclass(tp):
-                nested.append((typing.cast(type, tp), f"{name}.{f.name}"))
+                nested.append((typing.cast(type, tp), f"{name}.{f.name}", ""))
+                continue
+            item = typing.get_args(tp)[-1] if typing.get_origin(tp) in (list, dict) else None
+            if item is not None and dataclasses.is_dataclass(item):
+                # A list of tables ([[shape.route]]) or a table of tables
+                # ([shape.tables."<pattern>"]): a section of its own.
+                sub = f"{name}.{f.name}"
+                title = f"[[{sub}]]" if typing.get_origin(tp) is list else f'[{sub}."<pattern>"]'
+                nested.append((typing.cast(type, item), sub, title))
                 continue
             dotted = f"{name}.{f.name}"
             if f.name in notes:
@@ -318,9 +335,9 @@ def collect() -> tuple[str, list[Section], list[str], list[str]]:
                 where = Path(inspect.getsourcefile(cls) or "?").resolve()
                 shown = where.relative_to(ROOT) if where.is_relative_to(ROOT) else where
                 warnings.append(f"[{name}] {f.name} has no description: add a comment above the field in {shown}")
-            value = _default(f)
+            value = dataclasses.MISSING if f.metadata.get("required") else _default(f)
             default = "(required)" if value is dataclasses.MISSING else _toml(value)
-            env = "" if typing.get_origin(tp) is dict else "CYNOMYS_" + dotted.replace(".", "_").upper()
+            env = "" if typing.get_origin(tp) is dict or section.no_env else "CYNOMYS_" + dotted.replace(".", "_").upper()
             check = f.metadata.get("check")
             section.keys.append(Key(
                 section=name, name=f.name, type_text=_type_text(tp),
@@ -382,10 +399,10 @@ def render() -> tuple[str, list[str], list[str]]:
     ]
     for s in sections:
         keys = ", ".join(f"[`{k.name}`](#{_anchor(s.name, k.name)})" for k in s.keys)
-        out.append(f"| [`[{s.name}]`](#{_anchor(s.name)}) | {keys} |")
+        out.append(f"| [`{s.heading}`](#{_anchor(s.name)}) | {keys} |")
     out.append("")
     for s in sections:
-        out += [f"## `[{s.name}]` {{#{_anchor(s.name)}}}", ""]
+        out += [f"## `{s.heading}` {{#{_anchor(s.name)}}}", ""]
         if s.intro:
             out += [s.intro, ""]
         out += ["| key | type | default |", "|---|---|---|"]
@@ -393,7 +410,7 @@ def render() -> tuple[str, list[str], list[str]]:
             out.append(f"| [`{k.name}`](#{_anchor(s.name, k.name)}) | {k.type_text} | `{k.default}` |")
         out.append("")
         for k in s.keys:
-            out += [f"### `[{s.name}] {k.name}` {{#{_anchor(s.name, k.name)}}}", ""]
+            out += [f"### `{s.heading} {k.name}` {{#{_anchor(s.name, k.name)}}}", ""]
             facts = [f"**Type** {k.type_text}", f"**Default** `{k.default}`"]
             if k.accepts:
                 facts.append(f"**Accepts** {_md(k.accepts)}")
