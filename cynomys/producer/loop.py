@@ -158,7 +158,11 @@ class Producer:
         accepted = self.sink.last_sequence()
         pending = self.state.pending
         sent = self.state.seq + (1 if pending is not None else 0)
-        if accepted and not self.state.seq and self.state.checkpoint is None and not self.fresh_start:
+        # Empty: not even the envelope in flight recorded.  (A fresh producer
+        # killed after publishing its first envelope, the announcement, and
+        # before recording it accepted holds it as ``pending``: settled below.)
+        if accepted and not self.state.seq and self.state.checkpoint is None and pending is None \
+                and not self.fresh_start:
             raise TerminalError(
                 f"the producer state {self.store.describe()} is empty, but the transport {self.sink.describe()} "
                 f"holds envelopes up to {accepted} of producer {self.cfg.producer.id!r}: the state was lost, and "
