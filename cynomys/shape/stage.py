@@ -46,6 +46,9 @@ from cynomys.shape.tables import SchemaShape, shape_schema
 
 log = logging.getLogger(__name__)
 
+# Looked up once (the stage runs per change on the producer's hot path).
+_INSERT, _UPDATE, _DELETE, _DDL, _CHECKSUM, _PURGE = Op.INSERT, Op.UPDATE, Op.DELETE, Op.DDL, Op.CHECKSUM, Op.PURGE
+
 
 
 class Shaper:
@@ -54,18 +57,26 @@ class Shaper:
 
     def __init__(self, rules: ShapeRules) -> None:
         self.rules = rules
-        # id(source schema) -> (that schema, held so its id is not reused; its shape)
-        self._shapes: dict[int, tuple[TableSchema, SchemaShape]] = {}
+        # id(source schema) -> (that schema, held so its id is not reused; its
+        # shape, None for a table no rule touches): one lookup per change.
+        self._shapes: dict[int, tuple[TableSchema, SchemaShape | None]] = {}
 
     @property
     def active(self) -> bool:
         return self.rules.producer_active
 
-    def shape_of(self, schema: TableSchema) -> SchemaShape:
+    def _lookup(self, schema: TableSchema) -> SchemaShape | None:
         hit = self._shapes.get(id(schema))
         if hit is None or hit[0] is not schema:
-            hit = self._shapes[id(schema)] = (schema, shape_schema(self.rules, schema))
+            shaped = self.rules.shaped(schema.database, schema.table)
+            hit = self._shapes[id(schema)] = (schema, shape_schema(self.rules, schema) if shaped else None)
         return hit[1]
+
+    def shape_of(self, schema: TableSchema) -> SchemaShape:
+        """The shape of a table some rule touches."""
+        shape = self._lookup(schema)
+        assert shape is not None, f"{schema.name} is not shaped"
+        return shape
 
     def unfolded(self, database: str, table: str) -> bool:
         """Target tables the producer must not fold (cynomys/reducer/fold.py
@@ -78,35 +89,39 @@ class Shaper:
     # ------------------------------------------------------------------
     def change(self, c: Change) -> Change | None:
         """``c`` as the target needs it; None when nothing of it goes."""
-        if c.op is Op.DDL:
-            return self._ddl(c)
-        if c.schema is None or not self.rules.shaped(c.database, c.table):
+        schema = c.schema
+        if schema is None:
+            return self._ddl(c) if c.op is _DDL else c
+        shape = self._lookup(schema)
+        if shape is None:
             return c
-        shape = self.shape_of(c.schema)
         target = shape.schema
-        if c.op is Op.CHECKSUM or c.op is Op.PURGE:
+        op: Op = c.op
+        if op is _CHECKSUM or op is _PURGE:
             return replace(c, database=target.database, table=target.table, schema=target)
         keep, row = shape.keep, shape.row
         before, after = c.before, c.after
-        b_in = before is not None and (keep is None or keep(before))
-        a_in = after is not None and (keep is None or keep(after))
-        op: Op = c.op
-        if op is Op.UPDATE:
+        if keep is None:  # no filter: every image goes (the common case, without a call per image)
+            return Change(op, target.database, target.table, c.tid, c.txn, c.commit_ts, target,
+                          None if before is None else row(before), None if after is None else row(after), c.sql)
+        b_in = before is not None and keep(before)
+        a_in = after is not None and keep(after)
+        if op is _UPDATE:
             if not (b_in or a_in):
                 return None
-            op = Op.UPDATE if b_in and a_in else Op.DELETE if b_in else Op.INSERT
-        elif (op is Op.DELETE and not b_in) or (op is not Op.DELETE and not a_in):
+            op = _UPDATE if b_in and a_in else _DELETE if b_in else _INSERT
+        elif (op is _DELETE and not b_in) or (op is not _DELETE and not a_in):
             return None
         return Change(op, target.database, target.table, c.tid, c.txn, c.commit_ts, target,
-                      row(before) if before is not None and b_in and op is not Op.INSERT else None,
-                      row(after) if after is not None and a_in and op is not Op.DELETE else None, c.sql)
+                      row(before) if before is not None and b_in and op is not _INSERT else None,
+                      row(after) if after is not None and a_in and op is not _DELETE else None, c.sql)
 
     def rows(self, schema: TableSchema, rows: list[Row]) -> tuple[TableSchema, list[Row]]:
         """Source rows as the target holds them (filtered, shaped): what
         `cynomys verify` checksums on the source side."""
-        if not self.rules.shaped(schema.database, schema.table):
+        shape = self._lookup(schema)
+        if shape is None:
             return schema, rows
-        shape = self.shape_of(schema)
         keep, row = shape.keep, shape.row
         return shape.schema, [row(r) for r in rows if keep is None or keep(r)]
 
