@@ -37,6 +37,7 @@ from cynomys.parser.ddl_render import render
 from cynomys.shape import compile_rules
 from cynomys.shape.modes import History, SoftDelete
 from cynomys.shape.policy import names_tables, policy_ops
+from cynomys.snapshot.keyless import is_snapshot_tid
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +175,7 @@ class Shaping:
         for ident in names_tables(ops):
             self._catalog.pop(ident, None)
             self._first.pop(ident, None)
-        shaped = policy_ops(self.rules, ops, sql, position)
+        shaped = policy_ops(self.rules, ops, sql, position, snapshot=is_snapshot_tid(c.tid))
         real = [op for op in shaped if not isinstance(op, NoOp)]
         if real == [op for op in ops if not isinstance(op, NoOp)]:
             return [c]

@@ -27,7 +27,8 @@ CREATE TABLE creates the changelog's columns and key, ADD/MODIFY COLUMN
 change a column and its ``before_`` twin, DROP and RENAME COLUMN and key
 changes do not run (the changelog keeps what it recorded), TRUNCATE and DROP
 TABLE stop the applier (they would erase history; skip them on purpose with
-``[applier] skip_ddl``).  A ``soft_delete`` table gets its two columns in
+``[applier] skip_ddl``) -- but not the TRUNCATE a keyless table's snapshot
+read starts with: its rows are appended as READ changes.  A ``soft_delete`` table gets its two columns in
 CREATE TABLE; TRUNCATE, DROP TABLE and DROP PRIMARY KEY stop it (rows are
 kept, by their key).
 """
@@ -66,8 +67,11 @@ def _table(op: DdlOp) -> tuple[str, str] | None:
 class PolicyRun:
     """One statement's operations through the policy and the modes."""
 
-    def __init__(self, rules: ShapeRules, sql: str, position: str) -> None:
+    def __init__(self, rules: ShapeRules, sql: str, position: str, snapshot: bool = False) -> None:
         self.rules, self.sql, self.position = rules, sql, position
+        # A keyless table's snapshot read starts with a TRUNCATE of its own
+        # (snapshot/keyless.py), not a source statement.
+        self.snapshot = snapshot
         self.history, self.soft = History(rules.cfg), SoftDelete(rules.cfg)
 
     def refuse(self, why: str, fix: str) -> SchemaPolicyError:
@@ -126,6 +130,8 @@ class PolicyRun:
         ref = _table(op)
         name = ".".join(ref) if ref else ""
         keeps = "every change" if shape.mode == "history" else "deleted rows"
+        if isinstance(op, ddl.Truncate) and self.snapshot and shape.mode == "history":
+            return [ddl.NoOp("a snapshot's rows are appended to the changelog as READ changes")]
         if isinstance(op, (ddl.Truncate, ddl.DropTable)):
             raise self.refuse(f"it would remove the rows of {name}, written in mode {shape.mode!r} ({shape.where}), "
                               f"which keeps {keeps}", "drop or empty the table on the target by hand if it must go")
@@ -159,10 +165,12 @@ class PolicyRun:
         return [op]
 
 
-def policy_ops(rules: ShapeRules, ops: Sequence[DdlOp], sql: str, position: str) -> list[DdlOp]:
+def policy_ops(rules: ShapeRules, ops: Sequence[DdlOp], sql: str, position: str,
+               snapshot: bool = False) -> list[DdlOp]:
     """A statement's operations as the policies and modes let them run
-    (SchemaPolicyError for what they refuse)."""
-    return PolicyRun(rules, sql, position).run(ops)
+    (SchemaPolicyError for what they refuse).  ``snapshot``: the statement
+    opens a keyless table's snapshot read."""
+    return PolicyRun(rules, sql, position, snapshot).run(ops)
 
 
 def names_tables(ops: Sequence[DdlOp]) -> list[tuple[str, str]]:

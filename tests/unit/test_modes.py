@@ -257,6 +257,9 @@ def test_ddl_on_history_and_soft_delete_tables() -> None:
         for sql in ("TRUNCATE t", "DROP TABLE t"):
             with pytest.raises(TerminalError, match="skip_ddl"):
                 _policy(shape, sql)
+    # A keyless table's snapshot read starts with its own TRUNCATE: the changelog keeps its rows.
+    assert policy_ops(compile_rules(HISTORY), ddl.parse_ddl("TRUNCATE TABLE t", "d"), "TRUNCATE TABLE t", "x:1",
+                      snapshot=True) == [ddl.NoOp("a snapshot's rows are appended to the changelog as READ changes")]
     (soft,) = _policy(SOFT, "CREATE TABLE t (id INT PRIMARY KEY, v TEXT)")
     assert isinstance(soft, ddl.CreateTable) and soft.columns[-2:] == (
         ColumnDef("_cdc_deleted", "tinyint", False), ColumnDef("_cdc_commit_time", "timestamp(6)"))
