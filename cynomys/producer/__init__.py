@@ -6,7 +6,8 @@
                 the batching stage;
 * ``tasks``     the protocol of the plugged tasks (verify, snapshot) and their
                 order, declared once with its reason;
-* ``batching``  the batch under construction: folding (reducer.fold), cutting
+* ``batching``  the batch under construction: the shape stage (cynomys/shape:
+                routes, columns, masks, filters), folding (reducer.fold), cutting
                 large transactions into fragments, the envelope's metadata, and
                 the checkpoint discipline around each publish;
 * ``state``     what the producer persists (checkpoint, sequence, open
