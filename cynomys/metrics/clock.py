@@ -244,33 +244,50 @@ class _Every:
 
 
 class ProducerClock(_Every):
-    """Measures the source and the reference against this host; publishes
-    while this producer leads (an HA standby's host is not the one sealing)."""
+    """Measures the source and the reference against this host every
+    PRODUCER_EVERY_S; publishes while this producer leads (an HA standby's
+    host is not the one sealing envelopes), and as soon as it takes over."""
 
     name = "producer-clock"
 
-    def __init__(self, cfg: Config, monitor: ProducerMonitor, board: Board | None = None) -> None:
+    def __init__(self, cfg: Config, monitor: ProducerMonitor, board: Board | None = None,
+                 source_now: Callable[[], float] | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         self.monitor = monitor
         self._board = board
+        self._source_now = source_now  # tests: a clock instead of the source server
+        self._clocks: ProducerClocks | None = None
+        self._measured = -math.inf     # monotonic time of the last measurement
+        self._published = False        # the last measurement is in the board
+
+    def _measure_source(self) -> Offset:
+        if self._source_now is not None:
+            return measure(self._source_now)
+        src = SourceClock(self.cfg)
+        try:
+            return measure(src.now)
+        finally:
+            src.close()
 
     def step(self) -> float:
         board = self._board = self._board or open_board(self.cfg)
-        src = SourceClock(self.cfg)
-        try:
-            source = measure(src.now)
-        finally:
-            src.close()
-        ref = measure(board.reference_now)
-        clocks = ProducerClocks(source.seconds - ref.seconds, -ref.seconds, source.uncertainty_s + ref.uncertainty_s,
-                                time.time() + ref.seconds)
-        self.monitor.clock(source, ref)
-        if self.monitor.is_leader:
-            board.publish(clocks)
-        log.info("clocks: source %+.4fs, reference %+.4fs against this host (+-%.4fs)", source.seconds,
-                 ref.seconds, clocks.uncertainty_s)
-        return PRODUCER_EVERY_S
+        if time.monotonic() - self._measured >= PRODUCER_EVERY_S:
+            source = self._measure_source()
+            ref = measure(board.reference_now)
+            self._clocks = ProducerClocks(source.seconds - ref.seconds, -ref.seconds,
+                                          source.uncertainty_s + ref.uncertainty_s, time.time() + ref.seconds)
+            self._measured, self._published = time.monotonic(), False
+            self.monitor.clock(source, ref)
+            log.info("clocks: source %+.4fs, reference %+.4fs against this host (+-%.4fs)", source.seconds,
+                     ref.seconds, self._clocks.uncertainty_s)
+        if not self.monitor.is_leader:
+            self._published = False
+            return RETRY_S  # a standby: look again soon, to publish as soon as it leads
+        if not self._published and self._clocks is not None:
+            board.publish(self._clocks)
+            self._published = True
+        return max(1.0, PRODUCER_EVERY_S - (time.monotonic() - self._measured))
 
     def close(self) -> None:
         super().close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from cynomys.cli.status import freshness_text
 from cynomys.core.config import load_config
 from cynomys.core.model import Batch, Change, ColumnDef, Op, Position, TableSchema
-from cynomys.metrics import ApplierMonitor
-from cynomys.metrics.clock import Offset, ProducerClocks, measure, skew_of
+from cynomys.metrics import ApplierMonitor, ProducerMonitor
+from cynomys.metrics.clock import RETRY_S, ApplierClock, Offset, ProducerClock, ProducerClocks, measure, skew_of
 from cynomys.metrics.freshness import (
     FRESHNESS_BUCKETS,
     CommitEstimator,
@@ -184,3 +185,59 @@ def test_status_line() -> None:
     assert line.startswith("p50 "), line
     assert "(1 transactions); last flush " in line and "source +0.250s, producer -0.004s" in line, line
     assert "no transaction applied" in freshness_text(Freshness(CollectorRegistry()).summary())
+
+
+class MemoryBoard:
+    """The reference clock ``ahead_s`` ahead of this host's, and the record, in memory."""
+
+    def __init__(self, ahead_s: float) -> None:
+        self.ahead_s = ahead_s
+        self.record: ProducerClocks | None = None
+        self.published = 0
+
+    def reference_now(self) -> float:
+        return time.time() + self.ahead_s
+
+    def publish(self, clocks: ProducerClocks) -> None:
+        self.record = clocks
+        self.published += 1
+
+    def read(self) -> ProducerClocks | None:
+        return self.record
+
+    def close(self) -> None:
+        return None
+
+
+def test_producer_clock_publishes_only_while_leading_and_the_applier_combines(tmp_path: Path) -> None:
+    cfg_file = tmp_path / "c.toml"
+    cfg_file.write_text(f'[producer]\nstate_dir = "{tmp_path}"\nha = true\n[applier]\nstate_dir = "{tmp_path}"\n')
+    cfg = load_config(cfg_file, env={})
+    board = MemoryBoard(ahead_s=5.0)
+    pmon = ProducerMonitor(cfg)
+    # The source 2 s ahead of this host, Redis 5 s ahead.
+    clock = ProducerClock(cfg, pmon, board, source_now=lambda: time.time() + 2.0)
+    assert clock.step() == RETRY_S and board.record is None  # an HA standby: measures, publishes nothing
+    gauges = {s.labels["clock"]: s.value for m in text_string_to_metric_families(generate_latest(pmon.registry).decode())
+              for s in m.samples if s.name == "cynomys_producer_clock_skew_seconds"}
+    assert gauges == {"source": pytest.approx(2.0, abs=0.01), "reference": pytest.approx(5.0, abs=0.01)}
+    pmon.leading(7)
+    assert clock.step() > 60 and board.published == 1  # takes over: publishes at once, then every few minutes
+    assert board.record is not None
+    assert board.record.source_minus_ref == pytest.approx(-3.0, abs=0.01)
+    assert board.record.producer_minus_ref == pytest.approx(-5.0, abs=0.01)
+    clock.step()
+    assert board.published == 1  # nothing new measured: nothing published again
+    amon = ApplierMonitor(cfg)
+    ApplierClock(cfg, amon, board).step()
+    skew = amon.freshness.skew
+    assert skew.source_s == pytest.approx(2.0, abs=0.01) and skew.producer_s == pytest.approx(0.0, abs=0.01)
+    assert skew.measured_at > 0
+
+
+def test_applier_clock_waits_for_the_producers_record(tmp_path: Path) -> None:
+    cfg_file = tmp_path / "c.toml"
+    cfg_file.write_text(f'[applier]\nstate_dir = "{tmp_path}"\n')
+    amon = ApplierMonitor(load_config(cfg_file, env={}))
+    assert ApplierClock(amon.cfg, amon, MemoryBoard(0.0)).step() == RETRY_S
+    assert amon.freshness.skew.measured_at == 0.0  # clocks taken as equal until measured
