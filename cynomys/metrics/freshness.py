@@ -145,18 +145,19 @@ class WeightedHistogram:
 
     def cumulative(self) -> list[tuple[float, int]]:
         """[(upper bound, observations at or below it)], the last bound +Inf."""
-        with self._lock:
-            counts = list(self._counts)
+        return self._snapshot()[0]
+
+    def _snapshot(self) -> tuple[list[tuple[float, int]], float]:
+        with self._lock:  # buckets and sum of the same observations
+            counts, total_sum = list(self._counts), self._sum
         out, total = [], 0
         for bound, n in zip((*self.bounds, math.inf), counts):
             total += n
             out.append((bound, total))
-        return out
+        return out, total_sum
 
     def collect(self) -> Iterable[HistogramMetricFamily]:
-        cum = self.cumulative()
-        with self._lock:
-            total = self._sum
+        cum, total = self._snapshot()
         yield HistogramMetricFamily(self.name, self.documentation, sum_value=total,
                                     buckets=[("+Inf" if math.isinf(b) else repr(b), n) for b, n in cum])
 

@@ -248,6 +248,7 @@ class ProducerMonitor(_Monitor):
         self.clock_skew.labels("source").set(math.nan)
         self.clock_skew.labels("reference").set(math.nan)
         self._clock: dict[str, Any] = {"measured": False}
+        self._source_ahead_s = 0.0  # source clock minus this host's, once measured
         self.lease_token = Gauge("cynomys_producer_lease_token",
                                  "Fencing token of the HA lease this producer holds (0: none)", registry=r)
         self.terms = Counter("cynomys_producer_lease_acquired", "HA lease terms this producer began (takeovers)",
@@ -317,6 +318,7 @@ class ProducerMonitor(_Monitor):
         """The clock thread's measurement (metrics/clock.py): source and
         reference clocks minus this host's."""
         self.clock_skew.labels("source").set(source.seconds)
+        self._source_ahead_s = source.seconds
         self.clock_skew.labels("reference").set(reference.seconds)
         self._clock = {"measured": True, "source_minus_producer_s": round(source.seconds, 4),
                        "reference_minus_producer_s": round(reference.seconds, 4),
@@ -359,7 +361,8 @@ class ProducerMonitor(_Monitor):
         if lag_bytes == 0:
             lag_s = 0.0
         elif t.last_event_ts:
-            lag_s = max(0.0, time.time() - t.last_event_ts)
+            # The event's time is the source's clock: compared on it (0 offset until measured).
+            lag_s = max(0.0, time.time() + self._source_ahead_s - t.last_event_ts)
         else:
             lag_s = None
         self.lag_s.set(math.nan if lag_s is None else lag_s)
@@ -451,7 +454,9 @@ class ApplierMonitor(_Monitor):
         if t.delivered == 0 and not t.buffered_envelopes:
             lag_s, lag_bytes = 0.0, 0.0  # everything the transport delivered is in the target
         else:
-            lag_s = max(0.0, time.time() - t.applied_commit_ts) if t.applied_commit_ts else None
+            # The commit time is the source's clock: compared on it (metrics/clock.py).
+            lag_s = max(0.0, time.time() + self.freshness.skew.source_s - t.applied_commit_ts) \
+                if t.applied_commit_ts else None
             lag_bytes = _bytes_between(self._newest, t.applied_position)
         self.lag_s.set(math.nan if lag_s is None else lag_s)
         self.lag_bytes.set(lag_bytes)

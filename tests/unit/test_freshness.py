@@ -241,3 +241,22 @@ def test_applier_clock_waits_for_the_producers_record(tmp_path: Path) -> None:
     amon = ApplierMonitor(load_config(cfg_file, env={}))
     assert ApplierClock(amon.cfg, amon, MemoryBoard(0.0)).step() == RETRY_S
     assert amon.freshness.skew.measured_at == 0.0  # clocks taken as equal until measured
+
+
+def test_lag_is_compared_on_the_source_clock(tmp_path: Path) -> None:
+    from cynomys.metrics.events import ApplierTurn
+
+    cfg_file = tmp_path / "c.toml"
+    cfg_file.write_text(f'[applier]\nstate_dir = "{tmp_path}"\n')
+    mon = ApplierMonitor(load_config(cfg_file, env={}))
+
+    def lag(applied_commit_ts: int) -> float:
+        mon.turn(ApplierTurn(1, 5, {}, {}, 10, 1, Position("bin.000001", 4), applied_commit_ts))
+        return next(s.value for m in text_string_to_metric_families(generate_latest(mon.registry).decode())
+                    for s in m.samples if s.name == "cynomys_applier_lag_seconds")
+
+    # The source's clock runs 30 s ahead; its last applied commit was 5 s ago by that clock.
+    commit = int(time.time()) + 30 - 5
+    assert lag(commit) == 0.0  # unmeasured clocks: taken as equal, the commit looks to be in the future
+    mon.clock(Skew(source_s=30.0, measured_at=time.time()))
+    assert lag(commit) == pytest.approx(5.0, abs=1.1)
