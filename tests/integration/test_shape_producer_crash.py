@@ -43,10 +43,20 @@ def test_sigkills_inside_fragments_of_filtered_transactions(fresh_mariadb: Maria
     srv.execute("UPDATE w.t SET keep = NOT keep, v = v + 1 WHERE MOD(id, 2) = 0")
     log = tmp_path / "producer.log"
     rnd = random.Random(11)
+    wire = tmp_path / "transport.bin"
     for _ in range(10):
+        # Kill shortly after this run shipped something (not after a fixed
+        # time: a loaded machine's start-up alone can outlast one), so the
+        # kills land while fragments are being shipped.
+        shipped = wire.stat().st_size if wire.exists() else 0
         with log.open("ab") as out:
             p = _produce(cfg, level="INFO", stdout=out, stderr=subprocess.STDOUT)
-            time.sleep(rnd.uniform(0.8, 2.5))
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and p.poll() is None:
+                if wire.exists() and wire.stat().st_size > shipped:
+                    break
+                time.sleep(0.02)
+            time.sleep(rnd.uniform(0.0, 0.3))
             p.send_signal(signal.SIGKILL)
             p.wait()
     resumes = log.read_text().count("resuming inside transaction")
