@@ -28,9 +28,10 @@ and the parts applied (``rollback_parts``).
 The estimate: an opened envelope's payload (Avro, uncompressed) becomes
 Python objects (tuples of values, the Change, the fold's dict entry) about
 ``EXPANSION`` times its size.  Measured on lineitem rows (16 columns:
-integers, DECIMALs, dates, short strings), an UPDATE envelope of 5,000
-rows: payload 1.32 MB, objects 13.0 MB after decoding and folding (x9.9,
-tracemalloc; ``bench/bigtxn.py --expansion`` prints it).  Over-estimating
+integers, DECIMALs, dates, short strings), envelopes of 5,000 rows decoded
+and folded (tracemalloc; ``bench/bigtxn.py --expansion`` prints it): UPDATE
+payload 1.21 MB, held 12.7 MB (x10.5); DELETE 0.70 MB, 7.7 MB (x11.0); the
+decode's transient peak is x16-18 of one envelope.  Over-estimating
 only spills earlier; the share leaves room for the Python process itself
 (~70 MB with pymysql and pyarrow), the envelopes of one transport read and
 the flush being built from the buffer (row texts for LOAD DATA, Arrow
@@ -39,7 +40,7 @@ tables for Spark), which can double the buffer for a moment.
 from __future__ import annotations
 
 #: Bytes of Python objects per byte of decoded payload (see above).
-EXPANSION = 10
+EXPANSION = 11
 
 #: The share of ``[applier] max_memory_mb`` the delay buffer may hold.
 BUFFER_SHARE = 0.35

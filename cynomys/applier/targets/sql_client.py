@@ -60,6 +60,9 @@ class SqlClient:
     driver_errors: ClassVar[tuple[type[BaseException], ...]] = ()
     #: Upper bound of one multi-row statement.
     statement_bytes: ClassVar[int] = 4 * 1024 * 1024
+    #: Statements that set up the connection of a transaction kept open
+    #: across calls (``in_open``), before its first statement.
+    open_session_sql: ClassVar[tuple[str, ...]] = ()
     #: What to do when the server is unreachable (said in transient errors).
     unavailable_hint: ClassVar[str] = "check that the target server is running and reachable; Cynomys retries"
 
@@ -171,6 +174,8 @@ class SqlClient:
         connection and raises translated, like ``transaction``."""
         if self._open_conn is None:
             self._open_conn = self._connect()
+            self.in_open(f"setting up the open transaction's session on {self.where}",
+                         lambda cur: [cur.execute(sql) for sql in self.open_session_sql])
         conn = self._open_conn
         cur = self._cursor(conn)
         try:

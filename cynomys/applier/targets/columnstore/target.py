@@ -208,6 +208,13 @@ class ColumnStoreTarget(SqlTarget):
         "SET NAMES utf8mb4 COLLATE utf8mb4_bin",
     )
 
+    #: The transaction kept open for a source transaction's parts reads
+    #: committed rows statement by statement: a table created (beside it,
+    #: DDL commits on its own) after it began would otherwise be refused
+    #: with 1412 "Table definition has changed" under REPEATABLE READ.  It is
+    #: the only writer of its rows, so what it reads is the same either way.
+    open_session_sql: ClassVar[tuple[str, ...]] = ("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",)
+
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
         self.engine = cfg.target.of(ColumnStoreConfig).engine or "ColumnStore"
