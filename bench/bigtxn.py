@@ -92,15 +92,16 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
+def descendants(pid: int) -> set[int]:
+    out: set[int] = set()
+    todo = [pid]
     while todo:
         p = todo.pop()
         try:
             for task in Path(f"/proc/{p}/task").iterdir():
-                kids = (task / "children").read_text().split()
-                out += [int(k) for k in kids]
-                todo += [int(k) for k in kids]
+                kids = {int(k) for k in (task / "children").read_text().split()} - out
+                out |= kids
+                todo += kids
         except OSError:
             continue
     return out
