@@ -198,6 +198,7 @@ class Applier:
         self.parts += 1
         self.stats.parts += 1
         self.stats.rows_out += row_count(changes)
+        self.monitor.flushed(changes, time.monotonic() - t0)  # rows written (uncommitted: in the open transaction)
         log.info("applied part %d of a source transaction (%d net changes, %.2fs); it commits at its last fragment",
                  self.parts, len(changes), time.monotonic() - t0)
 
