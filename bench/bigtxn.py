@@ -162,6 +162,13 @@ state_dir = "{work / 'applier'}"
     return path
 
 
+def applied_gtid(work: Path) -> str | None:
+    try:
+        return str(json.loads((work / "applier" / "applier.json").read_text())["position"]["gtid"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def applier_parts(log: Path) -> int:
     return len(re.findall(r"applied part \d+ of a source transaction", log.read_text(errors="replace")))
 
@@ -185,19 +192,21 @@ class Run:
         self.spark_reader: Any = None
 
     def wait_applied(self, timeout: float = 7200) -> float:
-        """Seconds until the applier's committed position reaches the source's binlog end."""
-        end_file, end_pos = self.src.execute("SHOW MASTER STATUS")[0][:2]
+        """Seconds until the applier has committed the source's last
+        transaction: its GTID, not the binlog end, which a rotation after
+        a large transaction moves to a new file no transaction reaches."""
+        gtid = str(self.src.execute("SELECT @@gtid_binlog_pos")[0][0])
         t0 = time.monotonic()
         last = 0.0
         while time.monotonic() - t0 < timeout:
             for name, p in zip(("producer", "applier"), self.procs):
                 if p.poll() is not None:
                     raise RuntimeError(f"{name} exited {p.returncode}: see {self.work / (name + '.log')}")
-            at = applied_position(self.work)
-            if at is not None and (at[0], at[1]) >= (end_file, end_pos):
+            at = applied_gtid(self.work)
+            if at == gtid:
                 return time.monotonic() - t0
-            if time.monotonic() - last > 15:
-                print(f"  [{self.kind}] target at {at}, source end {end_file}:{end_pos}", flush=True)
+            if time.monotonic() - last > 30:
+                print(f"  [{self.kind}] target at {applied_position(self.work)} ({at}), source at {gtid}", flush=True)
                 last = time.monotonic()
             time.sleep(0.05)
         raise TimeoutError("the target did not catch up")
@@ -389,9 +398,21 @@ def main() -> None:
     ap.add_argument("--append", action="store_true", help="add to bench/results/bigtxn.json instead of replacing it")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--expansion", action="store_true", help="print the buffer's bytes per payload byte and exit")
+    ap.add_argument("--name", default="bigtxn", help="result file name under bench/results (default bigtxn)")
+    ap.add_argument("--merge", default="", help="comma-separated result names to merge into --name and plot, "
+                                                "without running anything (runs of two targets side by side)")
     args = ap.parse_args()
     if args.expansion:
         print(json.dumps(expansion(), indent=2))
+        return
+    if args.merge:
+        runs = [json.loads((RESULTS / f"{n}.json").read_text()) for n in args.merge.split(",")]
+        merged = [r for run in runs for r in run["results"]]
+        out = write_result(args.name, {"max_memory_mb": args.max_memory_mb, "expansion": expansion(),
+                                       "runs": [{k: v for k, v in run.items() if k != "results"} for run in runs],
+                                       "results": merged})
+        plot(merged, args.max_memory_mb, RESULTS / f"{args.name}.png")
+        print(f"wrote {out} and {RESULTS / (args.name + '.png')}")
         return
     sizes = [int(s) for s in args.sizes.split(",")]
     ops = args.ops.split(",")
@@ -405,12 +426,12 @@ def main() -> None:
             results += run_target(kind, sizes, ops, files, args.max_memory_mb, args.monetdb_url, args.keep)
     finally:
         shutil.rmtree(data, ignore_errors=True)
-    path = RESULTS / "bigtxn.json"
+    path = RESULTS / f"{args.name}.json"
     if args.append and path.exists():
         results = json.loads(path.read_text()).get("results", []) + results
-    out = write_result("bigtxn", {"max_memory_mb": args.max_memory_mb, "expansion": expansion(), "results": results})
-    plot(results, args.max_memory_mb, RESULTS / "bigtxn.png")
-    print(f"wrote {out} and {RESULTS / 'bigtxn.png'}")
+    out = write_result(args.name, {"max_memory_mb": args.max_memory_mb, "expansion": expansion(), "results": results})
+    plot(results, args.max_memory_mb, RESULTS / f"{args.name}.png")
+    print(f"wrote {out} and {RESULTS / (args.name + '.png')}")
 
 
 if __name__ == "__main__":
