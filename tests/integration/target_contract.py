@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 import pytest
 
 from cynomys.applier.targets.base import AppliedState, Flush, Target, build_flush
-from cynomys.core.errors import TargetRejectedError
+from cynomys.core.errors import TargetRejectedError, TargetUnavailableError
 from cynomys.core.model import (
     Change,
     ColumnDef,
@@ -482,6 +482,10 @@ def check_transaction_in_parts(factory: TargetFactory, db: str) -> None:
             assert_rows(t, keyed, before_keyed)
             assert_rows(t, bag, before_bag)
             assert t.applied(producer) == st0
+    # Committing "the last part" with no parts open would apply part of a transaction.
+    with pytest.raises(TargetUnavailableError):
+        target.commit_parts(flush([change(Op.INSERT, keyed, after=(99, "lone"))], state(producer=producer)))
+    unchanged()
     target.apply_part(flush([change(Op.UPDATE, keyed, (1, "v0"), (1, "p1")), change(Op.DELETE, keyed, (2, "v0")),
                              change(Op.INSERT, keyed, after=(5, "p1")),
                              change(Op.DELETE, bag, before=(1, "x")), change(Op.INSERT, bag, after=(3, "z"))], st0))

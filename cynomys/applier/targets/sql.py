@@ -35,7 +35,7 @@ from cynomys.applier.targets.sql_client import Cursor, SqlClient
 from cynomys.applier.targets.stateful import StatefulTarget
 from cynomys.core.config import Config
 from cynomys.core.dialect import MONETDB, Dialect
-from cynomys.core.errors import TargetRejectedError
+from cynomys.core.errors import TargetRejectedError, TargetUnavailableError
 from cynomys.core.model import Change, ColumnDef, Row, TableSchema
 
 log = logging.getLogger(__name__)
@@ -327,8 +327,9 @@ class SqlTarget(SqlClient, StatefulTarget):
 
     def commit_parts(self, flush: Flush) -> None:
         if not self.open_transaction:
-            self.apply(flush)  # nothing open (a part failed and was rolled back): one flush
-            return
+            # Committing the last part alone would apply part of a transaction.
+            raise TargetUnavailableError(f"the transaction applied in parts on {self.where} is gone (its "
+                                         "connection was closed)", hint="the applier restarts and applies it again")
         if not self.capabilities.transactional_ddl:
             for tf in flush.tables:
                 self._prepare(tf.schema)

@@ -710,8 +710,9 @@ class SparkTarget(StatefulTarget):
 
     def commit_parts(self, flush: Flush) -> None:
         if self._stage_pid is None:
-            self.apply(flush)
-            return
+            # Publishing the last part alone would apply part of a transaction.
+            raise TargetUnavailableError(f"the transaction staged in parts on {self.where} is gone (the target "
+                                         "was closed)", hint="the applier restarts and applies it again")
         t0 = time.monotonic()
         state = flush.state
         branch = self.stage_branch(state.producer_id)
