@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -42,6 +43,9 @@ from tests.servers.mariadb import MariaDBServer
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 KEYED, KEYLESS = 30_000, 6_000
+# A MonetDB server is shared between runs: a database and a producer id (its
+# applied state) of this run's own.
+DB = f"big_{uuid.uuid4().hex[:8]}"
 ROOT = Path(__file__).parents[2]
 
 
@@ -102,7 +106,7 @@ def _shape(keyed: list[tuple[Any, ...]], keyless: list[tuple[Any, ...]]) -> tupl
 
 
 def _source(src: MariaDBServer) -> tuple[Any, ...]:
-    return _shape(src.execute("SELECT id, v, pad FROM big.k"), src.execute("SELECT a, b FROM big.n"))
+    return _shape(src.execute(f"SELECT id, v, pad FROM {DB}.k"), src.execute(f"SELECT a, b FROM {DB}.n"))
 
 
 def _target_shape(t: Target) -> tuple[Any, ...]:
@@ -110,9 +114,9 @@ def _target_shape(t: Target) -> tuple[Any, ...]:
     own, so ``k`` is read again after ``n``; the transaction changes both,
     so an unchanged ``k`` means no commit fell between the reads."""
     while True:
-        k = [r[:3] for r in t.fetch_rows("big", "k")]
-        shape = _shape(k, [r[:2] for r in t.fetch_rows("big", "n")])
-        if _shape([r[:3] for r in t.fetch_rows("big", "k")], [])[0] == shape[0]:
+        k = [r[:3] for r in t.fetch_rows(DB, "k")]
+        shape = _shape(k, [r[:2] for r in t.fetch_rows(DB, "n")])
+        if _shape([r[:3] for r in t.fetch_rows(DB, "k")], [])[0] == shape[0]:
             return shape
 
 
@@ -150,17 +154,17 @@ def test_a_large_transaction_in_parts_survives_kills_and_is_never_seen_in_part(
     procs: dict[str, subprocess.Popen[bytes]] = {}
     reader: Target | None = None
     try:
-        src.execute("CREATE DATABASE big", "CREATE TABLE big.k (id INT PRIMARY KEY, v INT, pad VARCHAR(40))",
-                    "CREATE TABLE big.n (a INT, b VARCHAR(40))")
+        src.execute(f"CREATE DATABASE {DB}", f"CREATE TABLE {DB}.k (id INT PRIMARY KEY, v INT, pad VARCHAR(40))",
+                    f"CREATE TABLE {DB}.n (a INT, b VARCHAR(40))")
         for lo in range(0, KEYED, 5000):  # loaded in ordinary transactions
-            src.execute("INSERT INTO big.k VALUES " + ", ".join(f"({i}, {i % 97}, 'pad-{i}')"
+            src.execute(f"INSERT INTO {DB}.k VALUES " + ", ".join(f"({i}, {i % 97}, 'pad-{i}')"
                                                                  for i in range(lo, lo + 5000)))
-        src.execute("INSERT INTO big.n VALUES " + ", ".join(f"({i % 50}, 'n-{i % 700}')" for i in range(KEYLESS)))
+        src.execute(f"INSERT INTO {DB}.n VALUES " + ", ".join(f"({i % 50}, 'n-{i % 700}')" for i in range(KEYLESS)))
         keys = generate_keys(tmp_path / "keys", rsa_bits=2048)
         cfg = write_config(
             tmp_path / "c.toml", src,
-            source={"include_tables": ["big.*"], "start": "earliest"},
-            producer={"id": "p1", "batch_max_events": side.batch_max_events, "batch_max_delay_ms": 100,
+            source={"include_tables": [f"{DB}.*"], "start": "earliest"},
+            producer={"id": f"p-{DB}", "batch_max_events": side.batch_max_events, "batch_max_delay_ms": 100,
                       "state_dir": str(tmp_path / "producer-state")},
             transport={"url": redis_url, "stream": f"bigtxn-{tmp_path.name}"},
             security={k: str(v) for k, v in keys.items()},
@@ -226,12 +230,12 @@ def test_a_large_transaction_in_parts_survives_kills_and_is_never_seen_in_part(
 
         src.execute(
             "BEGIN",
-            "UPDATE big.k SET v = v + 1",
-            "UPDATE big.k SET v = v * 2, pad = CONCAT(pad, '-2') WHERE id % 3 = 0",  # these keys change twice
-            "UPDATE big.n SET b = CONCAT(b, 'x') WHERE a % 2 = 0",
-            "DELETE FROM big.k WHERE id % 5 = 0",
-            "DELETE FROM big.n WHERE a % 4 = 1",
-            "UPDATE big.k SET v = -v WHERE id % 7 = 0",
+            f"UPDATE {DB}.k SET v = v + 1",
+            f"UPDATE {DB}.k SET v = v * 2, pad = CONCAT(pad, '-2') WHERE id % 3 = 0",  # these keys change twice
+            f"UPDATE {DB}.n SET b = CONCAT(b, 'x') WHERE a % 2 = 0",
+            f"DELETE FROM {DB}.k WHERE id % 5 = 0",
+            f"DELETE FROM {DB}.n WHERE a % 4 = 1",
+            f"UPDATE {DB}.k SET v = -v WHERE id % 7 = 0",
             "COMMIT")
         after_box.append(_source(src))
         target_end = end()
