@@ -280,7 +280,8 @@ class Run:
 
 
 def run_target(kind: str, sizes: list[int], ops: list[str], files: list[Path], max_memory_mb: int,
-               monetdb_url: str, keep: bool) -> list[dict[str, Any]]:
+               monetdb_url: str, keep: bool, save: Any = None) -> list[dict[str, Any]]:
+    """``save(results)`` after every phase: a long run interrupted keeps what it measured."""
     work = Path(tempfile.mkdtemp(prefix=f"cynomys-bigtxn-{kind}-"))
     run = Run(kind, work, max_memory_mb, monetdb_url)
     results: list[dict[str, Any]] = []
@@ -295,6 +296,8 @@ def run_target(kind: str, sizes: list[int], ops: list[str], files: list[Path], m
             statements = {"update": "UPDATE lineitem SET l_quantity = l_quantity + 1", "delete": "DELETE FROM lineitem"}
             for op in ops:
                 results.append(run.phase(op, n, statements[op]))
+                if save is not None:
+                    save(results)
         ok = all(r["check"]["equal"] for r in results)
         return results
     finally:
@@ -421,17 +424,22 @@ def main() -> None:
     data = Path(tempfile.mkdtemp(prefix="cynomys-bigtxn-data-"))
     try:
         files = chunk_files(max(sizes), data)
-        results: list[dict[str, Any]] = []
+        path = RESULTS / f"{args.name}.json"
+        earlier = json.loads(path.read_text()).get("results", []) if args.append and path.exists() else []
+        ratio = expansion()
+        done: list[dict[str, Any]] = []
+
+        def save(more: list[dict[str, Any]]) -> None:
+            results = earlier + done + more
+            write_result(args.name, {"max_memory_mb": args.max_memory_mb, "sizes": sizes, "expansion": ratio,
+                                     "results": results})
+            plot(results, args.max_memory_mb, RESULTS / f"{args.name}.png")
+
         for kind in args.targets.split(","):
-            results += run_target(kind, sizes, ops, files, args.max_memory_mb, args.monetdb_url, args.keep)
+            done += run_target(kind, sizes, ops, files, args.max_memory_mb, args.monetdb_url, args.keep, save)
     finally:
         shutil.rmtree(data, ignore_errors=True)
-    path = RESULTS / f"{args.name}.json"
-    if args.append and path.exists():
-        results = json.loads(path.read_text()).get("results", []) + results
-    out = write_result(args.name, {"max_memory_mb": args.max_memory_mb, "expansion": expansion(), "results": results})
-    plot(results, args.max_memory_mb, RESULTS / f"{args.name}.png")
-    print(f"wrote {out} and {RESULTS / (args.name + '.png')}")
+    print(f"wrote {path} and {RESULTS / (args.name + '.png')}")
 
 
 if __name__ == "__main__":
