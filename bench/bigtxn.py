@@ -46,6 +46,9 @@ from cynomys.sandbox.mariadb import REPL_PASSWORD, REPL_USER, MariaDBServer  # n
 from cynomys.sandbox.redis import RedisProcess  # noqa: E402
 
 CHUNK = 250_000
+#: The applier's peak RSS for a 2,000,000-row UPDATE buffered whole, before
+#: transactions were applied in parts (issue #24, measured the same way).
+BEFORE_2M_UPDATE = {"columnstore": 3367, "spark": 3570}
 COLUMNS = ("l_orderkey, l_partkey, l_suppkey, l_linenumber, l_quantity, l_extendedprice, l_discount, l_tax, "
            "l_returnflag, l_linestatus, l_shipdate, l_commitdate, l_receiptdate, l_shipinstruct, l_shipmode, "
            "l_comment")
@@ -378,13 +381,14 @@ def plot(results: list[dict[str, Any]], max_memory_mb: int, out: Path) -> None:
             ax.plot(xs, [r["peak_rss_mb"]["applier"] for r in rs], marker=marker, label=f"applier ({kind})")
             ax.plot(xs, [r["peak_rss_mb"]["producer"] for r in rs], marker=marker, linestyle="--",
                     label=f"producer ({kind})")
-            if kind == "spark":
-                ax.plot(xs, [r["peak_rss_mb"]["applier_children"] for r in rs], marker=marker, linestyle=":",
-                        label="applier's JVM (spark)")
+        if r_op == "update":  # before: the whole transaction buffered (issue #24's run, 2M rows)
+            for kind, mb in BEFORE_2M_UPDATE.items():
+                ax.scatter([2.0], [mb], marker="x", s=60, label=f"applier before, buffered whole ({kind})")
         ax.axhline(max_memory_mb, color="#c33", linewidth=1, label=f"[applier] max_memory_mb = {max_memory_mb}")
         ax.set_xlabel("rows in the one source transaction (millions)")
         ax.set_ylabel("peak RSS (MB)")
-        ax.set_title(f"single-transaction {r_op.upper()} of lineitem rows")
+        ax.set_title(f"single-transaction {r_op.upper()} of lineitem rows\n(Spark's JVM apart: its heap, "
+                     "spark.driver.memory)", fontsize=10)
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -402,6 +406,8 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--expansion", action="store_true", help="print the buffer's bytes per payload byte and exit")
     ap.add_argument("--name", default="bigtxn", help="result file name under bench/results (default bigtxn)")
+    ap.add_argument("--earlier", default="", help="with --merge: a JSON file of earlier results to keep beside "
+                                                  "them (as earlier_runs, not plotted)")
     ap.add_argument("--merge", default="", help="comma-separated result names to merge into --name and plot, "
                                                 "without running anything (runs of two targets side by side)")
     args = ap.parse_args()
@@ -411,9 +417,10 @@ def main() -> None:
     if args.merge:
         runs = [json.loads((RESULTS / f"{n}.json").read_text()) for n in args.merge.split(",")]
         merged = [r for run in runs for r in run["results"]]
+        extra = json.loads(Path(args.earlier).read_text()) if args.earlier else None
         out = write_result(args.name, {"max_memory_mb": args.max_memory_mb, "expansion": expansion(),
                                        "runs": [{k: v for k, v in run.items() if k != "results"} for run in runs],
-                                       "results": merged})
+                                       "results": merged, **({"earlier_runs": extra} if extra else {})})
         plot(merged, args.max_memory_mb, RESULTS / f"{args.name}.png")
         print(f"wrote {out} and {RESULTS / (args.name + '.png')}")
         return
