@@ -88,8 +88,18 @@ def main() -> None:
                      f"{app['sql']['rows_per_s']:,.0f} rows/s, read back {app['read_back']['rows_per_s']:,.0f} rows/s; "
                      f"write p99 {lat['baseline']['p99_ms']} ms without, {lat['verify']['p99_ms']} ms during "
                      f"(x{vf['writer_p99_ratio_verify_vs_baseline']}) | — |")
+    bt = load("bigtxn")
+    for kind in ("columnstore", "spark"):
+        rs = sorted((r for r in (bt or {}).get("results", []) if r["target"] == kind), key=lambda r: (r["op"], r["rows"]))
+        for op in ("update", "delete"):
+            cells = [f"{r['rows'] / 1e6:g}M: applier {r['peak_rss_mb']['applier']:.0f} MB, producer "
+                     f"{r['peak_rss_mb']['producer']:.0f} MB, equal {r['commit_to_equal_s']} s after commit "
+                     f"({r['parts']} parts, load {r['loadavg_1m_at_start']:.0f})" for r in rs if r["op"] == op]
+            if cells:
+                lines.append(f"| one source transaction: {op.upper()} of lineitem rows, {kind}, "
+                             f"max_memory_mb {bt['max_memory_mb']} (peak RSS) | " + "; ".join(cells) + " | — |")
     print("\n".join(lines))
-    for name in ("lineitem", "decode", "delay_commit", "seal", "snapshot", "verify", "monetdb_lineitem", "spark_merge",
+    for name in ("bigtxn", "lineitem", "decode", "delay_commit", "seal", "snapshot", "verify", "monetdb_lineitem", "spark_merge",
                  "spark_catchup", "spark_flush_growth_2m", "applier_decode", "producer_oltp"):
         d = load(name)
         if d:

@@ -111,12 +111,24 @@ class FakeStore:
     states: dict[str, AppliedState] = field(default_factory=dict)
     commits: int = 0
     crash_at: int | None = None
+    # Parts of large transactions applied in open transactions (counted
+    # over the store's life), and the number of the part that dies instead.
+    parts: int = 0
+    crash_at_part: int | None = None
+    rollbacks: int = 0    # open transactions rolled back on purpose (rollback_parts)
     history: list[AppliedState] = field(default_factory=list)   # every state committed, in order
     on_commit: Callable[[FakeStore], None] | None = None
 
     def rows(self, database: str, table: str) -> list[Row]:
         t = self.tables.get((database, table))
         return t.rows() if t is not None else []
+
+    def part(self) -> None:
+        """A part applied into an open transaction (nothing visible)."""
+        if self.crash_at_part is not None and self.parts + 1 == self.crash_at_part:
+            self.crash_at_part = None
+            raise Crash(f"part {self.parts + 1} dies inside the open target transaction")
+        self.parts += 1
 
     def commit(self, tables: dict[tuple[str, str], FakeTable], state: AppliedState) -> None:
         """The end of one target transaction: all of it, or (a crash) none."""
@@ -141,13 +153,16 @@ def fake_config(state_dir: Path, producer_id: str = PRODUCER, **applier: Any) ->
 class FakeTarget(Target):
     """A column store in memory (see the module docstring)."""
 
-    capabilities = Capabilities(transactional_ddl=True)
+    capabilities = Capabilities(transactional_ddl=True, applies_parts=True)
 
     def __init__(self, cfg: Config, store: FakeStore | None = None, *, strict: bool = True) -> None:
         super().__init__(cfg)
         self.store = store if store is not None else FakeStore()
         self.strict = strict
         self.connected = False
+        # The transaction kept open for parts: a private copy of the tables,
+        # lost with the process (a crash) like a server's open transaction.
+        self.open: dict[tuple[str, str], FakeTable] | None = None
 
     @property
     def where(self) -> str:
@@ -158,6 +173,7 @@ class FakeTarget(Target):
 
     def close(self) -> None:
         self.connected = False
+        self.open = None  # the server rolls back an open transaction when its connection drops
 
     def _check(self) -> None:
         if not self.connected:
@@ -190,6 +206,32 @@ class FakeTarget(Target):
         for tf in flush.tables:
             self._apply_table(tables, tf)
         self.store.commit(tables, flush.state)
+
+    # -- a transaction in parts: one private copy until commit_parts ------------
+    def apply_part(self, part: Flush) -> None:
+        self._check()
+        tables = self.open if self.open is not None else self._copy()
+        for tf in part.tables:
+            self._apply_table(tables, tf)
+        self.store.part()
+        self.open = tables
+
+    def commit_parts(self, flush: Flush) -> None:
+        self._check()
+        assert self.open is not None, "commit_parts without parts"
+        tables, self.open = self.open, None
+        for tf in flush.tables:
+            self._apply_table(tables, tf)
+        self.store.commit(tables, flush.state)
+
+    def rollback_parts(self) -> None:
+        if self.open is not None:
+            self.store.rollbacks += 1
+        self.open = None
+
+    @property
+    def parts_open(self) -> bool:
+        return self.open is not None
 
     def _apply_table(self, tables: dict[tuple[str, str], FakeTable], tf: TableFlush) -> None:
         s = tf.schema
@@ -444,6 +486,7 @@ class FakeSource:
         self.gtid_domain = gtid_domain  # "0-1": transactions get GTIDs 0-1-N
         self.txns: list[SourceTxn] = []
         self._tables: dict[tuple[str, str], dict[Any, Any]] = {}
+        self.reshapes: dict[str, TableSchema] = {}  # transaction id of a DDL -> the table's shape after it
 
     @property
     def end(self) -> Position:
@@ -465,6 +508,9 @@ class FakeSource:
                                None if op is Op.DDL else s, before, after, sql)
                         for op, s, before, after, sql in b.ops)
         end = Position(begin.file, begin.pos + EVENT * (len(changes) + 1), gtid)
+        for op, s, *_ in b.ops:
+            if op is Op.DDL:
+                self.reshapes[tid] = s  # the oracle widens the rows there (rows_at)
         self.txns.append(SourceTxn(tid, Position(begin.file, begin.pos, begin.gtid), end, n, changes))
 
     def _apply(self, schema: TableSchema, before: Row | None, after: Row | None) -> None:
@@ -486,6 +532,7 @@ class FakeSource:
                 break
             for c in t.changes:
                 if c.op is Op.DDL:
+                    _reshape_rows(tables, self.reshapes.get(c.tid))
                     continue
                 assert c.schema is not None
                 _replay(tables, c.schema, c.before, c.after)
@@ -494,6 +541,17 @@ class FakeSource:
     def index_at(self, position: Position) -> int:
         """The index of the first transaction at or after ``position``."""
         return next((i for i, t in enumerate(self.txns) if t.begin.sort_key() >= position.sort_key()), len(self.txns))
+
+
+def _reshape_rows(tables: dict[tuple[str, str], dict[Any, Any]], schema: TableSchema | None) -> None:
+    """A DDL that adds columns at the end: the rows there get NULL in them."""
+    table = tables.get((schema.database, schema.table)) if schema is not None else None
+    if schema is None or table is None:
+        return
+    pad = (None,) * (len(schema.columns) - len(table["schema"].columns))
+    table["schema"] = schema
+    table["keyed"] = {k: r + pad for k, r in table["keyed"].items()}
+    table["bag"] = Counter({r + pad: n for r, n in table["bag"].items()})
 
 
 def _replay(tables: dict[tuple[str, str], dict[Any, Any]], schema: TableSchema, before: Row | None,
@@ -717,9 +775,15 @@ def publish(stream: FakeStream, wire: Wire, sent: Sequence[Sent], fence: int = 0
     return [stream.publish(wire.seal(s.seq, s.batch, fence)) for s in sent]
 
 
-def make_applier(cfg: Config, target: Target, stream: FakeStream, wire: Wire, per_read: int | None = None) -> Applier:
-    """An applier process on the fakes (``run`` starts it)."""
-    return Applier(cfg, target, stream.subscriber(per_read), wire.opener())
+def make_applier(cfg: Config, target: Target, stream: FakeStream, wire: Wire, per_read: int | None = None,
+                 budget: int | None = None) -> Applier:
+    """An applier process on the fakes (``run`` starts it).  ``budget``:
+    the estimated bytes its buffer may hold (applier/spill.py), to make it
+    apply large transactions in parts with the fakes' small envelopes."""
+    app = Applier(cfg, target, stream.subscriber(per_read), wire.opener())
+    if budget is not None:
+        app.budget = budget
+    return app
 
 
 def cutter(seed: int, p: float) -> Callable[[], bool]:

@@ -82,6 +82,10 @@ class DelayBuffer:
     base: Mark | None = None              # where the open part (``folder``) starts
     covered: Mark | None = None           # where the last envelope taken stops
     sealed_stop: Mark | None = None       # where the sealed part stops
+    # What the buffered changes cost in memory, estimated (applier/spill.py),
+    # and the sealed part's share of it.
+    cost: int = 0
+    sealed_cost: int = 0
 
     def __len__(self) -> int:
         return self.raw_rows
@@ -96,6 +100,10 @@ class DelayBuffer:
         self.folder.extend(changes)
         self.raw_rows += row_count(changes)  # an InsertRun is many rows
 
+    def charge(self, cost: int) -> None:
+        """Add the estimated memory of the changes just added (applier/spill.py)."""
+        self.cost += cost
+
     def seal(self) -> None:
         """What is buffered is whole transactions: keep it apart from what comes next."""
         if self.sealed is None:
@@ -104,8 +112,32 @@ class DelayBuffer:
             self.sealed.extend(self.folder.changes())
         self.folder = Folder()
         self.sealed_rows = self.raw_rows
+        self.sealed_cost = self.cost
         self.sealed_stop = self.covered
         self.base = None
+
+    def take_sealed(self) -> list[Change]:
+        """The whole transactions set apart by ``seal``, to be committed
+        before the open part is applied in parts (applier/spill.py)."""
+        changes = self.sealed.changes() if self.sealed is not None else []
+        self.sealed = None
+        self.raw_rows -= self.sealed_rows
+        self.cost -= self.sealed_cost
+        self.sealed_rows = self.sealed_cost = 0
+        self.sealed_stop = None
+        return changes
+
+    def take_open(self) -> list[Change]:
+        """The open part (nothing sealed may be left: ``take_sealed``
+        first), applied as one part of its transaction.  The buffer still
+        counts its envelopes and knows where the transaction started
+        (``base``): a flush must wait for the transaction's end, and a
+        producer sending it again from its start is recognised."""
+        assert self.sealed is None, "commit the sealed part first"
+        changes = self.folder.changes()
+        self.folder = Folder()
+        self.raw_rows = self.cost = 0
+        return changes
 
     def mark(self, end: Position, complete: bool, last_commit_ts: int) -> None:
         """Record where the envelope just taken ends.  An envelope with no
@@ -148,6 +180,7 @@ class DelayBuffer:
         """Drop the open part (an obsolete attempt of a large transaction)."""
         self.folder = Folder()
         self.raw_rows = self.sealed_rows
+        self.cost = self.sealed_cost
         self.complete = True
         self.base = None
         self.covered = self.sealed_stop
@@ -160,6 +193,7 @@ class DelayBuffer:
         self.folder = Folder()
         self.sealed = None
         self.raw_rows = self.sealed_rows = 0
+        self.cost = self.sealed_cost = 0
         self.envelopes = 0
         self.base = self.sealed_stop = None
         return changes

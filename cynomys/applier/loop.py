@@ -7,7 +7,10 @@ Exactly-once effect, by construction:
 - deliveries are acknowledged to the transport only after that commit;
 - at start the state is read back from the target, and every envelope goes
   through the admit stage (applier/admit.py), which applies exactly the
-  changes whose transactions the target lacks, or stops.
+  changes whose transactions the target lacks, or stops;
+- a source transaction too large for ``[applier] max_memory_mb`` is
+  applied in parts into one target transaction kept open until its end
+  (applier/spill.py): the same flush, spread over time.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from cynomys.applier import spill
 from cynomys.applier.admit import Admission, BufferView, Decision, Verdict
 from cynomys.applier.batcher import DelayBuffer, Span
 from cynomys.applier.partition import Partitioning, PartitionTarget
@@ -59,6 +63,7 @@ class ApplierStats:
     rows_in: int = 0
     rows_out: int = 0
     ddl: int = 0
+    parts: int = 0  # parts of large source transactions applied ahead of their commit (spill.py)
 
 
 class Applier:
@@ -86,6 +91,12 @@ class Applier:
         self.report_path = cfg.resolve(cfg.applier.state_dir) / self.partitioning.file_name("applier")
         self.verifier = Verifier(cfg, self.target)
         self.shaping = Shaping(cfg, self.target)  # modes and schema-change policy ([shape.targets])
+        # The memory bound (applier/spill.py): estimated bytes the buffer may hold.
+        self.budget = spill.budget(cfg.applier.max_memory_mb)
+        self.parts = 0            # parts of the open source transaction applied into the target
+        self.open_pid = ""        # the producer whose transaction is open
+        self.sealed_acks = 0      # unacknowledged envelopes of the sealed part (whole transactions)
+        self._warned_whole = False
 
     # ------------------------------------------------------------------
     def start(self) -> None:
@@ -105,7 +116,9 @@ class Applier:
             for d in deliveries:
                 self.handle(d)
                 if self.buffer.due() and self._full():
-                    self.flush()  # the memory bound, checked per envelope
+                    self.flush()  # the backlog cap, checked per envelope
+                elif self.buffer.cost > self.budget:
+                    self.relieve()  # the memory bound, likewise
             # Behind (the read came back full: more is waiting): take the
             # backlog into this flush rather than commit once per buffer_rows.
             behind = len(deliveries) >= READ_COUNT
@@ -124,8 +137,11 @@ class Applier:
                 self.flush()
             self._ack()
         else:
+            if self.parts:
+                self.target.rollback_parts()
             log.info("stopping inside a source transaction: its envelopes stay unacknowledged "
-                     "and are delivered again at the next start")
+                     "and are delivered again at the next start%s",
+                     f" (its {self.parts} part(s) applied were rolled back)" if self.parts else "")
 
     def _turn(self, delivered: int) -> ApplierTurn:
         s, held = self.stats, self.admit.held(self.producer_id)
@@ -141,6 +157,71 @@ class Applier:
         changes lets a backlog of updates to hot keys go into one flush: on
         Spark a flush costs about the same whatever its size (issue #11)."""
         return self.buffer.held() >= self.max_buffer_rows or len(self.buffer) >= RAW_FACTOR * self.max_buffer_rows
+
+    # ------------------------------------------------------------------
+    # ------------------------------------------------------------------
+    # The memory bound (applier/spill.py)
+    # ------------------------------------------------------------------
+    def relieve(self) -> None:
+        """The buffer is past its memory share: flush it when it ends on a
+        transaction boundary, else apply its open part ahead of the
+        transaction's commit."""
+        if self.buffer.complete:
+            self.flush()
+        elif self.target.capabilities.applies_parts:
+            self.spill()
+        elif not self._warned_whole:
+            self._warned_whole = True
+            log.warning("a source transaction is past [applier] max_memory_mb, and %s cannot apply one in "
+                        "parts: it is buffered whole", self.target.where)
+
+    def spill(self) -> None:
+        """Commit the whole transactions buffered before the open one, then
+        apply what the buffer holds of the open one as a part of it, into
+        the target transaction kept open until its end."""
+        buf = self.buffer
+        if buf.sealed is not None:
+            state = self.pending_state
+            assert state is not None, "a sealed part ends with a complete envelope"
+            self._commit(buf.take_sealed(), state)
+            self.admit.committed(state)
+            n, self.sealed_acks = self.sealed_acks, 0
+            if n:
+                self.sub.ack(self.unacked[:n])
+                self.unacked = self.unacked[n:]
+            self._report(state)
+        changes = buf.take_open()
+        if not changes:
+            return
+        pid = self.open_pid or self.producer_id
+        held = self.admit.held(pid) or AppliedState(pid, 0, Position("", 0))
+        t0 = time.monotonic()
+        self.target.apply_part(build_flush(changes, held, self.target.capabilities.columnar_inserts))
+        self.parts += 1
+        self.stats.parts += 1
+        self.stats.rows_out += row_count(changes)
+        self.monitor.flushed(changes, time.monotonic() - t0)  # rows written (uncommitted: in the open transaction)
+        log.info("applied part %d of a source transaction (%d net changes, %.2fs); it commits at its last fragment",
+                 self.parts, len(changes), time.monotonic() - t0)
+
+    def _commit(self, changes: list[Change], state: AppliedState,
+                amend: Callable[[Flush], None] | None = None) -> None:
+        """One flush: with the parts applied before it (committing them) or alone."""
+        flush = build_flush(changes, state, self.target.capabilities.columnar_inserts)
+        if amend is not None:
+            amend(flush)
+        t0 = time.monotonic()
+        if self.parts:
+            self.target.commit_parts(flush)
+            log.info("committed a source transaction applied in %d part(s) and a flush of %d net changes "
+                     "in %.2fs", self.parts, len(changes), time.monotonic() - t0)
+            self.parts = 0
+        else:
+            self.target.apply(flush)
+        self.stats.flushes += 1
+        self.stats.rows_out += row_count(changes)
+        self.monitor.flushed(changes, time.monotonic() - t0)
+        log.debug("flushed %d net changes in %.3fs up to %s", len(changes), time.monotonic() - t0, state.position)
 
     # ------------------------------------------------------------------
     def handle(self, d: Delivery) -> None:
@@ -160,7 +241,7 @@ class Applier:
             self.stats.rejected["producer-mismatch"] += 1
             self.sub.dead_letter(d, f"payload names producer {batch.producer_id!r}, envelope {pid!r}")
             return
-        verdict = self.offer(pid, seq, batch, opened.fence)
+        verdict = self.offer(pid, seq, batch, opened.fence, spill.cost(len(opened.payload)))
         if verdict.verdict is Verdict.DEAD:
             self.stats.rejected["fenced"] += 1
             log.error("rejected envelope %s (seq %d of %s): %s; moved to the dead-letter stream", d.id, seq, pid,
@@ -169,9 +250,9 @@ class Applier:
             return
         self.unacked.append(d.id)
 
-    def offer(self, pid: str, seq: int, batch: Batch, fence: int = 0) -> Decision:
+    def offer(self, pid: str, seq: int, batch: Batch, fence: int = 0, cost: int = 0) -> Decision:
         """Pass one opened envelope through the admit stage, and take what
-        it admits into the buffer."""
+        it admits into the buffer (``cost``: its estimated memory there)."""
         decision = self.admit.judge(pid, seq, fence, batch, self._view())
         if decision.verdict is Verdict.FLUSH_FIRST:
             self.flush()  # what the buffer holds is committed: judge against the target alone
@@ -184,13 +265,13 @@ class Applier:
             # A partition takes only its tables' changes, but every envelope's
             # number and position (cynomys/applier/partition.py); then each
             # table's changes as its mode needs them (cynomys/applier/shaping.py).
-            self.take(pid, seq, self.shaping.batch(self.partitioning.select(decision.batch)), fence)
+            self.take(pid, seq, self.shaping.batch(self.partitioning.select(decision.batch)), fence, cost)
         return decision
 
     def _view(self) -> BufferView:
         return BufferView(self.buffer.envelopes, self.buffer.complete)
 
-    def take(self, pid: str, seq: int, batch: Batch, fence: int = 0) -> None:
+    def take(self, pid: str, seq: int, batch: Batch, fence: int = 0, cost: int = 0) -> None:
         """Buffer one admitted envelope; DDL flushes what precedes it and runs alone."""
         meta = EnvelopeMeta.of(batch.meta)
         if meta.server and self.buffer_server and meta.server != self.buffer_server \
@@ -200,8 +281,10 @@ class Applier:
         if not batch.complete and self.buffer.complete and self.buffer.envelopes:
             # A transaction cut into fragments starts: set apart the whole
             # transactions before it, so dropping an obsolete attempt of it
-            # never drops them.
+            # never drops them, and so they can commit alone before it is
+            # applied in parts (spill).
             self.buffer.seal()
+            self.sealed_acks = len(self.unacked)
         if span is not None and (not meta.server or not self.buffer_server or meta.server == self.buffer_server):
             self._check_overlap(pid, seq, span)
         elif batch.meta.get("frag") == "0" and not self.buffer.complete:
@@ -209,7 +292,7 @@ class Applier:
             # restarted inside a large transaction and sends it again.
             log.warning("producer %s restarted a large transaction at envelope %d: dropping %d buffered "
                         "changes of its earlier attempt", pid, seq, len(self.buffer))
-            self.buffer.discard()
+            self._discard_attempt()
         # A DDL or verification record below commits states that must name
         # this envelope's producer identity (the chain moves at the end).
         self.admit.adopt(pid, meta, fence)
@@ -228,6 +311,9 @@ class Applier:
             else:
                 segment.append(c)
         self.buffer.add(segment)
+        self.buffer.charge(cost)
+        if not batch.complete:
+            self.open_pid = pid
         self.stats.rows_in += row_count(batch.changes)
         self.buffer.mark(batch.end, batch.complete, batch.last_commit_ts)
         if span is not None:
@@ -255,7 +341,7 @@ class Applier:
             log.warning("producer %s sends again, in envelope %d from %s, changes the buffer holds from %s: "
                         "dropping the %d buffered changes of the earlier attempt",
                         pid, seq, span.describe_start(), Span.describe(buf.base), len(buf) - buf.sealed_rows)
-            buf.discard()
+            self._discard_attempt()
             return
         raise TerminalError(
             f"envelope {seq} of producer {pid!r} starts at {span.describe_start()}, inside what the buffer "
@@ -263,6 +349,16 @@ class Applier:
             f"again and the two attempts cannot be separated; nothing of either was applied",
             hint="see the producer's log for why it sent them again; re-snapshot the tables it names, then "
                  "restart the applier with a new consumer group")
+
+    def _discard_attempt(self) -> None:
+        """Drop the buffered part of an obsolete attempt of a large
+        transaction, and the parts of it already applied (rolled back)."""
+        self.buffer.discard()
+        if self.parts:
+            log.warning("rolling back the %d part(s) of the earlier attempt applied in the open target "
+                        "transaction", self.parts)
+            self.target.rollback_parts()
+            self.parts = 0
 
     def _apply_ddl(self, pid: str, ddl: Change, batch: Batch, seq: int) -> None:
         # Flush everything before the DDL at the DDL's start (a transaction
@@ -310,16 +406,8 @@ class Applier:
     def _flush_with(self, state: AppliedState, amend: Callable[[Flush], None] | None = None) -> None:
         """``amend``: adds to the flush before it is applied (verify's purges)."""
         changes = self.buffer.take()
-        if changes or amend is not None or self.admit.held(state.producer_id) != state:
-            flush = build_flush(changes, state, self.target.capabilities.columnar_inserts)
-            if amend is not None:
-                amend(flush)
-            t0 = time.monotonic()
-            self.target.apply(flush)
-            self.stats.flushes += 1
-            self.stats.rows_out += row_count(changes)
-            self.monitor.flushed(changes, time.monotonic() - t0)
-            log.debug("flushed %d net changes in %.3fs up to %s", len(changes), time.monotonic() - t0, state.position)
+        if changes or amend is not None or self.parts or self.admit.held(state.producer_id) != state:
+            self._commit(changes, state, amend)
         self.admit.committed(state)
         self._ack()
         self._report(state)
@@ -345,6 +433,7 @@ class Applier:
         if self.unacked and self.buffer.complete and not self.buffer.envelopes:
             self.sub.ack(self.unacked)
             self.unacked = []
+            self.sealed_acks = 0
 
 
 def _after_ddl(ddl: Change, batch: Batch) -> Position:

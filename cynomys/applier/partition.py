@@ -236,6 +236,19 @@ class PartitionTarget(Target):
     def apply_ddl(self, change: Change, state: AppliedState) -> None:
         self.inner.apply_ddl(change, self._out(state))
 
+    def apply_part(self, part: Flush) -> None:
+        self.inner.apply_part(Flush(part.tables, self._out(part.state)))
+
+    def commit_parts(self, flush: Flush) -> None:
+        self.inner.commit_parts(Flush(flush.tables, self._out(flush.state)))
+
+    def rollback_parts(self) -> None:
+        self.inner.rollback_parts()
+
+    @property
+    def parts_open(self) -> bool:
+        return self.inner.parts_open
+
     def ping(self) -> None:
         self.inner.ping()
 

@@ -149,6 +149,12 @@ class ApplierConfig:
     # each buffered lineitem change costs the applier 2-7 KB).  A target whose commit is dear (Spark/Iceberg)
     # then pays it once for the whole backlog instead of once per buffer_rows.
     max_buffer_rows: int = field(default=0, metadata=NON_NEGATIVE)
+    # The applier's memory bound, in MB, whatever a source transaction's
+    # size: a transaction whose buffered part would pass its share of this
+    # is applied in parts into one target transaction kept open until its
+    # last fragment (Spark/Iceberg: staged in a branch of each table and
+    # published at its end), never visible in part (applier/spill.py).
+    max_memory_mb: int = field(default=500, metadata=POSITIVE)
     state_dir: str = "./state/applier"
     consumer_name: str = "applier-1"
     # DDL statements to skip on purpose, by exact text or a "position"

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 import pytest
 
 from cynomys.applier.targets.base import Flush, Target, build_flush
-from cynomys.core.errors import TargetRejectedError
+from cynomys.core.errors import TargetRejectedError, TargetUnavailableError
 from cynomys.core.model import (
     AppliedState,
     Change,
@@ -458,7 +458,78 @@ def check_verify_checksum(factory: TargetFactory, db: str) -> None:
     assert target.applied(PRODUCER) == fl.state
 
 
+# --------------------------------------------------------------------------
+# One source transaction in parts (applier/spill.py)
+# --------------------------------------------------------------------------
+def check_transaction_in_parts(factory: TargetFactory, db: str) -> None:
+    """Parts apply on top of each other (a key changed in two parts, rows
+    of a keyless multiset inserted in one and deleted in the next, a table
+    first touched in a later part); nothing is visible, to the writing
+    target itself or another one, before ``commit_parts``, which records
+    the state with all of it; ``rollback_parts`` and ``close`` leave the
+    target as it was."""
+    target, reader = factory(), factory()
+    producer = f"parts-{db}"
+    keyed = TableSchema(db, "pk", (ColumnDef("id", "int"), ColumnDef("v", "varchar(10)")), ("id",))
+    bag = TableSchema(db, "bag", (ColumnDef("a", "int"), ColumnDef("s", "varchar(10)")), ())
+    late = TableSchema(db, "late", (ColumnDef("id", "int"), ColumnDef("v", "varchar(10)")), ("id",))
+    st0 = state(producer=producer)
+    target.apply(flush([change(Op.INSERT, keyed, after=(i, "v0")) for i in (1, 2, 3, 4)]
+                       + [change(Op.INSERT, bag, after=r) for r in [(1, "x"), (1, "x"), (2, "y")]], st0))
+    before_keyed, before_bag = [(i, "v0") for i in (1, 2, 3, 4)], [(1, "x"), (1, "x"), (2, "y")]
+
+    def unchanged() -> None:
+        for t in (target, reader):
+            assert_rows(t, keyed, before_keyed)
+            assert_rows(t, bag, before_bag)
+            assert t.applied(producer) == st0
+    # Committing "the last part" with no parts open would apply part of a transaction.
+    with pytest.raises(TargetUnavailableError):
+        target.commit_parts(flush([change(Op.INSERT, keyed, after=(99, "lone"))], state(producer=producer)))
+    unchanged()
+    target.apply_part(flush([change(Op.UPDATE, keyed, (1, "v0"), (1, "p1")), change(Op.DELETE, keyed, (2, "v0")),
+                             change(Op.INSERT, keyed, after=(5, "p1")),
+                             change(Op.DELETE, bag, before=(1, "x")), change(Op.INSERT, bag, after=(3, "z"))], st0))
+    assert target.parts_open
+    unchanged()
+    target.apply_part(flush([change(Op.UPDATE, keyed, (1, "p1"), (1, "p2")), change(Op.INSERT, keyed, after=(2, "p2")),
+                             change(Op.DELETE, keyed, (5, "p1")), change(Op.UPDATE, keyed, (3, "v0"), (30, "p2")),
+                             change(Op.DELETE, bag, before=(3, "z")), change(Op.UPDATE, bag, (2, "y"), (1, "x")),
+                             change(Op.INSERT, late, after=(1, "late"))], st0))
+    unchanged()
+    assert not reader.table_exists(db, "late") or not reader.fetch_rows(db, "late")
+    st1 = state(producer=producer)
+    target.commit_parts(flush([change(Op.UPDATE, keyed, (2, "p2"), (2, "end")), change(Op.INSERT, bag, after=(9, "w"))],
+                              st1))
+    assert not target.parts_open
+    after_keyed, after_bag = [(1, "p2"), (2, "end"), (30, "p2"), (4, "v0")], [(1, "x"), (1, "x"), (9, "w")]
+    for t in (target, reader):
+        assert_rows(t, keyed, after_keyed)
+        assert_rows(t, bag, after_bag)
+        assert_rows(t, late, [(1, "late")])
+        assert t.applied(producer) == st1
+    # A producer sending the transaction again from its start: the parts go.
+    target.apply_part(flush([change(Op.DELETE, keyed, (1, "p2")), change(Op.INSERT, bag, after=(7, "r"))], st1))
+    target.rollback_parts()
+    assert not target.parts_open
+    # A process that stops (or dies) with parts applied: nothing stays.
+    target.apply_part(flush([change(Op.DELETE, keyed, (4, "v0")), change(Op.DELETE, bag, before=(9, "w"))], st1))
+    target.close()
+    again = factory()
+    for t in (again, reader):
+        assert_rows(t, keyed, after_keyed)
+        assert_rows(t, bag, after_bag)
+        assert t.applied(producer) == st1
+    # ... and the target takes flushes and parts as before.
+    st2 = state(producer=producer)
+    again.apply_part(flush([change(Op.DELETE, keyed, (4, "v0"))], st1))
+    again.commit_parts(flush([], st2))
+    assert_rows(reader, keyed, after_keyed[:3])
+    assert reader.applied(producer) == st2
+
+
 CONTRACT: dict[str, Callable[[TargetFactory, str], None]] = {
+    "transaction_in_parts": check_transaction_in_parts,
     "verify_checksum": check_verify_checksum,
     "odd_names": check_odd_names,
     "all_types_round_trip": check_all_types_round_trip,

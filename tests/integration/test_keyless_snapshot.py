@@ -149,7 +149,7 @@ def _open_read(tmp_path: Path) -> str | None:
 
 def _run(tmp_path: Path, redis_url: str, *, events: int, batch_max_events: int, side: Any = MariaDBSide,
          kill: Callable[[Path, dict[str, subprocess.Popen[bytes]], Callable[[str], subprocess.Popen[bytes]]], dict[str, int]]
-         | None = None) -> dict[str, Any]:
+         | None = None, applier: dict[str, Any] | None = None) -> dict[str, Any]:
     src = MariaDBServer(server_id=1).start()
     try:
         tgt = side(src, tmp_path)
@@ -167,7 +167,7 @@ def _run(tmp_path: Path, redis_url: str, *, events: int, batch_max_events: int, 
             producer={"id": "p1", "batch_max_events": batch_max_events, "batch_max_delay_ms": 100},
             transport={"url": redis_url, "stream": f"keyless-{tmp_path.name}"},
             security={k: str(v) for k, v in keys.items()}, snapshot={"chunk_size": 200},
-            applier={"buffer_rows": 2000, "max_delay_ms": 300, "consumer_name": "a1"},
+            applier={"buffer_rows": 2000, "max_delay_ms": 300, "consumer_name": "a1", **(applier or {})},
             target=tgt.config)
         logs = tmp_path / "logs"
         logs.mkdir()
@@ -234,7 +234,8 @@ def _run(tmp_path: Path, redis_url: str, *, events: int, batch_max_events: int, 
         counts = {t: src.execute(f"SELECT COUNT(*) FROM app.{t}")[0][0] for t in TABLES}
         assert counts["events"] > events // 2, counts
         return {"writes": done[0], "written_s": round(written, 1), "kills": kills, "rows": counts,
-                "events_read": ev.rows, "producer_log": (logs / "producer.log").read_text(errors="replace")}
+                "events_read": ev.rows, "producer_log": (logs / "producer.log").read_text(errors="replace"),
+                "applier_log": (logs / "applier.log").read_text(errors="replace")}
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -246,11 +247,16 @@ def _run(tmp_path: Path, redis_url: str, *, events: int, batch_max_events: int, 
 def test_keyless_table_in_initial_snapshot_under_writers(tmp_path: Path, redis_url: str) -> None:
     out = _run(tmp_path, redis_url, events=20_000, batch_max_events=2000)
     assert "initial snapshot skips" not in out["producer_log"]
-    print(f"\nkeyless initial snapshot under 4 writers: { {k: v for k, v in out.items() if k != 'producer_log'} }")
+    print(f"\nkeyless initial snapshot under 4 writers: { {k: v for k, v in out.items() if not k.endswith('_log')} }")
 
 
+@pytest.mark.parametrize("memory", [None, 1], ids=["buffered-whole", "in-parts"])
 @pytest.mark.parametrize("side", [MariaDBSide, DuckDBSide], ids=["mariadb", "duckdb"])
-def test_keyless_read_survives_sigkill_of_both_daemons(tmp_path: Path, redis_url: str, side: Any) -> None:
+def test_keyless_read_survives_sigkill_of_both_daemons(tmp_path: Path, redis_url: str, side: Any,
+                                                       memory: int | None) -> None:
+    """``in-parts``: [applier] max_memory_mb = 1 makes the applier apply the
+    keyless read's pseudo-transaction in parts (applier/spill.py); the
+    producer's abandoned attempts then roll its parts back."""
     def kill(tmp: Path, procs: dict[str, subprocess.Popen[bytes]],
              start: Callable[[str], subprocess.Popen[bytes]]) -> dict[str, int]:
         killed: dict[str, int] = {"producer": 0, "applier": 0}
@@ -272,7 +278,10 @@ def test_keyless_read_survives_sigkill_of_both_daemons(tmp_path: Path, redis_url
                 start("applier")
         return killed
 
-    out = _run(tmp_path, redis_url, events=40_000, batch_max_events=300, kill=kill, side=side)
+    out = _run(tmp_path, redis_url, events=40_000, batch_max_events=300, kill=kill, side=side,
+               applier=None if memory is None else {"max_memory_mb": memory})
     assert out["kills"] == {"producer": 2, "applier": 1}
+    if memory is not None:
+        assert "applied part " in out["applier_log"], "the keyless read was not applied in parts"
     assert out["producer_log"].count("stopped inside snapshot read") == 2, out["producer_log"][-3000:]
-    print(f"\nkeyless read with SIGKILLs: { {k: v for k, v in out.items() if k != 'producer_log'} }")
+    print(f"\nkeyless read with SIGKILLs: { {k: v for k, v in out.items() if not k.endswith('_log')} }")

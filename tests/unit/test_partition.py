@@ -230,7 +230,9 @@ def test_partition_target_calls_reach_the_wrapped_target(tmp_path: Path) -> None
 
     methods = _public_target_methods()
     body = {n: recorder(n) for n, v in methods.items() if not isinstance(v, property)}
-    body["where"] = property(lambda self: "inner")
+    for name, value in methods.items():  # where, parts_open
+        if isinstance(value, property):
+            body[name] = property(lambda self: "inner")
     Inner = type("Inner", (Target,), body)
     wrapped = PartitionTarget(Inner(cfg), Partitioning(1, 0))
     schema = TableSchema("app", "t", (ColumnDef("id", "int"),), ("id",))
@@ -240,6 +242,7 @@ def test_partition_target_calls_reach_the_wrapped_target(tmp_path: Path) -> None
         "ddl_ops": (_ddl("CREATE DATABASE x"),), "table_exists": ("app", "t"), "fetch_rows": ("app", "t"),
         "table_columns": ("app", "t"),
         "range_rows": (schema, None), "checksum_range": (schema, None), "purge_into": (Flush([], state), schema, None),
+        "apply_part": (Flush([], state),), "commit_parts": (Flush([], state),),
     }
     for name, value in methods.items():
         if isinstance(value, property):

@@ -57,6 +57,12 @@ class Capabilities:
     # The target loads ``TableFlush.runs`` (InsertRuns, column-wise) itself;
     # otherwise build_flush turns them into row images in ``inserts``.
     columnar_inserts: bool = False
+    # The target applies one source transaction in parts (``apply_part``,
+    # ``commit_parts``, ``rollback_parts``), none of it visible before the
+    # last: the applier then bounds its memory whatever a transaction's
+    # size ([applier] max_memory_mb).  Without it a transaction is
+    # buffered whole.
+    applies_parts: bool = False
 
 
 @dataclass
@@ -270,6 +276,38 @@ class Target(ABC):
         rows to these columns (a column a row lacks is written NULL)."""
         raise TargetRejectedError(f"{self.where} cannot list the columns of {database}.{table}",
                                   hint='use another [shape] schema_changes than "freeze" for it')
+    # -- one source transaction in parts (applier/spill.py) ---------------------
+    # A transaction larger than the applier may buffer is applied in parts
+    # as its fragments arrive, into one target transaction kept open (or,
+    # where the target cannot keep one open across its jobs, staged where
+    # no reader looks: Spark's branches).  Nothing of it is visible before
+    # ``commit_parts``; a crash, ``close`` or ``rollback_parts`` leaves the
+    # target as it was before the first part.  Each part's net changes are
+    # folded within the part only, so a key changed in two parts is
+    # deleted and inserted again by the later one: parts apply in order, on
+    # top of each other.  Targets with ``Capabilities.applies_parts``
+    # override all four.
+    def apply_part(self, part: Flush) -> None:
+        """Apply ``part`` into the open transaction (the first part opens
+        it).  ``part.state`` names the producer; it is not recorded."""
+        raise TargetRejectedError(f"{self.where} cannot apply a transaction in parts",
+                                  hint="raise [applier] max_memory_mb to buffer the transaction whole")
+
+    def commit_parts(self, flush: Flush) -> None:
+        """Apply ``flush`` (the transaction's last part, and whole
+        transactions after it) into the open transaction, record its state
+        and make all of it visible at once (one commit)."""
+        raise TargetRejectedError(f"{self.where} cannot apply a transaction in parts",
+                                  hint="raise [applier] max_memory_mb to buffer the transaction whole")
+
+    def rollback_parts(self) -> None:
+        """Drop every part applied since the open transaction began (the
+        producer sends the transaction again from its start)."""
+
+    @property
+    def parts_open(self) -> bool:
+        """Parts are applied and not yet committed or rolled back."""
+        return False
 
     def housekeeping(self) -> dict[str, Any]:
         """What the target does to its tables on its own (Spark: maintenance

@@ -35,7 +35,7 @@ from cynomys.applier.targets.sql_client import Cursor, SqlClient
 from cynomys.applier.targets.stateful import StatefulTarget
 from cynomys.core.config import Config
 from cynomys.core.dialect import MONETDB, Dialect
-from cynomys.core.errors import TargetRejectedError
+from cynomys.core.errors import TargetRejectedError, TargetUnavailableError
 from cynomys.core.model import AppliedState, Change, ColumnDef, Row, TableSchema
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,8 @@ class SqlTarget(SqlClient, StatefulTarget):
         super().__init__(cfg)
         # Tables known to match a schema (created, columns present); cleared by DDL.
         self._ready: dict[tuple[str, str], TableSchema] = {}
+        # Tables made ready inside the transaction kept open for parts.
+        self._in_parts: set[tuple[str, str]] = set()
 
     @property
     def declares_keys(self) -> bool:
@@ -276,3 +278,77 @@ class SqlTarget(SqlClient, StatefulTarget):
 
     def forget_caches(self) -> None:
         self._ready.clear()
+
+    # ------------------------------------------------------------------
+    # One source transaction in parts (targets/base.py ``apply_part``): one
+    # driver transaction on a connection of its own, kept open from the
+    # first part to ``commit_parts``
+    # ------------------------------------------------------------------
+    def _prepare_in(self, cur: Cursor, schema: TableSchema) -> bool:
+        """Hook: make the table match ``schema`` inside the open
+        transaction (``cur``), for targets whose DDL is transactional: a
+        transaction does not see a table another one created after it
+        began (MonetDB, DuckDB).  False: not done here; ``_prepare`` runs
+        beside it (MariaDB, whose DDL commits on its own)."""
+        return False
+
+    def _part_tables(self, cur: Cursor, flush: Flush) -> None:
+        for tf in flush.tables:
+            ident = (tf.schema.database, tf.schema.table)
+            if self._ready.get(ident) != tf.schema and self._prepare_in(cur, tf.schema):
+                self._in_parts.add(ident)  # created or changed inside: gone again if the parts roll back
+            self._apply_table(cur, tf)
+
+    def _forget_parts(self, flush: Flush | None = None) -> None:
+        for ident in self._in_parts | {(tf.schema.database, tf.schema.table) for tf in (flush.tables if flush else [])}:
+            self._ready.pop(ident, None)
+        self._in_parts = set()
+
+    def apply_part(self, part: Flush) -> None:
+        t0 = time.monotonic()
+        if not self.capabilities.transactional_ddl:
+            for tf in part.tables:
+                self._prepare(tf.schema)
+        first = not self.open_transaction
+        if first:
+            self._in_parts = set()
+
+        def run(cur: Cursor) -> None:
+            if first:
+                self._begin_flush(cur, part.state)
+            self._part_tables(cur, part)
+        try:
+            self.in_open(f"applying part of a source transaction ({len(part.tables)} table(s))", run)
+        except BaseException:
+            self._forget_parts(part)
+            raise
+        log.debug("applied a part of %d rows in %.3fs (transaction kept open)",
+                  sum(tf.rows for tf in part.tables), time.monotonic() - t0)
+
+    def commit_parts(self, flush: Flush) -> None:
+        if not self.open_transaction:
+            # Committing the last part alone would apply part of a transaction.
+            raise TargetUnavailableError(f"the transaction applied in parts on {self.where} is gone (its "
+                                         "connection was closed)", hint="the applier restarts and applies it again")
+        if not self.capabilities.transactional_ddl:
+            for tf in flush.tables:
+                self._prepare(tf.schema)
+
+        def run(cur: Cursor) -> None:
+            self._part_tables(cur, flush)
+            self._write_state(cur, flush.state)
+        try:
+            self.in_open(f"committing a source transaction applied in parts up to {flush.state.position}", run,
+                         commit=True)
+        except BaseException:
+            self._forget_parts(flush)
+            raise
+        self._in_parts = set()
+
+    def rollback_parts(self) -> None:
+        self.rollback_open()
+        self._forget_parts()
+
+    @property
+    def parts_open(self) -> bool:
+        return self.open_transaction

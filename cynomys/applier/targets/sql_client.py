@@ -60,10 +60,17 @@ class SqlClient:
     driver_errors: ClassVar[tuple[type[BaseException], ...]] = ()
     #: Upper bound of one multi-row statement.
     statement_bytes: ClassVar[int] = 4 * 1024 * 1024
+    #: Statements that set up the connection of a transaction kept open
+    #: across calls (``in_open``), before its first statement.
+    open_session_sql: ClassVar[tuple[str, ...]] = ()
     #: What to do when the server is unreachable (said in transient errors).
     unavailable_hint: ClassVar[str] = "check that the target server is running and reachable; Cynomys retries"
 
     _conn: Any = None  # the connection held between transactions, if any
+    #: The connection of the transaction kept open across calls (``in_open``),
+    #: apart from ``_conn`` so that the client's other transactions (tables
+    #: prepared, state read, health checks) never commit it early.
+    _open_conn: Any = None
 
     @property
     @abstractmethod
@@ -144,10 +151,69 @@ class SqlClient:
                 raise err from exc
             raise
         finally:
-            with contextlib.suppress(*self.driver_errors, OSError):  # closing a cursor frees client memory only
-                cur.close()
+            self._close_cursor(cur)
             if not self.hold_connection:
                 self._discard(conn)
+
+    def _close_cursor(self, cur: Cursor) -> None:
+        with contextlib.suppress(*self.driver_errors, OSError):  # closing a cursor frees client memory only
+            cur.close()
+
+    # ------------------------------------------------------------------
+    # A transaction kept open across calls (a source transaction applied
+    # in parts: targets/base.py ``apply_part``)
+    # ------------------------------------------------------------------
+    @property
+    def open_transaction(self) -> bool:
+        return self._open_conn is not None
+
+    def in_open(self, what: str, fn: Callable[[Cursor], Any], *, commit: bool = False) -> Any:
+        """Run ``fn`` inside the transaction kept open on a connection of
+        its own (the first call opens it), and commit it at the end when
+        ``commit``.  A failure rolls all of it back, closes that
+        connection and raises translated, like ``transaction``."""
+        if self._open_conn is None:
+            self._open_conn = self._connect()
+            self.in_open(f"setting up the open transaction's session on {self.where}",
+                         lambda cur: [cur.execute(sql) for sql in self.open_session_sql])
+        conn = self._open_conn
+        cur = self._cursor(conn)
+        try:
+            result = fn(cur)
+            if commit:
+                conn.commit()
+        except BaseException as exc:
+            self.rollback_open()
+            if isinstance(exc, self.driver_errors + (OSError,)):
+                raise self.target_error(exc, f"{what} on {self.where}") from exc
+            raise
+        finally:
+            if cur is not conn:
+                self._close_cursor(cur)
+        if commit:
+            self._drop_open()
+        return result
+
+    def rollback_open(self) -> None:
+        """Roll the open transaction back and close its connection (the
+        server rolls back on disconnect too, whatever happens here)."""
+        conn = self._open_conn
+        if conn is None:
+            return
+        try:
+            conn.rollback()
+        except self.driver_errors + (OSError,) as exc:
+            log.warning("rollback of the open transaction on %s failed (%s); the server rolls back when the "
+                        "connection drops", self.where, exc)
+        self._drop_open()
+
+    def _drop_open(self) -> None:
+        conn, self._open_conn = self._open_conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except self.driver_errors + (OSError,) as exc:
+                log.debug("closing the open transaction's connection to %s: %s", self.where, exc)
 
     def query(self, fn: Callable[[Cursor], Any], what: str, hint: str | None = None) -> Any:
         """Run ``fn`` in a transaction of its own (DDL steps, tests, tools)."""
@@ -159,6 +225,7 @@ class SqlClient:
         self.query(lambda cur: cur.execute("SELECT 1"), "a health check (SELECT 1)")
 
     def close(self) -> None:
+        self.rollback_open()  # a transaction applied in parts and never committed leaves nothing
         self._discard()
 
     # ------------------------------------------------------------------

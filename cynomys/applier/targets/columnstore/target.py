@@ -181,7 +181,7 @@ class ColumnStoreTarget(SqlTarget):
 
     #: MariaDB DDL commits on its own.  Keys: see ``declares_keys``.
     capabilities: ClassVar[Capabilities] = Capabilities(
-        transactional_ddl=False, max_statement_rows=1000, supports_keys=True, columnar_inserts=True)
+        transactional_ddl=False, max_statement_rows=1000, supports_keys=True, columnar_inserts=True, applies_parts=True)
     dialect: ClassVar[Dialect] = MARIADB
     driver_errors: ClassVar[tuple[type[BaseException], ...]] = (pymysql.err.Error,)
     ddl_handlers = columnstore_ddl.HANDLERS
@@ -207,6 +207,13 @@ class ColumnStoreTarget(SqlTarget):
         "SET SESSION explicit_defaults_for_timestamp = 1",
         "SET NAMES utf8mb4 COLLATE utf8mb4_bin",
     )
+
+    #: The transaction kept open for a source transaction's parts reads
+    #: committed rows statement by statement: a table created (beside it,
+    #: DDL commits on its own) after it began would otherwise be refused
+    #: with 1412 "Table definition has changed" under REPEATABLE READ.  It is
+    #: the only writer of its rows, so what it reads is the same either way.
+    open_session_sql: ClassVar[tuple[str, ...]] = ("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",)
 
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)

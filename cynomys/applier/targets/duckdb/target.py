@@ -51,7 +51,7 @@ class DuckDBTarget(SqlTarget):
     dialect: ClassVar[Dialect] = DUCKDB
 
     capabilities: ClassVar[Capabilities] = Capabilities(
-        transactional_ddl=True, max_statement_rows=100_000, supports_keys=False)
+        transactional_ddl=True, max_statement_rows=100_000, supports_keys=False, applies_parts=True)
     hold_connection: ClassVar[bool] = False
     #: How long a flush waits for another process to release the file.
     lock_wait_s: ClassVar[float] = 10.0
@@ -166,16 +166,23 @@ class DuckDBTarget(SqlTarget):
         if self._ready.get(ident) == schema:
             return
         with self.transaction(f"preparing table {schema.name}") as cur:
-            have = {c.name.lower() for c in self.columns(cur, *ident)}
-            if not have:
-                self.create_table(cur, schema.database, schema.table, list(schema.columns))
-                log.info("created table %s on %s", schema.name, self.where)
-            for col in schema.columns:
-                if have and col.name.lower() not in have:
-                    self.add_column(cur, schema.database, schema.table, col)
-                    log.warning("added column %s.%s (%s): the target lacked it", schema.name, col.name, col.type)
+            self._prepare_in(cur, schema)
+
+    def _prepare_in(self, cur: Cursor, schema: TableSchema) -> bool:
+        # Also inside a transaction kept open for parts, which would not see
+        # a table created by another after it began (DDL is transactional).
+        ident = (schema.database, schema.table)
+        have = {c.name.lower() for c in self.columns(cur, *ident)}
+        if not have:
+            self.create_table(cur, schema.database, schema.table, list(schema.columns))
+            log.info("created table %s on %s", schema.name, self.where)
+        for col in schema.columns:
+            if have and col.name.lower() not in have:
+                self.add_column(cur, schema.database, schema.table, col)
+                log.warning("added column %s.%s (%s): the target lacked it", schema.name, col.name, col.type)
         self._ready[ident] = schema
         self.schemas[ident] = schema
+        return True
 
     # -- flush ------------------------------------------------------------------
     def _arrow(self, schema: TableSchema, columns: list[ColumnDef], rows: list[Row],

@@ -116,7 +116,7 @@ class MonetDBTarget(SqlTarget):
     dialect: ClassVar[Dialect] = MONETDB
 
     capabilities: ClassVar[Capabilities] = Capabilities(
-        transactional_ddl=True, max_statement_rows=1000, supports_keys=True)
+        transactional_ddl=True, max_statement_rows=1000, supports_keys=True, applies_parts=True)
     driver_errors: ClassVar[tuple[type[BaseException], ...]] = (pymonetdb.Error,)
     ddl_handlers = monetdb_ddl.HANDLERS
     unavailable_hint: ClassVar[str] = "check that the MonetDB server is running and reachable; Cynomys retries"
@@ -434,6 +434,14 @@ class MonetDBTarget(SqlTarget):
             self._ensure_table(cur, schema)
         self._ready[ident] = schema
         self.schemas[ident] = schema
+
+    def _prepare_in(self, cur: Cursor, schema: TableSchema) -> bool:
+        # A transaction kept open for parts would not see a table created
+        # by another after it began: prepare it inside (DDL is transactional).
+        self._ensure_table(cur, schema)
+        self._ready[(schema.database, schema.table)] = schema
+        self.schemas[(schema.database, schema.table)] = schema
+        return True
 
     def _apply_table(self, cur: Cursor, tf: TableFlush) -> None:
         schema = tf.schema

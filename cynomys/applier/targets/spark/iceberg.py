@@ -111,12 +111,34 @@ class IcebergApi:
         history = list(self.load(database, table).history())
         return bool(history) and int(history[0].snapshotId()) == snapshot_id
 
-    def commit_empty(self, database: str, table: str, summary: dict[str, str]) -> None:
-        """An append of no files: a snapshot that only carries ``summary``."""
+    def commit_empty(self, database: str, table: str, summary: dict[str, str], branch: str | None = None) -> None:
+        """An append of no files: a snapshot that only carries ``summary``
+        (on ``branch``, else on main)."""
         append = self.load(database, table).newAppend()
+        if branch is not None:
+            append = append.toBranch(branch)
         for k, v in summary.items():
             append = append.set(k, v)
         append.commit()
+
+    # -- branches (a transaction staged in parts: target.py) -------------------
+    def branches(self, database: str, table: str) -> list[str]:
+        """The table's branches, main aside."""
+        refs = self.load(database, table).refs()
+        return [str(name) for name, ref in refs.items() if ref.isBranch() and str(name) != "main"]
+
+    def create_branch(self, database: str, table: str, branch: str) -> None:
+        """A branch at main's current snapshot (one metadata commit)."""
+        tbl = self.load(database, table)
+        tbl.manageSnapshots().createBranch(branch, tbl.currentSnapshot().snapshotId()).commit()
+
+    def remove_branch(self, database: str, table: str, branch: str) -> None:
+        self.load(database, table).manageSnapshots().removeBranch(branch).commit()
+
+    def fast_forward(self, database: str, table: str, branch: str) -> None:
+        """Move main to ``branch``'s head (main must be its ancestor): one
+        metadata commit that makes everything staged on it visible."""
+        self.load(database, table).manageSnapshots().fastForwardBranch("main", branch).commit()
 
     def rollback_to(self, database: str, table: str, snapshot_id: int) -> None:
         """Make an ancestor the current snapshot again (metadata only)."""

@@ -30,6 +30,9 @@ MARKS: dict[str, str] = {
     applied_state.KEY: "cynomys.producer", "seq": "cynomys.seq", "file": "cynomys.file", "pos": "cynomys.pos",
     "gtid": "cynomys.gtid", "commit_ts": "cynomys.commit-ts"}
 MARK_PRODUCER = MARKS[applied_state.KEY]
+#: Snapshot summary key of a commit staging part of a source transaction
+#: on a branch (target.py, "A source transaction in parts"): the producer.
+PART_MARK = "cynomys.part-of"
 
 
 def marker(state: AppliedState) -> dict[str, str]:

@@ -64,6 +64,44 @@ rewrite files are fine: rolling back past one loses no rows).
 
 DDL runs through ``spark_ddl``; each operation checks the table first, so a
 replay after a crash between the DDL and the state write changes nothing.
+
+A source transaction in parts (applier/spill.py)
+------------------------------------------------
+Spark cannot keep a transaction open across its jobs, so a transaction too
+large for the applier's memory is *staged* (write-audit-publish): each part
+is MERGEd into a branch ``cynomys_stage_<producer>`` of each table it
+touches, made from main when the transaction first touches the table (main
+rolled back first if it is ahead of the state; a stale branch left by a
+crash dropped).  Part commits carry ``cynomys.part-of = <producer>`` in
+their summary, the last commit on every staged branch the flush marker.  At
+the end (``commit_parts``) main is fast-forwarded to the branch head of
+each table (a metadata-only commit each), the state is written, and the
+branches are dropped.  Readers of main see nothing of the transaction
+before the fast-forwards, which take milliseconds per table: the same
+window between tables as any multi-table flush here.  A crash after some
+fast-forwards leaves those tables ahead of the state, as a crash between
+table commits does; the rollback then goes back past the part commits too
+(``_ahead`` counts them with the flush that follows them), to main as it
+was before the transaction.
+
+Why branches rather than data files written per part and committed in one
+Iceberg commit at the end: the parts of one transaction change the same
+keys again (a row updated in one part is updated or deleted in a later
+one; a keyless row inserted in one part is deleted in the next), so a part
+must read what the parts before it wrote.  MERGE on a branch does exactly
+that with Iceberg's own reads and delete files, the same statement as a
+flush; files written aside are invisible to Spark's MERGE until committed,
+so Cynomys would have to find and delete rows across uncommitted files
+itself.  The price: one metadata commit per table to make and drop the
+branch and one to publish it (tens of milliseconds each), and the parts'
+snapshots stay in main's history (expired by maintenance like any other).
+Measured (bench/bigtxn.py, bench/results/bigtxn.json, a shared 2-core box):
+a 1,000,000-row lineitem UPDATE staged in 14 parts and published with the
+applier at 424 MB peak RSS, where buffering it whole took the applier to
+3,570 MB for 2,000,000 rows (issue #24); a reader polling main during such
+a transaction saw only the state before or after it
+(tests/integration/test_bigtxn.py).  The alternative was not built, so
+there is no side-by-side time.
 """
 from __future__ import annotations
 
@@ -71,6 +109,7 @@ import contextlib
 import itertools
 import json
 import logging
+import re
 import shutil
 import tempfile
 import threading
@@ -97,6 +136,7 @@ from cynomys.applier.targets.spark.maintenance import Maintenance
 from cynomys.applier.targets.spark.merge import (
     COUNT_COLUMN,
     OP_COLUMN,
+    PART_MARK,
     Columns,
     Layout,
     TablePlan,
@@ -131,7 +171,9 @@ class SparkTarget(StatefulTarget):
 
     capabilities: ClassVar[Capabilities] = Capabilities(
         transactional_ddl=False, max_statement_rows=1_000_000, supports_keys=False, backlog_factor=3,
-        backlog_rows=30_000, columnar_inserts=True)
+        backlog_rows=30_000, columnar_inserts=True, applies_parts=True)
+    #: The branch a transaction applied in parts is staged on (+ the producer).
+    stage_prefix: ClassVar[str] = "cynomys_stage_"
     #: Where the applier state lives: a table property of the Iceberg table
     #: ``state_namespace.state_table`` per producer (targets/state.py's JSON).
     state_property_prefix: ClassVar[str] = "cynomys.applied."
@@ -183,6 +225,11 @@ class SparkTarget(StatefulTarget):
         self._last_state: AppliedState | None = None  # what the last flush committed (maintenance checks it)
         self._spool_dir: Path | None = None
         self._warming: threading.Thread | None = None  # warmup.py, started by connect
+        # A transaction staged in parts: its producer, the state recorded when
+        # it began, and the tables with a staging branch.
+        self._stage_pid: str | None = None
+        self._stage_recorded: AppliedState | None = None
+        self._staged: set[tuple[str, str]] = set()
 
     @property
     def where(self) -> str:
@@ -248,6 +295,8 @@ class SparkTarget(StatefulTarget):
     def close(self) -> None:
         if self._spark is None:
             return
+        if self._stage_pid is not None:
+            self.rollback_parts()  # nothing of it was visible; the branches go (else: dropped at the next use)
         if self._warming is not None:
             # Let a warm-up finish its statement (seconds) before the session may go.
             self._warming.join(timeout=15)
@@ -416,6 +465,8 @@ class SparkTarget(StatefulTarget):
 
     def idle(self) -> None:
         """Nothing to flush: maintain one due table off the critical path."""
+        if self._stage_pid is not None:
+            return  # a compaction of main now would stop the staged branches' fast-forward
         due = self.maintenance.due()
         if due and self._last_state is not None:
             self._maintain(self._last_state, due)
@@ -455,7 +506,8 @@ class SparkTarget(StatefulTarget):
                 "snapshot_retention_s": cfg.snapshot_retention_s, "snapshots_kept": cfg.snapshots_kept,
                 "tables": latest}
 
-    def _plan(self, tf: TableFlush) -> TablePlan | None:
+    def _plan(self, tf: TableFlush, branch: str | None = None) -> TablePlan | None:
+        """The table's source rows and statement (on ``branch`` when given)."""
         schema = tf.schema
         layout = self._ensure_table(schema)
         if schema.key:
@@ -499,7 +551,7 @@ class SparkTarget(StatefulTarget):
         if not schema.key:
             cols.add(COUNT_COLUMN, pa.array(counts, type=pa.int64()), T.LongType())
         data = pa.Table.from_arrays(cols.arrays, names=cols.names)
-        name = self.qualified(schema.database, schema.table)
+        name = self.qualified(schema.database, schema.table) + (f".{q('branch_' + branch)}" if branch else "")
         written = [c.name for c in schema.columns] + [c.name + st.COMPANION_SUFFIX for c in companions]
         match = list(schema.key) + [k + st.COMPANION_SUFFIX for k in schema.key
                                     if any(c.name == k for c in companions)]
@@ -597,6 +649,18 @@ class SparkTarget(StatefulTarget):
         if ahead:
             self._undo(db, table, ahead, recorded)
             current = self.iceberg.current(db, table)
+        self._write(plan, marker(state))
+        after = self.iceberg.current(db, table)
+        if after is not None and (current is None or after.id != current.id) \
+                and marker_of(after.summary, state.producer_id) is None:
+            # The commit properties did not reach the commit (the JVM thread
+            # is not the one PySpark pins to ours): exactly-once is gone.
+            raise TargetRejectedError(f"table {plan.schema.name}: the commit lacks its flush marker",
+                                      hint="run the applier with PYSPARK_PIN_THREAD unset or 'true'")
+        return True
+
+    def _write(self, plan: TablePlan, summary: dict[str, str]) -> None:
+        """Run a plan's statement, its commit carrying ``summary``."""
         n = next(self._views)  # atomic: tables commit from several threads
         view = f"cynomys_src_{n}"
         spool = self._spool(plan, n)
@@ -608,20 +672,114 @@ class SparkTarget(StatefulTarget):
         else:
             self.iceberg.dataframe(plan.data, plan.spark_schema).createOrReplaceTempView(view)
         try:
-            with self.iceberg.commit_properties(marker(state)):
+            with self.iceberg.commit_properties(summary):
                 self.sql(plan.sql.replace("{src}", q(view)))
         finally:
             self.spark.catalog.dropTempView(view)
             if spool is not None:
                 spool.unlink(missing_ok=True)
-        after = self.iceberg.current(db, table)
-        if after is not None and (current is None or after.id != current.id) \
-                and marker_of(after.summary, state.producer_id) is None:
-            # The commit properties did not reach the commit (the JVM thread
-            # is not the one PySpark pins to ours): exactly-once is gone.
-            raise TargetRejectedError(f"table {plan.schema.name}: the commit lacks its flush marker",
-                                      hint="run the applier with PYSPARK_PIN_THREAD unset or 'true'")
-        return True
+
+    # ------------------------------------------------------------------
+    # A transaction in parts: staged on branches (module docstring)
+    # ------------------------------------------------------------------
+    def stage_branch(self, producer_id: str) -> str:
+        return self.stage_prefix + re.sub(r"[^A-Za-z0-9_]", "_", producer_id)
+
+    @property
+    def parts_open(self) -> bool:
+        return self._stage_pid is not None
+
+    def apply_part(self, part: Flush) -> None:
+        t0 = time.monotonic()
+        pid = part.state.producer_id
+        with self.edge(f"staging part of a source transaction ({len(part.tables)} table(s)) on {self.where}"):
+            if self._stage_pid is None:
+                self._stage_recorded = self.applied(pid)  # read, not cached (see apply)
+                self._stage_pid = pid
+            branch = self.stage_branch(pid)
+            plans = [p for p in (self._plan(tf, branch) for tf in part.tables) if p is not None]
+            for plan in plans:
+                self._stage(plan, {PART_MARK: pid})
+        log.info("staged a part of %d net changes on branch %s of %d table(s) in %.2fs",
+                 sum(p.rows for p in plans), branch, len(plans), time.monotonic() - t0)
+
+    def _stage(self, plan: TablePlan, summary: dict[str, str]) -> None:
+        ident = (plan.schema.database, plan.schema.table)
+        if ident not in self._staged:
+            self._open_branch(*ident)
+            self._staged.add(ident)
+        self._write(plan, summary)
+
+    def _open_branch(self, database: str, table: str) -> None:
+        """The staging branch of a table, made from main as the state
+        records it (a flush ahead of the state is rolled back first)."""
+        assert self._stage_pid is not None
+        branch = self.stage_branch(self._stage_pid)
+        self.undo_ahead(database, table, self._stage_pid, self._stage_recorded)
+        if branch in self.iceberg.branches(database, table):
+            log.warning("table %s.%s has a staging branch %s left by an applier that stopped inside a large "
+                        "transaction: dropped (nothing of it was published)", database, table, branch)
+            self.iceberg.remove_branch(database, table, branch)
+        if self.iceberg.current(database, table) is None:
+            self.iceberg.commit_empty(database, table, {})  # a branch starts at a snapshot: an empty one
+        self.iceberg.create_branch(database, table, branch)
+
+    def commit_parts(self, flush: Flush) -> None:
+        if self._stage_pid is None:
+            # Publishing the last part alone would apply part of a transaction.
+            raise TargetUnavailableError(f"the transaction staged in parts on {self.where} is gone (the target "
+                                         "was closed)", hint="the applier restarts and applies it again")
+        t0 = time.monotonic()
+        state = flush.state
+        branch = self.stage_branch(state.producer_id)
+        published: list[tuple[str, str]] = []
+        with self.edge(f"publishing a source transaction staged in parts up to {state.position} on {self.where}"):
+            try:
+                plans = [p for p in (self._plan(tf, branch) for tf in flush.tables) if p is not None]
+                for plan in plans:
+                    self._stage(plan, marker(state))
+                # Every staged branch ends with the flush marker, so a table
+                # published before a crash is seen ahead of the state.
+                written = {(p.schema.database, p.schema.table) for p in plans}
+                for database, table in sorted(self._staged - written):
+                    self.iceberg.commit_empty(database, table, marker(state), branch)
+                for database, table in sorted(self._staged):
+                    self.iceberg.fast_forward(database, table, branch)
+                    published.append((database, table))
+                self.record_state(state)
+            except BaseException:
+                for database, table in published:  # best effort; else the next flush of the table does it
+                    with contextlib.suppress(Exception):
+                        self.undo_ahead(database, table, state.producer_id, self._stage_recorded)
+                self.rollback_parts()
+                raise
+        tables = sorted(self._staged)
+        self._drop_branches()
+        for database, table in tables:
+            self.maintenance.committed(database, table)
+        self._last_state = state
+        log.info("published a source transaction staged in parts: %d table(s) fast-forwarded, flush seq %d, "
+                 "%.2fs", len(tables), state.seq, time.monotonic() - t0)
+        self._maintain(state, self.maintenance.due(OVERDUE))
+
+    def rollback_parts(self) -> None:
+        if self._stage_pid is not None:
+            self._drop_branches()
+
+    def _drop_branches(self) -> None:
+        """Forget the staged transaction and drop its branches (best effort:
+        a branch left is dropped when the table is staged again)."""
+        if self._stage_pid is None:
+            return
+        branch = self.stage_branch(self._stage_pid)
+        for database, table in sorted(self._staged):
+            try:
+                self.iceberg.remove_branch(database, table, branch)
+            except Exception as exc:
+                log.warning("could not drop branch %s of %s.%s (%s); it is dropped at its next use",
+                            branch, database, table, spark_session.first_line(exc))
+        self._stage_pid, self._stage_recorded = None, None
+        self._staged = set()
 
     def _spool(self, plan: TablePlan, n: int) -> Path | None:
         """Large sources on a local master go to Spark as a Parquet file
@@ -650,6 +808,10 @@ class SparkTarget(StatefulTarget):
             current = current or snap
             found = marker_of(snap.summary, producer_id)
             if found is None:
+                if ahead and snap.summary.get(PART_MARK) == producer_id:
+                    # A part of the transaction published with the flush
+                    # just found ahead: rolled back with it.
+                    ahead.append((snap, ahead[-1][1]))
                 continue
             latest = latest or found
             if recorded is not None and order(found) <= order(recorded):
