@@ -1119,11 +1119,11 @@ done:
 /* ======================================================================
  * decode_columns(payload, op_insert): the applier's compiled reader
  * (issue #12, applier side).  Twin of schemas/codec.py decode (fastavro),
- * for the common envelope: row INSERTs only.  Instead of a Python object
+ * for the common envelope: row INSERTs (or snapshot READs) only.  Instead of a Python object
  * per value it returns each image column in Arrow's memory layout (a
  * validity bitmap, fixed-width values or int32 offsets + data), which
  * cynomys/core/columnar.py wraps into pyarrow arrays without a copy, and
- * the records as runs of consecutive inserts of one transaction.  Anything
+ * the records as runs of consecutive inserts (reads) of one transaction.  Anything
  * else (an UPDATE/DELETE/DDL record, a MixedColumn, malformed input) raises
  * Fallback: the caller then decodes the payload with the reference.
  * ====================================================================== */
@@ -1238,21 +1238,22 @@ fail:
     return NULL;
 }
 
-/* The records array as runs: consecutive INSERT records with the same
- * header (tid .. table_ref, compared as raw bytes), no before image and
- * consecutive after images become one run
- * (tid, database, table, (file, pos, gtid), commit_ts, table_ref, first_after, count). */
-static PyObject *rd_runs(Rd *r, int64_t op_insert) {
+/* The records array as runs: consecutive INSERT (or READ: snapshot rows)
+ * records with the same header (tid .. table_ref, compared as raw bytes,
+ * so one op per run), no before image and consecutive after images become
+ * one run
+ * (tid, database, table, (file, pos, gtid), commit_ts, table_ref, first_after, count, op). */
+static PyObject *rd_runs(Rd *r, int64_t op_insert, int64_t op_read) {
     PyObject *out = PyList_New(0);
     const unsigned char *head = NULL;   /* raw header of the open run */
     Py_ssize_t head_len = 0;
     int64_t first_after = 0, count = 0, next_after = 0;
     PyObject *tid = NULL, *db = NULL, *tb = NULL, *txn = NULL;
-    int64_t commit_ts = 0, ref = 0;
+    int64_t commit_ts = 0, ref = 0, run_op = 0;
     if (!out) return NULL;
 #define CLOSE_RUN() do { if (count) { \
-        PyObject *t_ = Py_BuildValue("(OOOOLLLL)", tid, db, tb, txn, (long long)commit_ts, (long long)ref, \
-                                     (long long)first_after, (long long)count); \
+        PyObject *t_ = Py_BuildValue("(OOOOLLLLL)", tid, db, tb, txn, (long long)commit_ts, (long long)ref, \
+                                     (long long)first_after, (long long)count, (long long)run_op); \
         if (!t_ || PyList_Append(out, t_) < 0) { Py_XDECREF(t_); goto fail; } \
         Py_DECREF(t_); } \
         Py_CLEAR(tid); Py_CLEAR(db); Py_CLEAR(tb); Py_CLEAR(txn); count = 0; } while (0)
@@ -1271,7 +1272,7 @@ static PyObject *rd_runs(Rd *r, int64_t op_insert) {
             if (rd_long(r, &v) < 0) goto fail;              /* sql: union index */
             if (v != 0) { fallback("a record with SQL text"); goto fail; }
             if (rd_long(r, &op) < 0) goto fail;
-            if (op != op_insert) { fallback("a record other than INSERT"); goto fail; }
+            if (op != op_insert && op != op_read) { fallback("a record other than INSERT or READ"); goto fail; }
             if (rd_raw(r, &s, &sn) < 0 || rd_long(r, &v) < 0 || rd_raw(r, &s, &sn) < 0) goto fail;  /* txn */
             if (rd_long(r, &ts) < 0 || rd_long(r, &tref) < 0) goto fail;
             Py_ssize_t hlen = (Py_ssize_t)(r->p - start);
@@ -1291,6 +1292,7 @@ static PyObject *rd_runs(Rd *r, int64_t op_insert) {
             head_len = hlen;
             commit_ts = ts;
             ref = tref;
+            run_op = op;
             first_after = after;
             next_after = after + 1;
             count = 1;
@@ -1446,14 +1448,14 @@ fail:
     return NULL;
 }
 
-/* decode_columns(payload: bytes-like (the Avro after MAGIC+version), op_insert: int)
+/* decode_columns(payload: bytes-like (the Avro after MAGIC+version), op_insert: int, op_read: int = -1)
  *   -> (producer_id, end, complete, first_txn | None, created_us, last_commit_ts, meta, tables, runs, images) */
 static PyObject *decode_columns(PyObject *self, PyObject *args) {
     Py_buffer view;
-    long long op_insert;
+    long long op_insert, op_read = -1;
     PyObject *producer = NULL, *end = NULL, *first = NULL, *meta = NULL, *tables = NULL, *runs = NULL,
              *images = NULL, *out = NULL;
-    if (!PyArg_ParseTuple(args, "y*L:decode_columns", &view, &op_insert)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*L|L:decode_columns", &view, &op_insert, &op_read)) return NULL;
     Rd r = {(const unsigned char *)view.buf, (const unsigned char *)view.buf + view.len};
     int64_t v, created, last_ts;
     int complete;
@@ -1483,7 +1485,7 @@ static PyObject *decode_columns(PyObject *self, PyObject *args) {
             if (rc < 0) goto done;
         }
     }
-    if (!(tables = rd_tables(&r)) || !(runs = rd_runs(&r, op_insert)) || !(images = rd_images(&r))) goto done;
+    if (!(tables = rd_tables(&r)) || !(runs = rd_runs(&r, op_insert, op_read)) || !(images = rd_images(&r))) goto done;
     out = Py_BuildValue("(OOOOLLOOOO)", producer, end, complete ? Py_True : Py_False, first, (long long)created,
                         (long long)last_ts, meta, tables, runs, images);
 done:
@@ -1500,8 +1502,9 @@ static PyMethodDef methods[] = {
      "encode_batch(prefix, producer_id, end, complete, first_txn, created_us, last_commit_ts, meta, changes, "
      "op_index) -> bytes: a Batch as codec.encode writes it"},
     {"decode_columns", decode_columns, METH_VARARGS,
-     "decode_columns(avro, op_insert) -> (producer_id, end, complete, first_txn, created_us, last_commit_ts, meta, "
-     "tables, runs, images): an insert-only batch with its image columns in Arrow layout (see codec.decode_columnar)"},
+     "decode_columns(avro, op_insert, op_read=-1) -> (producer_id, end, complete, first_txn, created_us, "
+     "last_commit_ts, meta, tables, runs, images): a batch of inserts (and snapshot reads) with its image columns in "
+     "Arrow layout (see codec.decode_columnar)"},
     {NULL, NULL, 0, NULL},
 };
 

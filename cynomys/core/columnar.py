@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from cynomys.core.model import Change, Op, Row, TableSchema, Value
+from cynomys.core.model import Change, Row, TableSchema, Value
 
 #: Rows per piece of a bulk-load file written at once, row images and runs
 #: alike: bounds what a flush holds in memory (about 1.5 MB of lineitem
@@ -74,7 +74,12 @@ class InsertRun(Change):
     """``count`` INSERTs of one source transaction into one keyed table,
     rows [start, start + count) of ``block`` minus ``excluded`` (offsets
     within the run).  ``before``/``after`` are None: the images are in the
-    block.  Identity equality: two runs are never the same change."""
+    block.  Identity equality: two runs are never the same change.
+
+    ``op`` READ: snapshot rows (a chunk's READ changes), upserts: the
+    target holds whatever it held for their keys until the flush deletes
+    them (``build_flush`` adds their keys to the deletions); otherwise the
+    same column-wise path to the bulk load as inserts."""
 
     block: ColumnBlock | None = None
     start: int = 0
@@ -111,8 +116,8 @@ class InsertRun(Change):
         return self._block().rows(self.start + i, 1)[0]
 
     def change(self, image: Row) -> Change:
-        """One of the run's inserts as a plain Change."""
-        return Change(Op.INSERT, self.database, self.table, self.tid, self.txn, self.commit_ts, self.schema,
+        """One of the run's inserts (reads) as a plain Change."""
+        return Change(self.op, self.database, self.table, self.tid, self.txn, self.commit_ts, self.schema,
                       None, image, None)
 
     def as_changes(self) -> list[Change]:

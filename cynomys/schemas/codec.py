@@ -382,26 +382,27 @@ def _block(schema: TableSchema, rows: int, columns: list[tuple[int, int, bytes |
 
 def decode_columnar(payload: bytes) -> Batch:
     """``decode`` for the applier: the same Batch, except that runs of
-    INSERTs into keyed tables come as ``InsertRun`` changes whose images stay
-    column-wise (``core.columnar``).  Compiled only: on the pure-Python path,
+    INSERTs (or of snapshot READs: upserts) into keyed tables come as
+    ``InsertRun`` changes whose images stay column-wise (``core.columnar``).  Compiled only: on the pure-Python path,
     or for any envelope the compiled reader does not take (updates, deletes,
     DDL, mixed columns, anything unexpected), this is ``decode``."""
     ext = compiled.ext
     if ext is None or len(payload) < 4 or payload[:3] != MAGIC or payload[3] != VERSION:
         return decode(payload)
+    ops = _op_index()
     try:
         (producer_id, end, complete, first_txn, created_us, last_commit_ts, meta, tables, runs,
-         images) = ext.decode_columns(memoryview(payload)[4:], _op_index()[Op.INSERT])
+         images) = ext.decode_columns(memoryview(payload)[4:], ops[Op.INSERT], ops[Op.READ])
         schemas = [TableSchema(db, tb, tuple(ColumnDef(n, t, nl) for n, t, nl in cols), tuple(key))
                    for db, tb, cols, key in tables]
         blocks = {ref: _block(schemas[ref], rows, cols) for ref, rows, cols in images}
         changes: list[Change] = []
-        for tid, db, tb, txn, commit_ts, ref, first, count in runs:
+        for tid, db, tb, txn, commit_ts, ref, first, count, op in runs:
             block = blocks[ref]
             if first + count > len(block):
                 raise ValueError("a record names a row its block does not have")
-            run = InsertRun(Op.INSERT, db, tb, tid, Position(*txn), commit_ts, schemas[ref], block=block,
-                            start=first, count=count)
+            run = InsertRun(Op.READ if op == ops[Op.READ] else Op.INSERT, db, tb, tid, Position(*txn), commit_ts,
+                            schemas[ref], block=block, start=first, count=count)
             if schemas[ref].key:
                 changes.append(run)
             else:

@@ -131,9 +131,7 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
         a = self._reading
         if a is not None:
             return 0.0 if a.window.closing else POLL_S
-        if self._maybe_work and self._next_work() is not None:
-            return max(0.0, min(POLL_S, self._next_chunk_at - time.monotonic()))
-        return POLL_S
+        return self._next_chunk_due_s()
 
     # ------------------------------------------------------------------
     # The log
@@ -181,7 +179,8 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
 
     def _start(self, job: SnapshotJob, i: int) -> bool:
         if job.status == QUEUED:
-            self._replace(replace(job, status=RUNNING, updated=time.time()))
+            now = time.time()
+            self._replace(replace(job, status=RUNNING, updated=now, started=job.started or now))
             self._save()
         tp = job.tables[i]
         conn = self._connection()

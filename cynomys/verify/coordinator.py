@@ -306,6 +306,8 @@ class VerifyCoordinator(ChunkedTask[VerifyJob, _Active | _Stream, _Emitted]):
             return 0.0
         if s is not None and (s.window.closing or (not s.keyed and not s.eof)):
             return 0.0  # chunks to emit, or a keyless table being read
+        if a is None and s is None and self.enabled:
+            return self._next_chunk_due_s()  # the next chunk may start now
         return POLL_S
 
     def _flight(self) -> tuple[_Active | None, _Stream | None]:
