@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from cynomys.core.model import Change, Row, TableSchema, Value
+from cynomys.core.model import Change, Op, Row, TableSchema, Value
 
 #: Rows per piece of a bulk-load file written at once, row images and runs
 #: alike: bounds what a flush holds in memory (about 1.5 MB of lineitem
@@ -141,6 +141,35 @@ class InsertRun(Change):
         return out
 
 
+@dataclass(frozen=True, eq=False)
+class ReadRows(Change):
+    """The producer's form of one snapshot chunk: ``reads``, the chunk's
+    after images, each a READ change of the same transaction, table and
+    position (``op`` READ, ``before``/``after`` None).  One object instead of
+    one ``Change`` per row: building the Changes cost the producer more than
+    encoding them.  The codec writes one READ record per row, exactly what
+    as many Changes give (codec.encode_pure is the reference, the compiled
+    writer its twin), so the wire and the applier do not know the form.
+    The fold keeps it as one slot behind a barrier (reducer/fold.py).
+    Identity equality, as InsertRun."""
+
+    reads: tuple[Row, ...] = ()
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    @property
+    def rows(self) -> int:
+        return len(self.reads)
+
+    def as_changes(self) -> list[Change]:
+        return [Change(Op.READ, self.database, self.table, self.tid, self.txn, self.commit_ts, self.schema, None, r,
+                       None) for r in self.reads]
+
+
 def row_count(changes: Iterable[Change]) -> int:
-    """How many row changes ``changes`` hold (an InsertRun counts its rows)."""
-    return sum(c.rows if type(c) is InsertRun else 1 for c in changes)
+    """How many row changes ``changes`` hold (an InsertRun or ReadRows counts its rows)."""
+    return sum(c.rows if type(c) is InsertRun or type(c) is ReadRows else 1 for c in changes)

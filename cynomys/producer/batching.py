@@ -14,6 +14,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from cynomys.core.columnar import ReadRows
 from cynomys.core.dialect import MARIADB
 from cynomys.core.errors import TerminalError
 from cynomys.core.model import Batch, Change, EnvelopeMeta, Op, Position
@@ -82,9 +83,11 @@ class Batching:
                 if self.batch_from is None:
                     self.batch_from = (out.txn, self.txn_seen)
             self.folder.add(out)
-            self.raw_in_batch += 1
-            self.txn_in_batch += 1
-            self.txn_seen += 1
+            # A snapshot chunk's ReadRows counts its rows (the wire has a record per row).
+            n = len(out.reads) if type(out) is ReadRows else 1
+            self.raw_in_batch += n
+            self.txn_in_batch += n
+            self.txn_seen += n
         elif isinstance(out, Commit):
             if self.skip_tid is not None:
                 if self.cur_tid == self.skip_tid and self.txn_seen == self.skip_n:
@@ -137,7 +140,7 @@ class Batching:
         p = self.p
         changes = self.folder.changes()
         if p.cfg.producer.emit_sql:
-            changes = [c if c.sql else _with_sql(c) for c in changes]
+            changes = [c if c.sql else _with_sql(c) for c in _rows_of(changes)]
         if not changes and not complete:
             return
         opened = p.state.open
@@ -182,6 +185,11 @@ class Batching:
         self.raw_in_batch = 0
         self.txn_in_batch = 0
         self.batch_from = None
+
+
+def _rows_of(changes: list[Change]) -> list[Change]:
+    """``changes`` with each ReadRows as its READ Changes (one SQL text each)."""
+    return [x for c in changes for x in (c.as_changes() if type(c) is ReadRows else (c,))]
 
 
 def _with_sql(c: Change) -> Change:

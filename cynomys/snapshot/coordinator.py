@@ -35,6 +35,7 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
+from cynomys.core.columnar import ReadRows
 from cynomys.core.config import Config
 from cynomys.core.model import Change, Op, Position
 from cynomys.parser.txn import Commit, Item
@@ -99,6 +100,8 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
     kind = "snapshot"
     # The last task to see the watermark table's events (producer/tasks.py).
     drops_watermarks = True
+    # Chunk selects with the faster driver where installed (snapshot/source.py).
+    driver = "chunks"
 
     def __init__(self, cfg: Config, *, start: Position, first_start: bool, enabled: bool = True,
                  stop: threading.Event | None = None) -> None:
@@ -251,7 +254,9 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
         schema = self._schema_for(a.info)
         at, ts = self._emission()
         tid = f"{SNAPSHOT_TID_PREFIX}{a.job_id}:{uuid.uuid4().hex[:12]}"
-        out: list[Item] = [Change(Op.READ, c.database, c.table, tid, at, ts, schema, None, r) for r in rows]
+        # One ReadRows for the chunk, not a Change per row (core/columnar.py):
+        # the wire carries a READ record per row all the same.
+        out: list[Item] = [ReadRows(Op.READ, c.database, c.table, tid, at, ts, schema, reads=tuple(rows))] if rows else []
         # The rows form a transaction of their own at the boundary ``at``:
         # begin == end, a valid resume point (nothing of the source lies in it).
         out.append(Commit(at, at, ts, ""))

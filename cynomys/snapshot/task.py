@@ -54,7 +54,7 @@ from cynomys.parser.txn import Commit, Item, Progress
 from cynomys.snapshot.columns import TableInfo
 from cynomys.snapshot.errors import SnapshotError
 from cynomys.snapshot.keyless import KeylessRead
-from cynomys.snapshot.source import SnapshotConnection
+from cynomys.snapshot.source import SnapshotConnection, chunk_driver
 from cynomys.snapshot.state import JobStore, Part, TaskJob
 from cynomys.snapshot.watermark import WATERMARK_TABLE, WindowOpener, read_watermark, same_statement, watermark_ddl
 from cynomys.snapshot.window import Phase, Window
@@ -285,9 +285,14 @@ class ChunkedTask(Generic[J, F, E]):
     # ------------------------------------------------------------------
     # Chunks
     # ------------------------------------------------------------------
+    #: The driver of this task's connection (snapshot/source.py): "chunks"
+    #: reads with ``[snapshot] driver``; "pymysql" always.
+    driver: ClassVar[str] = "pymysql"
+
     def _connection(self) -> SnapshotConnection:
         if self._conn is None:
-            self._conn = SnapshotConnection(self.cfg.source)
+            driver = self.driver if self.driver != "chunks" else chunk_driver(self.cfg.source, self.scfg.driver)
+            self._conn = SnapshotConnection(self.cfg.source, driver)
         return self._conn
 
     def _watermarks(self) -> WindowOpener:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from cynomys.core.columnar import ReadRows
 from cynomys.core.gtid import GtidError, GtidSet
 from cynomys.core.model import Change, ColumnDef, Op, Position, RawTemporal, TableSchema
 from cynomys.snapshot.chunker import build_chunk_query, decode_key, encode_key, key_condition
@@ -242,7 +243,8 @@ def test_a_chunk_leaves_at_a_boundary_and_is_recorded_once_the_checkpoint_passes
     co.observe(Commit(P, q, 7, "0-1-5"))
     assert co.wait_s() == 0.0 and co.poll(at_boundary=False) == []  # inside a transaction: wait
     out = co.poll(at_boundary=True)
-    assert [(c.op, c.after) for c in out if isinstance(c, Change)] == [(Op.READ, (1, 10)), (Op.READ, (3, 30))]
+    # One ReadRows for the chunk (core/columnar.py), a READ record per row on the wire.
+    assert [(c.op, c.reads) for c in out if isinstance(c, ReadRows)] == [(Op.READ, ((1, 10), (3, 30)))]
     assert out[-1] == Commit(q, q, 7, "")
     co.checkpointed(P)                                   # before the rows: not theirs
     assert co.jobs[0].tables[0].chunks == 0
