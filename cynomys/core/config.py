@@ -223,7 +223,14 @@ class SnapshotConfig:
     """Full-state capture (cynomys/snapshot): DBLog watermarks, or GTID
     watermarks with ``read_only`` (no writes to the source)."""
 
-    chunk_size: int = field(default=5000, metadata=POSITIVE)
+    # Rows per chunk select; 0: a snapshot sizes its chunks to about
+    # chunk_bytes of the table's average row (information_schema), verify
+    # reads 5000 rows a chunk.
+    chunk_size: int = field(default=0, metadata=NON_NEGATIVE)
+    chunk_bytes: int = field(default=4 * 1024 * 1024, metadata=POSITIVE)
+    # Chunk selects of a snapshot run on this many reader threads, each with
+    # its own source connection (snapshot/readers.py).
+    max_connections: int = field(default=2, metadata=POSITIVE)
     watermark_schema: str = "cynomys_meta"
     read_only: bool = False
     # A requested snapshot of a keyless table clears the target table and

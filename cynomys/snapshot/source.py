@@ -190,12 +190,12 @@ class SnapshotConnection:
     # -- tables ----------------------------------------------------------------
     def describe(self, database: str, table: str) -> TableInfo:
         rows = self.query(
-            "SELECT ENGINE, TABLE_ROWS, TABLE_TYPE FROM information_schema.TABLES "
+            "SELECT ENGINE, TABLE_ROWS, TABLE_TYPE, AVG_ROW_LENGTH FROM information_schema.TABLES "
             "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s", (database, table))
         if not rows:
             raise SnapshotError(f"table {database}.{table} does not exist on the source {self.cfg.host}:{self.cfg.port}",
                                 hint="check the name given to --tables (db.table, case-sensitive)")
-        engine, est, ttype = rows[0]
+        engine, est, ttype, avg = rows[0]
         if ttype != "BASE TABLE":
             raise SnapshotError(f"{database}.{table} is a {str(ttype).lower()}, not a table: it has no rows of its own "
                                 "in the binlog", hint=f"leave {database}.{table} out of --tables")
@@ -207,7 +207,7 @@ class SnapshotConnection:
             "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s AND INDEX_NAME = 'PRIMARY' ORDER BY SEQ_IN_INDEX",
             (database, table))
         return table_info(database, table, [(str(n), str(t)) for n, t in cols], [str(r[0]) for r in pk],
-                          str(engine or ""), int(est or 0))
+                          str(engine or ""), int(est or 0), int(avg or 0))
 
     def base_tables(self) -> list[tuple[str, str]]:
         """Every base table outside the system schemas, (db, table) sorted."""

@@ -158,10 +158,10 @@ class ChunkedTask(Generic[J, F, E]):
         self._next_request_check = 0.0
         self._next_chunk_at = 0.0
         self._throttle_s = 0.0              # pause after each chunk handed over
-        # The read whose window is open: one at a time (the next chunk
-        # starts only once nothing is in flight).  An attribute, not a
+        # The reads whose windows are open (verify: one at a time; the
+        # snapshot: several, snapshot/readers.py).  An attribute, not a
         # method: ``observe`` reads it for every item of the log.
-        self._reading: F | None = None
+        self._inflight: tuple[F, ...] = ()
         self._conn: SnapshotConnection | None = None
         self._opener: WindowOpener | None = None
         # Row changes the task drops from the stream (None: none; checked
@@ -171,6 +171,15 @@ class ChunkedTask(Generic[J, F, E]):
         # every turn); set again whenever the jobs change.
         self._maybe_work = True
         self.stats = {"chunks": 0, "rows": 0}
+
+    @property
+    def _reading(self) -> F | None:
+        """The read in flight, for a task that has one at a time."""
+        return self._inflight[0] if self._inflight else None
+
+    @_reading.setter
+    def _reading(self, f: F | None) -> None:
+        self._inflight = () if f is None else (f,)
 
     # ------------------------------------------------------------------
     # The producer's protocol (producer/tasks.py)
@@ -194,15 +203,15 @@ class ChunkedTask(Generic[J, F, E]):
                 return item
             if item.table == WATERMARK_TABLE and item.database == self.wm_schema:
                 wm = read_watermark(item)
-                if wm is not None and self._reading is not None:
-                    self._reading.window.on_watermark(wm.uuid)
+                if wm is not None:
+                    for f in self._inflight:
+                        f.window.on_watermark(wm.uuid)
                 return None if self.drops_watermarks else item
             if self._dropping is not None and self._dropping(item):
                 return None
             if item.schema is not None:
                 self._schemas[(item.database, item.table)] = item.schema
-            f = self._reading
-            if f is not None:
+            for f in self._inflight:
                 s = f.info.schema
                 if item.table == s.table and item.database == s.database and f.window.sees(item):
                     self._on_change(f, item)
@@ -268,12 +277,15 @@ class ChunkedTask(Generic[J, F, E]):
     # Windows
     # ------------------------------------------------------------------
     def _passed(self, gtid: str, end: Position) -> None:
-        if self._reading is not None:
-            self._reading.window.on_commit(gtid, end)
+        for f in self._inflight:
+            f.window.on_commit(gtid, end)
 
     def _warn_if_stuck(self, now: float) -> None:
-        f = self._reading
-        if f is None or f.window.warned or f.window.closing or now - f.window.opened <= _STUCK_WARN_S:
+        for f in self._inflight:
+            self._warn_if_stuck_one(f, now)
+
+    def _warn_if_stuck_one(self, f: F, now: float) -> None:
+        if f.window.warned or f.window.closing or now - f.window.opened <= _STUCK_WARN_S:
             return
         w = f.window
         w.warned = True

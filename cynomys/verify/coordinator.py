@@ -109,6 +109,8 @@ from cynomys.verify.state import CANCELLED, FAILED, RUNNING, VerifyJob, VerifyTa
 
 log = logging.getLogger(__name__)
 
+#: Rows per verify chunk unless --chunk-size or [snapshot] chunk_size say otherwise.
+VERIFY_CHUNK_ROWS = 5000
 _KEYLESS_ATTEMPTS = 20
 _KEEP_FINISHED = 20
 #: Repair chunks shipped without the checkpoint getting past them before
@@ -356,7 +358,7 @@ class VerifyCoordinator(ChunkedTask[VerifyJob, _Active | _Stream, _Emitted]):
 
     # -- chunks ------------------------------------------------------------------
     def _chunk_size(self, job: VerifyJob) -> int:
-        return int(job.chunk_size or self.scfg.chunk_size)
+        return int(job.chunk_size or self.scfg.chunk_size or VERIFY_CHUNK_ROWS)
 
     def _start(self, job: VerifyJob, i: int) -> bool:
         t = job.tasks[i]
