@@ -100,7 +100,7 @@ class TableFlush:
         idx = self.schema.key_indexes()
         keys = [tuple(r[i] for i in idx) for r in self.inserts]
         for run in self.runs:
-            keys += _run_keys(run)
+            keys += run_keys(run)
         return keys
 
     def all_inserts(self) -> list[Row]:
@@ -132,7 +132,7 @@ def build_flush(changes: list[Change], state: AppliedState, columnar: bool = Fal
         if type(c) is InsertRun:  # inserts of new keys, or snapshot reads (runs exist for keyed tables only)
             if c.op is Op.READ:
                 # READ is an upsert: the key's row the target may hold goes first.
-                tf.delete_keys.extend(_run_keys(c))
+                tf.delete_keys.extend(run_keys(c))
             if columnar:
                 tf.runs.append(c)
             else:
@@ -161,7 +161,7 @@ def build_flush(changes: list[Change], state: AppliedState, columnar: bool = Fal
     return Flush(list(by_table.values()), state)
 
 
-def _run_keys(run: InsertRun) -> list[tuple[Value, ...]]:
+def run_keys(run: InsertRun) -> list[tuple[Value, ...]]:
     """The key of every row of ``run`` (without its excluded rows)."""
     keys = list(zip(*run.key_columns()))
     return [k for i, k in enumerate(keys) if i not in run.excluded] if run.excluded else keys
