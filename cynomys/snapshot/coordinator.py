@@ -133,6 +133,9 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
     kind = "snapshot"
     # The last task to see the watermark table's events (producer/tasks.py).
     drops_watermarks = True
+    # Chunks go in envelopes of their own (producer/batching.py starts one
+    # before them): READ-only envelopes decode column-wise on the applier.
+    flush_after = True
     # Chunk selects with the faster driver where installed (snapshot/source.py).
     driver = "chunks"
 
@@ -401,12 +404,15 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
         at, ts = self._emission()
         out: list[Item] = []
         emitted: list[_Active] = []
+        tid = ""
         for key, p in list(self._parts.items()):
             mine = {f.seq: f for f in self._inflight if (f.job_id, f.part) == key and f.chunk is not None}
             while p.next_seq in mine and mine[p.next_seq].ready:
                 f = mine.pop(p.next_seq)
                 p.next_seq += 1
-                out.extend(self._emit(f, at, ts))
+                # One transaction: one id for its chunks.
+                tid = tid or f"{SNAPSHOT_TID_PREFIX}{f.job_id}:{uuid.uuid4().hex[:12]}"
+                out.extend(self._emit(f, at, ts, tid))
                 emitted.append(f)
                 if f.exhausted:
                     del self._parts[key]
@@ -453,12 +459,11 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
         return KeylessRead(read, self._schema_for(k.info), row_converter(k.info.schema.columns), at, ts, tid, done,
                            self._stop)
 
-    def _emit(self, a: _Active, at: Position, ts: int) -> list[Item]:
+    def _emit(self, a: _Active, at: Position, ts: int, tid: str) -> list[Item]:
         c = a.chunk
         assert c is not None
         rows = c.remaining()
         schema = self._schema_for(a.info)
-        tid = f"{SNAPSHOT_TID_PREFIX}{a.job_id}:{uuid.uuid4().hex[:12]}"
         self._hand_over(_Emitted(a.job_id, a.part, at, a.after, a.exhausted, len(rows), c.selected, c.dropped))
         self.stats["dropped"] += c.dropped
         log.debug("snapshot %s: chunk %d of %s: %d rows selected, %d dropped (changed in the window), emitted at %s",
