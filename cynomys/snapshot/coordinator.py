@@ -390,8 +390,7 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
             chunk = ChunkWindow.of(f.info.schema.database, f.info.schema.table, f.info.schema.key_indexes(),
                                    res.rows)
             for k in f.changed:
-                if chunk.rows.pop(k, None) is not None:
-                    chunk.dropped += 1
+                chunk.drop_key(k)
             f.changed = set()
             f.chunk, f.seq, f.exhausted = chunk, res.seq, res.exhausted
             f.after = encode_key(res.end if res.end is not None else res.start)
