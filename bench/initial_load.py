@@ -239,7 +239,8 @@ def spark_sums(work: Path, cfg: Path) -> list[str]:
     t = open_target(load_config(cfg, env={}))
     t.connect()
     try:
-        got = t.spark.sql(f"SELECT {', '.join(_SUMS)} FROM tpch.lineitem").collect()  # type: ignore[attr-defined]
+        table = t.qualified("tpch", "lineitem")  # type: ignore[attr-defined]
+        got = t.spark.sql(f"SELECT {', '.join(_SUMS)} FROM {table}").collect()  # type: ignore[attr-defined]
         return [str(v) for v in got[0]]
     finally:
         t.close()
