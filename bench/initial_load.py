@@ -381,6 +381,7 @@ def main() -> None:
     ap.add_argument("--write-rate", type=float, default=25.0, help="transactions/s of each writer")
     ap.add_argument("--timeout", type=float, default=7200.0)
     ap.add_argument("--keep", action="store_true", help="keep each run's work folder")
+    ap.add_argument("--name", default="", help="result file name (default initial_load[_keyless])")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="cynomys-initial-data-"))
     try:
@@ -390,7 +391,7 @@ def main() -> None:
         results = [run(kind, tsv, args.rows, args) for kind in args.targets.split(",")]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    name = "initial_load_keyless" if args.keyless else "initial_load"
+    name = args.name or ("initial_load_keyless" if args.keyless else "initial_load")
     out = write_result(name, {"rows": args.rows, "writers": args.writers, "write_rate_per_writer": args.write_rate,
                               "results": results})
     plot(results, RESULTS / f"{name}.png",
