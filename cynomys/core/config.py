@@ -225,7 +225,7 @@ class SnapshotConfig:
 
     # Rows per chunk select; 0: a snapshot sizes its chunks to about
     # chunk_bytes of the table's average row (information_schema), verify
-    # reads 5000 rows a chunk.
+    # reads 20000 rows a chunk (verify/coordinator.py VERIFY_CHUNK_ROWS).
     chunk_size: int = field(default=0, metadata=NON_NEGATIVE)
     chunk_bytes: int = field(default=4 * 1024 * 1024, metadata=POSITIVE)
     # Chunk selects of a snapshot run on this many reader threads, each with

@@ -109,8 +109,11 @@ from cynomys.verify.state import CANCELLED, FAILED, RUNNING, VerifyJob, VerifyTa
 
 log = logging.getLogger(__name__)
 
-#: Rows per verify chunk unless --chunk-size or [snapshot] chunk_size say otherwise.
-VERIFY_CHUNK_ROWS = 5000
+#: Rows per verify chunk unless --chunk-size or [snapshot] chunk_size say
+#: otherwise.  A chunk costs two watermarks, an envelope and a target
+#: transaction whatever its rows, and with row hashes computed by the source
+#: its rows cost a few bytes each: 20000 (5000 before the hashes).
+VERIFY_CHUNK_ROWS = 20_000
 _KEYLESS_ATTEMPTS = 20
 _KEEP_FINISHED = 20
 #: Repair chunks shipped without the checkpoint getting past them before
