@@ -61,10 +61,15 @@ COLUMNS = ("l_orderkey, l_partkey, l_suppkey, l_linenumber, l_quantity, l_extend
 
 
 def make_tsv(rows: int, path: Path) -> None:
-    """``rows`` lineitem rows as a tab-separated file (duckdb's dbgen)."""
+    """``rows`` lineitem rows as a tab-separated file (duckdb's dbgen; past
+    one scale factor it makes whole ones only: sf 1.67 gave sf 1's 6.0M)."""
+    import math
+
     import duckdb
 
     sf = max(0.01, round(rows / 6_000_000 + 0.005, 3))
+    if sf > 1:
+        sf = math.ceil(rows / 5_900_000)
     con = duckdb.connect(config={"allow_unsigned_extensions": "true"})
     con.execute(f"LOAD '{_extension()}'")
     con.execute(f"CALL dbgen(sf={sf})")
@@ -259,6 +264,7 @@ def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, 
     keep = args.keep
     try:
         load(src, tsv, args.keyless)
+        rows = int(src.execute("SELECT COUNT(*) FROM tpch.lineitem")[0][0])
         print(f"[{kind}] source holds {rows:,} rows", flush=True)
         copy = hand_copy(src, copy_tgt, work, args.keyless)
         print(f"[{kind}] hand copy: {copy}", flush=True)
