@@ -165,7 +165,8 @@ class Writers:
         return self.count
 
 
-def config(work: Path, src: MariaDBServer, redis_url: str, target: str, keys: dict[str, Path]) -> Path:
+def config(work: Path, src: MariaDBServer, redis_url: str, target: str, keys: dict[str, Path],
+           snapshot: str = "") -> Path:
     text = f"""[source]
 host = "127.0.0.1"
 port = {src.port}
@@ -184,6 +185,7 @@ stream = "bench"
 {chr(10).join(f'{k} = "{v}"' for k, v in keys.items())}
 [applier]
 state_dir = "{work / 'applier'}"
+{snapshot}
 {target}"""
     path = work / "cynomys.toml"
     path.write_text(text)
@@ -269,7 +271,8 @@ def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, 
         copy = hand_copy(src, copy_tgt, work, args.keyless)
         print(f"[{kind}] hand copy: {copy}", flush=True)
         max_key = int(src.execute("SELECT MAX(l_orderkey) FROM tpch.lineitem")[0][0])
-        cfg = config(work, src, redis.url, section, generate_keys(work / "keys"))
+        extra = f"[snapshot]\nmax_connections = {args.max_connections}" if args.max_connections else ""
+        cfg = config(work, src, redis.url, section, generate_keys(work / "keys"), extra)
         writers = Writers(src, args.writers, args.write_rate, max_key, args.keyless).start()
         t0 = time.monotonic()
         procs = [daemon(cfg, "produce", work / "producer.log"), daemon(cfg, "apply", work / "applier.log")]
@@ -325,6 +328,7 @@ def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, 
                      "equal": [norm[0](v) for v in want] == [norm[0](v) for v in got]}
         result = {
             "target": kind, "keyless": args.keyless, "rows": rows, "hand_copy": copy,
+            "max_connections": args.max_connections or "default",
             "cynomys": {"snapshot_done_s": round(snap_s, 2), "target_equal_s": round(equal_s, 2),
                         "rows_per_s": round(rows / equal_s), "writer_transactions": written,
                         "peak_rss_mb": rss},
@@ -388,6 +392,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=7200.0)
     ap.add_argument("--keep", action="store_true", help="keep each run's work folder")
     ap.add_argument("--name", default="", help="result file name (default initial_load[_keyless])")
+    ap.add_argument("--max-connections", type=int, default=0, help="[snapshot] max_connections (0: the default)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="cynomys-initial-data-"))
     try:
