@@ -192,5 +192,7 @@ def _args(q: Any) -> tuple[str, tuple[Any, ...]]:
 
 def _converted(info: TableInfo, raw: list[tuple[Any, ...]]) -> tuple[Row, ...]:
     convert = row_converter(info.schema.columns)
+    if convert is tuple:  # no column needs converting: the driver's tuples are the rows
+        return tuple(raw)
     return tuple(convert(r) for r in raw)
 
