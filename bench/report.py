@@ -80,13 +80,20 @@ def main() -> None:
         rates = "; ".join(f"{k}: {v:,}" for k, v in ad["rows_per_s_best"].items())
         lines.append(f"| applier decode to LOAD DATA bytes (rows/s, one core, {ad['rows']:,} lineitem rows) | {rates}; "
                      f"bytes equal: {ad['bytes_equal']} | — |")
-    vf = load("verify")
-    if vf:
+    for name in ("verify", "verify_duckdb"):
+        vf = load(name)
+        if not vf:
+            continue
         lat, app = vf["write_latency"], vf["applier_side"]
-        lines.append(f"| verify of {vf['rows']:,} rows while a client writes {vf['write_rate_per_s']:.0f}/s | producer "
-                     f"side {vf['producer_side']['rows_per_s']:,.0f} rows/s; applier side (MariaDB) SQL "
-                     f"{app['sql']['rows_per_s']:,.0f} rows/s, read back {app['read_back']['rows_per_s']:,.0f} rows/s; "
-                     f"write p99 {lat['baseline']['p99_ms']} ms without, {lat['verify']['p99_ms']} ms during "
+        target = vf.get("target", "columnstore")
+        side = (f"; applier side (MariaDB) SQL {app['sql']['rows_per_s']:,.0f} rows/s" if "sql" in app else "")
+        side += f", read back {app['read_back']['rows_per_s']:,.0f} rows/s" if "read_back" in app else ""
+        daemons = app.get("through_daemons", {})
+        through = (f"; **`cynomys verify` through the daemons {daemons['rows_per_s']:,.0f} rows/s** (peak RSS "
+                   f"{daemons.get('peak_rss_mb')})" if daemons else "")
+        lines.append(f"| verify of {vf['rows']:,} rows on {target} while a client writes {vf['write_rate_per_s']:.0f}/s "
+                     f"| producer side {vf['producer_side']['rows_per_s']:,.0f} rows/s{side}{through}; write p99 "
+                     f"{lat['baseline']['p99_ms']} ms without, {lat['verify']['p99_ms']} ms during "
                      f"(x{vf['writer_p99_ratio_verify_vs_baseline']}) | — |")
     bt = load("bigtxn")
     for kind in ("columnstore", "spark"):
@@ -98,9 +105,23 @@ def main() -> None:
             if cells:
                 lines.append(f"| one source transaction: {op.upper()} of lineitem rows, {kind}, "
                              f"max_memory_mb {bt['max_memory_mb']} (peak RSS) | " + "; ".join(cells) + " | — |")
+    for name in ("initial_load", "initial_load_spark", "initial_load_keyless"):
+        il = load(name)
+        for r in (il or {}).get("results", []):
+            c, h = r["cynomys"], r["hand_copy"]
+            lines.append(f"| initial load of {r['rows']:,} lineitem rows{' (no key)' if r['keyless'] else ''}, "
+                         f"{r['target']}, {il['writers']} writers | Cynomys {c['target_equal_s']} s "
+                         f"({c['rows_per_s']:,} rows/s) vs hand copy {h['seconds']} s ({h['rows_per_s']:,} rows/s): "
+                         f"**x{r['cynomys_vs_hand_copy']}**; peak RSS {c['peak_rss_mb']}; equal: {r['check']['equal']}; "
+                         f"load {r['load_avg']['mean']} | — |")
+    sr = load("source_reads")
+    if sr:
+        rates = "; ".join(f"{k}: {v['rows_per_s']:,}" for k, v in sr["results"].items())
+        lines.append(f"| snapshot source reads ({sr['rows']:,} lineitem rows, rows/s) | {rates} | — |")
     print("\n".join(lines))
     for name in ("bigtxn", "lineitem", "decode", "delay_commit", "seal", "snapshot", "verify", "monetdb_lineitem", "spark_merge",
-                 "spark_catchup", "spark_flush_growth_2m", "applier_decode", "producer_oltp"):
+                 "spark_catchup", "spark_flush_growth_2m", "applier_decode", "producer_oltp", "verify_duckdb",
+                 "initial_load", "initial_load_spark", "initial_load_keyless", "source_reads"):
         d = load(name)
         if d:
             m = d.get("machine", {})

@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -56,7 +57,15 @@ DDL = ("CREATE TABLE bench.t (id BIGINT PRIMARY KEY, a INT, b VARCHAR(40), c DEC
        "e DECIMAL(16,1), f TEXT, g INT UNSIGNED)")
 
 
-def _config(path: Path, srv: MariaDBServer, tgt: MariaDBServer, keys: dict[str, Path], chunk: int) -> Path:
+def _target_section(tgt: MariaDBServer | None, duckdb_path: Path | None) -> str:
+    if duckdb_path is not None:
+        return f'[target]\nkind = "duckdb"\nurl = "{duckdb_path}"'
+    assert tgt is not None
+    return f'[target]\nkind = "columnstore"\nurl = "{tgt.url}"\nengine = "InnoDB"'
+
+
+def _config(path: Path, srv: MariaDBServer, tgt: MariaDBServer | None, keys: dict[str, Path], chunk: int,
+            duckdb_path: Path | None = None) -> Path:
     f, p = srv.execute("SHOW MASTER STATUS")[0][:2]
     sec = "\n".join(f'{k} = "{v}"' for k, v in keys.items())
     path.write_text(f"""
@@ -76,10 +85,7 @@ state_dir = "{path.parent / 'applier-state'}"
 [transport]
 kind = "file"
 path = "{path.parent / 'transport.bin'}"
-[target]
-kind = "columnstore"
-url = "{tgt.url}"
-engine = "InnoDB"
+{_target_section(tgt, duckdb_path)}
 [security]
 {sec}
 [snapshot]
@@ -99,6 +105,30 @@ def _load(srv: MariaDBServer, rows: int) -> None:
                     f"'2024-01-01' + INTERVAL seq SECOND, seq * 0.5, REPEAT('x', seq % 50), seq * 7 "
                     f"FROM bench.seq_{lo}_to_{hi}")
     srv.execute("ANALYZE TABLE bench.t")
+
+
+def _load_duckdb(path: Path, cfg_path: Path, rows: int) -> None:
+    """The same rows as ``_load`` in a DuckDB file, in the table the DuckDB
+    target creates (its types and source-type comments), generated in SQL."""
+    from cynomys.applier.targets.base import open_target
+    from cynomys.core.config import load_config
+    from cynomys.snapshot.source import SnapshotConnection
+
+    cfg = load_config(cfg_path, env={})
+    conn = SnapshotConnection(cfg.source)
+    schema = conn.describe("bench", "t").schema
+    conn.close()
+    target = open_target(cfg)
+    target.connect()
+    try:
+        target._prepare(schema)  # type: ignore[attr-defined]
+        table = target.table_name("bench", "t")  # type: ignore[attr-defined]
+        with target.transaction("loading the verify bench table") as cur:  # type: ignore[attr-defined]
+            cur.execute(f"INSERT INTO {table} SELECT s, s % 1000, 'name-' || s, CAST(s AS DECIMAL(20,2)) / 100, "
+                        "TIMESTAMP '2024-01-01' + to_seconds(s), CAST(s AS DECIMAL(20,1)) * 0.5, "
+                        f"repeat('x', CAST(s % 50 AS INTEGER)), s * 7 FROM range(0, {rows}) r(s)")
+    finally:
+        target.close()
 
 
 def _producer_checksums(cfg_path: Path) -> dict[str, dict[str, Any]]:
@@ -177,7 +207,8 @@ def _producer_side(cfg: Path, lat: Latency) -> tuple[dict[str, Any], list[float]
         proc.wait(60)
 
 
-def _applier_side(tgt: MariaDBServer, cfg_path: Path, job: Any, records: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _applier_side(tgt: MariaDBServer, cfg_path: Path, job: Any, records: dict[str, dict[str, Any]],
+                  read_back: bool = True) -> dict[str, Any]:
     from cynomys.applier.targets.base import Target
     from cynomys.applier.targets.columnstore import verify as cs_verify
     from cynomys.applier.targets.columnstore.config import ColumnStoreConfig
@@ -196,9 +227,9 @@ def _applier_side(tgt: MariaDBServer, cfg_path: Path, job: Any, records: dict[st
     out: dict[str, Any] = {}
     try:
         ranges = [(c["id"], KeyRange.from_dict(c["range"])) for c in job.chunks]
-        for name, compute in (
-                ("sql", lambda r: cs_verify.checksum_range(target, schema, r)),
-                ("read_back", lambda r: Target.checksum_range(target, schema, r))):
+        ways = [("sql", lambda r: cs_verify.checksum_range(target, schema, r)),
+                ("read_back", lambda r: Target.checksum_range(target, schema, r))]
+        for name, compute in ways if read_back else ways[:1]:
             t0 = time.monotonic()
             rows = mismatched = 0
             for cid, rng in ranges:
@@ -215,8 +246,9 @@ def _applier_side(tgt: MariaDBServer, cfg_path: Path, job: Any, records: dict[st
     return out
 
 
-def _through_daemons(cfg: Path, rows: int, chunks: int, timeout_s: float) -> dict[str, Any]:
-    """`cynomys verify` as a user runs it, with both daemons going."""
+def _through_daemons(cfg: Path, rows: int, chunks: int, timeout_s: float, peaks: dict[str, Any]) -> dict[str, Any]:
+    """`cynomys verify` as a user runs it, with both daemons going (their
+    peak RSS into ``peaks``)."""
     import subprocess
 
     from cynomys.core.config import load_config
@@ -242,36 +274,50 @@ def _through_daemons(cfg: Path, rows: int, chunks: int, timeout_s: float) -> dic
         if done.returncode != 0:
             raise RuntimeError(f"cynomys verify exited {done.returncode}: {done.stdout}{done.stderr}")
         last = done.stdout.strip().splitlines()[-1]
-        out = {"seconds": round(secs, 3), "rows": rows, "rows_per_s": round(rows / secs, 1), "summary": last}
+        out = {"seconds": round(secs, 3), "rows": rows, "rows_per_s": round(rows / secs, 1), "summary": last,
+               "load_avg_1m_at_end": os.getloadavg()[0]}
         print(f"through the daemons: {out}", flush=True)
         return out
     finally:
         for proc in (prod, app):
             proc.terminate()
             proc.wait(60)
+        import re
+
+        for name in ("producer", "applier"):
+            found = re.findall(r"peak RSS ([0-9.]+) MB", (work / f"{name}-e2e.log").read_text(errors="replace"))
+            peaks[name] = float(found[-1]) if found else None
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
-    ap.add_argument("--chunk-size", type=int, default=5000)
+    ap.add_argument("--chunk-size", type=int, default=0, help="rows per chunk (0: the product's default)")
     ap.add_argument("--phase-s", type=float, default=10.0, help="length of the no-verify phases")
     ap.add_argument("--write-rate", type=float, default=200.0, help="latency client's INSERTs per second")
     ap.add_argument("--quick", action="store_true", help="50k rows, 3 s phases")
+    ap.add_argument("--target", default="columnstore", choices=("columnstore", "duckdb"))
+    ap.add_argument("--no-read-back", dest="read_back", action="store_false",
+                    help="skip timing the read-back checksum (Python) on the target")
+    ap.add_argument("--name", default="", help="result file name (default verify, verify_duckdb)")
     args = ap.parse_args()
     if args.quick:
         args.rows, args.phase_s = 50_000, 3.0
     work = Path(tempfile.mkdtemp(prefix="cynomys-bench-verify-"))
     srv = MariaDBServer(server_id=1).start()
-    tgt = MariaDBServer(server_id=2).start()
+    duck = work / "target.duckdb" if args.target == "duckdb" else None
+    tgt = MariaDBServer(server_id=2).start() if duck is None else None
     try:
         t0 = time.monotonic()
         _load(srv, args.rows)
-        _load(tgt, args.rows)
-        print(f"loaded {args.rows} rows on both sides in {time.monotonic() - t0:.1f}s", flush=True)
         keys = generate_keys(work / "keys", rsa_bits=2048)
+        cfg = _config(work / "c.toml", srv, tgt, keys, args.chunk_size, duck)
+        if tgt is not None:
+            _load(tgt, args.rows)
+        else:
+            _load_duckdb(duck, cfg, args.rows)  # type: ignore[arg-type]
+        print(f"loaded {args.rows} rows on both sides in {time.monotonic() - t0:.1f}s", flush=True)
         lat = Latency(srv, args.write_rate)
-        cfg = _config(work / "c.toml", srv, tgt, keys, args.chunk_size)
         samples: dict[str, list[float]] = {}
         # The producer follows the binlog during the baseline too.
         base = daemon(cfg, "produce", work / "baseline.log")
@@ -286,11 +332,14 @@ def main() -> int:
         samples["after"] = lat.run_until(None, args.phase_s)
         print(f"after: {_stats(samples['after'])}", flush=True)
         records = _producer_checksums(cfg)
-        applier = _applier_side(tgt, cfg, job, records)
-        applier["through_daemons"] = _through_daemons(cfg, args.rows, len(job.chunks), timeout_s=1800)
+        applier = _applier_side(tgt, cfg, job, records, args.read_back) if tgt is not None else {}
+        peaks: dict[str, Any] = {}
+        applier["through_daemons"] = _through_daemons(cfg, args.rows, len(job.chunks), 3600, peaks)
+        applier["through_daemons"]["peak_rss_mb"] = peaks
         lat_stats = {k: _stats(v) for k, v in samples.items()}
         p99_ratio = round(lat_stats["verify"]["p99_ms"] / lat_stats["baseline"]["p99_ms"], 2)
         result = {
+            "target": args.target,
             "rows": args.rows, "chunk_size": args.chunk_size, "table_columns": 8, "write_rate_per_s": args.write_rate,
             "producer_side": producer, "applier_side": applier,
             "write_latency": lat_stats, "writer_p99_ratio_verify_vs_baseline": p99_ratio,
@@ -302,12 +351,14 @@ def main() -> int:
                       "single-row autocommit INSERTs into another table of the source; 2-CPU shared VM: the "
                       "source, target, producer and client share the CPUs, other jobs ran too (load in machine)"),
         }
-        out = write_result("verify", result)
-        _plot(samples, producer, applier, RESULTS / "verify.png")
-        print(f"wrote {out} and {RESULTS / 'verify.png'}; writer p99 ratio {p99_ratio}")
+        name = args.name or ("verify" if args.target == "columnstore" else f"verify_{args.target}")
+        out = write_result(name, result)
+        _plot(samples, producer, applier, RESULTS / f"{name}.png")
+        print(f"wrote {out} and {RESULTS / (name + '.png')}; writer p99 ratio {p99_ratio}")
     finally:
         srv.destroy()
-        tgt.destroy()
+        if tgt is not None:
+            tgt.destroy()
         shutil.rmtree(work, ignore_errors=True)
     return 0
 
@@ -330,10 +381,13 @@ def _plot(samples: dict[str, list[float]], producer: dict[str, Any], applier: di
     ax1.set_title("source write latency with and without `cynomys verify`")
     ax1.grid(True, which="both", alpha=0.3)
     ax1.legend(fontsize=8)
-    bars = {"producer\n(source chunks)": producer["rows_per_s"], "applier\nSQL aggregate": applier["sql"]["rows_per_s"],
-            "applier\nread back": applier["read_back"]["rows_per_s"],
-            "`cynomys verify`\nthrough daemons": applier["through_daemons"]["rows_per_s"]}
-    ax2.bar(list(bars), list(bars.values()), color=["tab:blue", "tab:green", "tab:orange", "tab:purple"])
+    bars = {"producer\n(source chunks)": producer["rows_per_s"]}
+    if "sql" in applier:
+        bars["applier\nSQL aggregate"] = applier["sql"]["rows_per_s"]
+    if "read_back" in applier:
+        bars["applier\nread back"] = applier["read_back"]["rows_per_s"]
+    bars["`cynomys verify`\nthrough daemons"] = applier["through_daemons"]["rows_per_s"]
+    ax2.bar(list(bars), list(bars.values()), color=["tab:blue", "tab:green", "tab:orange", "tab:purple"][-len(bars):])
     for i, v in enumerate(bars.values()):
         ax2.text(i, v, f"{v:.0f}", ha="center", va="bottom")
     ax2.set_ylabel("rows/s checksummed")

@@ -111,7 +111,8 @@ EXTRA: dict[str, str] = {
     "target.url": "Where the target is: `mysql://user:pass@host:port/` (ColumnStore or MariaDB), "
                   "`monetdb://user:pass@host:50000/db` (`monetdbs://` for TLS), a DuckDB file path. Not "
                   "used by Spark. Prefer the environment (`CYNOMYS_TARGET_URL`).",
-    "snapshot.chunk_size": "Rows per chunk select (and, by default, per `cynomys verify` checksum).",
+    "snapshot.chunk_bytes": "With `chunk_size` 0: a snapshot chunk's size in bytes, from the table's "
+                            "`AVG_ROW_LENGTH` (between 1,000 and 200,000 rows).",
     "snapshot.watermark_schema": "Schema of the DBLog watermark table, created if missing; it must be "
                                  "in the binlog. Not used with `read_only`.",
     "snapshot.read_only": "Debezium's variant: GTID sets as watermarks, no writes to the source (works on "

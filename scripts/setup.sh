@@ -20,6 +20,8 @@ command -v gcc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 [ -f "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ] || need+=(python3-dev)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 dpkg -s faketime >/dev/null 2>&1 || need+=(faketime)
+# mysqlclient (the snapshot's chunk reads, setup.cfg extra "snapshot") builds against libmariadb.
+pkg-config --exists libmariadb 2>/dev/null || need+=(libmariadb-dev pkg-config)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
@@ -35,7 +37,7 @@ fi
 # One extra per target kind, read from the registry (cynomys/core/targets.py
 # imports nothing, so the system python reads it before the venv exists).
 KINDS=$(PYTHONPATH=. python3 -c 'from cynomys.core.targets import TARGET_KINDS; print(",".join(TARGET_KINDS))')
-.venv/bin/python -m pip install -q -e ".[${KINDS},test,bench,docs]"
+.venv/bin/python -m pip install -q -e ".[${KINDS},snapshot,test,bench,docs]"
 # The extension is optional (Cynomys falls back to pure Python): say so here
 # rather than let a slow producer be the first sign.
 .venv/bin/python -c 'import cynomys._speedups' 2>/dev/null \

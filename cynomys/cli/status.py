@@ -303,6 +303,8 @@ def render_text(report: dict[str, Any]) -> str:
     for ident, job in snap.get("jobs", {}).items():
         lines.append(f"  {ident}: {job['status']}, {job['tables_done']}/{job['tables']} tables, "
                      f"{job['rows_read']}/{job['rows_estimate']} rows ({job['progress']})"
+                     + (f", {job['rows_per_s']:,.0f} rows/s" if job.get("rows_per_s") else "")
+                     + (f", ETA {job['eta_s']:.0f}s" if job.get("eta_s") is not None else "")
                      + (f", at {job['current_table']}" if job["current_table"] else "")
                      + (f", errors: {job['errors']}" if job["errors"] else ""))
     ver = report.get("verify", {})

@@ -74,7 +74,12 @@ class InsertRun(Change):
     """``count`` INSERTs of one source transaction into one keyed table,
     rows [start, start + count) of ``block`` minus ``excluded`` (offsets
     within the run).  ``before``/``after`` are None: the images are in the
-    block.  Identity equality: two runs are never the same change."""
+    block.  Identity equality: two runs are never the same change.
+
+    ``op`` READ: snapshot rows (a chunk's READ changes), upserts: the
+    target holds whatever it held for their keys until the flush deletes
+    them (``build_flush`` adds their keys to the deletions); otherwise the
+    same column-wise path to the bulk load as inserts."""
 
     block: ColumnBlock | None = None
     start: int = 0
@@ -111,8 +116,8 @@ class InsertRun(Change):
         return self._block().rows(self.start + i, 1)[0]
 
     def change(self, image: Row) -> Change:
-        """One of the run's inserts as a plain Change."""
-        return Change(Op.INSERT, self.database, self.table, self.tid, self.txn, self.commit_ts, self.schema,
+        """One of the run's inserts (reads) as a plain Change."""
+        return Change(self.op, self.database, self.table, self.tid, self.txn, self.commit_ts, self.schema,
                       None, image, None)
 
     def as_changes(self) -> list[Change]:
@@ -136,6 +141,35 @@ class InsertRun(Change):
         return out
 
 
+@dataclass(frozen=True, eq=False)
+class ReadRows(Change):
+    """The producer's form of one snapshot chunk: ``reads``, the chunk's
+    after images, each a READ change of the same transaction, table and
+    position (``op`` READ, ``before``/``after`` None).  One object instead of
+    one ``Change`` per row: building the Changes cost the producer more than
+    encoding them.  The codec writes one READ record per row, exactly what
+    as many Changes give (codec.encode_pure is the reference, the compiled
+    writer its twin), so the wire and the applier do not know the form.
+    The fold keeps it as one slot behind a barrier (reducer/fold.py).
+    Identity equality, as InsertRun."""
+
+    reads: tuple[Row, ...] = ()
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    @property
+    def rows(self) -> int:
+        return len(self.reads)
+
+    def as_changes(self) -> list[Change]:
+        return [Change(Op.READ, self.database, self.table, self.tid, self.txn, self.commit_ts, self.schema, None, r,
+                       None) for r in self.reads]
+
+
 def row_count(changes: Iterable[Change]) -> int:
-    """How many row changes ``changes`` hold (an InsertRun counts its rows)."""
-    return sum(c.rows if type(c) is InsertRun else 1 for c in changes)
+    """How many row changes ``changes`` hold (an InsertRun or ReadRows counts its rows)."""
+    return sum(c.rows if type(c) is InsertRun or type(c) is ReadRows else 1 for c in changes)

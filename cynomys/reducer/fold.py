@@ -29,7 +29,7 @@ import operator
 from dataclasses import replace
 from typing import Callable, Iterable
 
-from cynomys.core.columnar import InsertRun
+from cynomys.core.columnar import InsertRun, ReadRows
 from cynomys.core.model import Change, Op, Row, TableSchema, Value
 
 log = logging.getLogger(__name__)
@@ -207,6 +207,15 @@ class Folder:
                 self._add_one(c)
         elif type(change) is InsertRun:
             self._add_run(change)
+        elif type(change) is ReadRows:
+            # A snapshot chunk (core.columnar): one slot between barriers.
+            # Nothing folds into it or across it, so every change keeps its
+            # place relative to it; the applier folds the rows (it has the
+            # keys column-wise anyway).
+            self.barrier()
+            self._slots.append(change)
+            self._run_extra += len(change.reads) - 1
+            self.barrier()
         else:
             self._add_one(change)
 

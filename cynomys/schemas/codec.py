@@ -28,7 +28,7 @@ from typing import Any, Callable
 import fastavro
 
 from cynomys.core import compiled
-from cynomys.core.columnar import KINDS, ColumnBlock, InsertRun
+from cynomys.core.columnar import KINDS, ColumnBlock, InsertRun, ReadRows
 from cynomys.core.errors import SchemaError
 from cynomys.core.model import Batch, Change, ColumnDef, Op, Position, RawTemporal, Row, TableSchema, Value
 
@@ -235,7 +235,7 @@ def encode(batch: Batch) -> bytes:
         try:
             out: bytes = ext.encode_batch(MAGIC + bytes([writer_version(batch)]), batch.producer_id, batch.end, batch.complete,
                                           batch.first_txn, batch.created_us, batch.last_commit_ts, dict(batch.meta),
-                                          changes, _op_index())
+                                          changes, _op_index(), ReadRows)
             return out
         except ext.Fallback:
             # A value the reference must judge: encode (or refuse) exactly as it does.
@@ -275,11 +275,13 @@ def encode_pure(batch: Batch) -> bytes:
 
     for c in batch.changes:
         ref = -1 if c.schema is None else table_ref(c.schema)
-        records.append({
-            "tid": c.tid, "database_name": c.database, "table_name": c.table, "sql": c.sql,
-            "op": c.op.value, "txn": _pos(c.txn), "commit_ts": c.commit_ts, "table_ref": ref,
-            "before": image(ref, c.before), "after": image(ref, c.after),
-        })
+        # A ReadRows (core.columnar) is one READ record per row.
+        for before, after in (((None, r) for r in c.reads) if type(c) is ReadRows else ((c.before, c.after),)):
+            records.append({
+                "tid": c.tid, "database_name": c.database, "table_name": c.table, "sql": c.sql,
+                "op": c.op.value, "txn": _pos(c.txn), "commit_ts": c.commit_ts, "table_ref": ref,
+                "before": image(ref, before), "after": image(ref, after),
+            })
     blocks = []
     for ref, rows in enumerate(images):
         if not rows:
@@ -382,26 +384,27 @@ def _block(schema: TableSchema, rows: int, columns: list[tuple[int, int, bytes |
 
 def decode_columnar(payload: bytes) -> Batch:
     """``decode`` for the applier: the same Batch, except that runs of
-    INSERTs into keyed tables come as ``InsertRun`` changes whose images stay
-    column-wise (``core.columnar``).  Compiled only: on the pure-Python path,
+    INSERTs (or of snapshot READs: upserts) into keyed tables come as
+    ``InsertRun`` changes whose images stay column-wise (``core.columnar``).  Compiled only: on the pure-Python path,
     or for any envelope the compiled reader does not take (updates, deletes,
     DDL, mixed columns, anything unexpected), this is ``decode``."""
     ext = compiled.ext
     if ext is None or len(payload) < 4 or payload[:3] != MAGIC or payload[3] != VERSION:
         return decode(payload)
+    ops = _op_index()
     try:
         (producer_id, end, complete, first_txn, created_us, last_commit_ts, meta, tables, runs,
-         images) = ext.decode_columns(memoryview(payload)[4:], _op_index()[Op.INSERT])
+         images) = ext.decode_columns(memoryview(payload)[4:], ops[Op.INSERT], ops[Op.READ])
         schemas = [TableSchema(db, tb, tuple(ColumnDef(n, t, nl) for n, t, nl in cols), tuple(key))
                    for db, tb, cols, key in tables]
         blocks = {ref: _block(schemas[ref], rows, cols) for ref, rows, cols in images}
         changes: list[Change] = []
-        for tid, db, tb, txn, commit_ts, ref, first, count in runs:
+        for tid, db, tb, txn, commit_ts, ref, first, count, op in runs:
             block = blocks[ref]
             if first + count > len(block):
                 raise ValueError("a record names a row its block does not have")
-            run = InsertRun(Op.INSERT, db, tb, tid, Position(*txn), commit_ts, schemas[ref], block=block,
-                            start=first, count=count)
+            run = InsertRun(Op.READ if op == ops[Op.READ] else Op.INSERT, db, tb, tid, Position(*txn), commit_ts,
+                            schemas[ref], block=block, start=first, count=count)
             if schemas[ref].key:
                 changes.append(run)
             else:

@@ -71,6 +71,57 @@ def key_condition(key: Sequence[str], after: Sequence[Any]) -> tuple[str, tuple[
     return f"{row} AND ({' OR '.join(terms)})", tuple(params)
 
 
+def key_at_most(key: Sequence[str], hi: Sequence[Any]) -> tuple[str, tuple[Any, ...]]:
+    """``key <= hi`` as SQL the range optimizer can use as an upper bound
+    (the row comparison plus its disjunction, as ``key_condition``)."""
+    if len(key) != len(hi):
+        raise ValueError(f"key {tuple(key)} has {len(key)} columns, the bound {tuple(hi)!r} {len(hi)}")
+    cols = [_pct(quote_ident(k)) for k in key]
+    if len(cols) == 1:
+        return f"{cols[0]} <= %s", (hi[0],)
+    row = f"({', '.join(cols)}) <= ({', '.join(['%s'] * len(cols))})"
+    params: list[Any] = list(hi)
+    terms = []
+    for i in range(len(cols)):
+        eqs = [f"{cols[j]} = %s" for j in range(i)]
+        last = "<=" if i == len(cols) - 1 else "<"
+        terms.append("(" + " AND ".join([*eqs, f"{cols[i]} {last} %s"]) + ")" if eqs else f"{cols[i]} {last} %s")
+        params.extend(hi[:i + 1])
+    return f"{row} AND ({' OR '.join(terms)})", tuple(params)
+
+
+def build_range_query(database: str, table: str, columns: Sequence[ColumnDef], key: Sequence[str],
+                      after: Sequence[Any] | None, upto: Sequence[Any], where: str = "") -> ChunkQuery:
+    """The rows with ``after < key <= upto`` (``after`` None: from the
+    start), in key order: a chunk whose end a boundary query fixed
+    (``build_boundary_query``), so rows inserted into it meanwhile are read
+    too and no LIMIT can cut it short."""
+    conds: list[str] = []
+    params: list[Any] = []
+    if after is not None:
+        cond, p = key_condition(key, after)
+        conds.append(cond)
+        params.extend(p)
+    cond, p = key_at_most(key, upto)
+    conds.append(cond)
+    params.extend(p)
+    if where.strip():
+        conds.append(f"({_pct(where.strip())})")
+    sql = (f"SELECT {select_list(columns)} FROM {_pct(quote_ident(database))}.{_pct(quote_ident(table))}"
+           f" WHERE {' AND '.join(conds)} ORDER BY {', '.join(_pct(quote_ident(k)) for k in key)}")
+    return ChunkQuery(sql, tuple(params))
+
+
+def build_boundary_query(database: str, table: str, columns: Sequence[ColumnDef], key: Sequence[str],
+                         after: Sequence[Any] | None, rows: int, where: str = "") -> ChunkQuery:
+    """The key of the ``rows``-th row after ``after`` (none: fewer rows
+    are left): where a chunk of ``rows`` rows ends, found without sending
+    them, so the next chunk's read can start before this one's."""
+    by_name = {c.name: c for c in columns}
+    q = build_chunk_query(database, table, [by_name[k] for k in key], key, after, None, where)
+    return ChunkQuery(q.sql + f" LIMIT 1 OFFSET {max(0, int(rows) - 1)}", q.params)
+
+
 # -- key order (verify/checksum.py, "Key order") -----------------------------
 #: Character sets whose encoded bytes sort as their code points, i.e. as
 #: Python sorts the decoded str (UTF-8; ASCII is a part of it).

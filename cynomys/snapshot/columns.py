@@ -141,6 +141,7 @@ class TableInfo:
     schema: TableSchema
     engine: str
     rows_estimate: int
+    avg_row_bytes: int = 0     # information_schema AVG_ROW_LENGTH (0: unknown)
 
     @property
     def name(self) -> str:
@@ -148,7 +149,7 @@ class TableInfo:
 
 
 def table_info(database: str, table: str, columns: Sequence[tuple[str, str]], primary_key: Sequence[str],
-               engine: str, rows_estimate: int) -> TableInfo:
+               engine: str, rows_estimate: int, avg_row_bytes: int = 0) -> TableInfo:
     """``columns`` as (COLUMN_NAME, COLUMN_TYPE) in ORDINAL_POSITION order,
     ``primary_key`` in key order."""
     defs = []
@@ -160,4 +161,5 @@ def table_info(database: str, table: str, columns: Sequence[tuple[str, str]], pr
                 "binlog's value form",
                 hint=f"leave {database}.{table} out of the snapshot (--tables), or change the column type")
         defs.append(ColumnDef(name, normalize_type(ctype)))
-    return TableInfo(TableSchema(database, table, tuple(defs), tuple(primary_key)), engine, rows_estimate)
+    return TableInfo(TableSchema(database, table, tuple(defs), tuple(primary_key)), engine, rows_estimate,
+                     avg_row_bytes)

@@ -75,17 +75,20 @@ def check_request(cfg: Config, tables: list[str], where: str, out: TextIO) -> li
 
 def _summary(job: SnapshotJob) -> tuple[int, int]:
     """(rows read so far, rows expected) over the job's tables."""
-    scanned = sum(t.scanned for t in job.tables)
-    estimate = sum(max(t.estimate, t.scanned) for t in job.tables)
-    return scanned, max(estimate, scanned, 1)
+    p = job.progress()
+    return p.done, max(p.total, 1)
 
 
 def _wait(store: SnapshotStore, job_id: str, out: TextIO, progress: bool) -> SnapshotJob | None:
     def view(job: SnapshotJob) -> JobView:
         done, total = _summary(job)
         current = next((t.name for t in job.tables if not t.over), "")
-        return JobView(done, total, f"{job.status} {current}".strip(), job.status in JOB_OVER,
-                       job.status == FINISHED)
+        p = job.progress()
+        # The producer's own rate and ETA (since the job's first chunk), not
+        # the bar's: the bar starts when the command does.
+        rate = f"{p.rows_per_s:,.0f} rows/s" + ("" if p.eta_s is None else f", ETA {p.eta_s:.0f}s")
+        return JobView(done, total, f"{job.status} {current} {rate if p.rows_per_s else ''}".strip(),
+                       job.status in JOB_OVER, job.status == FINISHED)
 
     return wait_for_job(f"snapshot {job_id}", store.state_dir,
                         lambda: next((j for j in store.load() if j.id == job_id), None), view, out, progress)
@@ -97,7 +100,10 @@ def _print_jobs(jobs: list[SnapshotJob], out: TextIO) -> None:
     for j in jobs:
         done, total = _summary(j)
         tables = sum(1 for t in j.tables if t.over)
+        p = j.progress()
         print(f"{j.id}  {j.status:9}  {tables}/{len(j.tables)} tables  {done}/{total} rows"
+              + (f"  {p.rows_per_s:,.0f} rows/s" if p.rows_per_s else "")
+              + ("" if p.eta_s is None else f"  ETA {p.eta_s:.0f}s")
               + (f"  where {j.where}" if j.where else "") + (f"  error: {j.error}" if j.error else ""), file=out)
 
 

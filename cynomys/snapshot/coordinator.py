@@ -28,20 +28,23 @@ current end (``[snapshot] initial``), every replicated table.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
+from cynomys.core.columnar import ReadRows
 from cynomys.core.config import Config
-from cynomys.core.model import Change, Op, Position
+from cynomys.core.model import Change, Op, Position, Value
 from cynomys.parser.txn import Commit, Item
-from cynomys.snapshot.chunker import build_chunk_query, decode_key, encode_key
+from cynomys.snapshot.chunker import decode_key, encode_key
 from cynomys.snapshot.columns import TableInfo, row_converter
 from cynomys.snapshot.errors import SnapshotError, SnapshotRequestError
 from cynomys.snapshot.keyless import SNAPSHOT_TID_PREFIX, ConsistentRead, DropRules, KeylessRead, check_keyless
+from cynomys.snapshot.readers import ChunkReaders, Plan, ReadRequest
 from cynomys.snapshot.state import (
     CANCELLED,
     DONE,
@@ -57,24 +60,55 @@ from cynomys.snapshot.state import (
     TableProgress,
 )
 from cynomys.snapshot.task import POLL_S, ChunkedTask, Cursor, Emitted
-from cynomys.snapshot.window import ChunkWindow, Window
+from cynomys.snapshot.window import ChunkWindow, Phase, Window
 
 log = logging.getLogger(__name__)
 
 INITIAL_JOB_ID = "initial"
+#: How soon the producer looks again for a reader thread's answer.
+_RESULT_POLL_S = 0.005
+#: Rows per chunk when ``chunk_size`` is 0: ``chunk_bytes`` of the table's
+#: average row, within these bounds (a table the statistics call empty
+#: gets chunks of _DEFAULT_ROW_BYTES rows' worth).
+_MIN_CHUNK_ROWS, _MAX_CHUNK_ROWS, _DEFAULT_ROW_BYTES = 1000, 200_000, 200
 
 
 @dataclass
 class _Active:
-    """The chunk between its watermarks."""
+    """A chunk between its watermarks (a flight): its window is watched from
+    before the read is queued; its rows come from a reader thread
+    (snapshot/readers.py).  Keys the log changes in the window before they
+    come are kept (``changed``) and dropped from them then."""
 
     job_id: str
     part: int
     info: TableInfo
     window: Window
-    chunk: ChunkWindow
-    after: list[Any] | None     # where the next chunk starts: the last key selected (encoded), else this one's start
-    exhausted: bool             # fewer rows than a chunk: the table ends here
+    flight: int
+    chunk: ChunkWindow | None = None     # the rows, once read
+    seq: int = -1                        # its place in its table's chunks (from the plan), once read
+    after: list[Any] | None = None       # encoded key the table's next chunk starts after, once read
+    exhausted: bool = False              # the table's last chunk
+    changed: set[tuple[Value, ...]] = field(default_factory=set)
+    # Read-only windows before their GTID marks came: (key, gtid, begin) of
+    # each change, placed against the marks when they come.
+    seen: list[tuple[tuple[Value, ...], str, Position]] | None = None
+
+    @property
+    def ready(self) -> bool:
+        """Read, and the log is past its high watermark."""
+        return self.chunk is not None and self.window.closing
+
+
+@dataclass
+class _Part:
+    """A table of a job being read in chunks: its plan (shared with the
+    readers), the next chunk to hand over, its rows per chunk."""
+
+    plan: Plan
+    info: TableInfo
+    rows: int
+    next_seq: int = 0
 
 
 @dataclass(frozen=True)
@@ -99,6 +133,11 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
     kind = "snapshot"
     # The last task to see the watermark table's events (producer/tasks.py).
     drops_watermarks = True
+    # Chunks go in envelopes of their own (producer/batching.py starts one
+    # before them): READ-only envelopes decode column-wise on the applier.
+    flush_after = True
+    # Chunk selects with the faster driver where installed (snapshot/source.py).
+    driver = "chunks"
 
     def __init__(self, cfg: Config, *, start: Position, first_start: bool, enabled: bool = True,
                  stop: threading.Event | None = None) -> None:
@@ -120,18 +159,21 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
         self._dropping = self._drop_rules.drops  # a keyless table's change inside its consistent read
         self._throttle_s = self.scfg.throttle_ms / 1000.0
         self.stats.update(dropped=0, aborted=0)
+        self._pool: ChunkReaders | None = None
+        self._parts: dict[tuple[str, int], _Part] = {}
+        self._by_flight: dict[int, _Active] = {}
+        self._flights = itertools.count(1)
 
     def wait_s(self) -> float:
         """How long the producer may block waiting for events before ``poll``
         has something to do."""
         if not self.enabled:
             return POLL_S
-        if self._keyless is not None:
+        if self._keyless is not None or any(f.ready for f in self._inflight):
             return 0.0
-        a = self._reading
-        if a is not None:
-            return 0.0 if a.window.closing else POLL_S
-        if self._maybe_work and self._next_work() is not None:
+        if self._pool is not None and (self._pool.busy or not self._pool.results.empty()):
+            return _RESULT_POLL_S  # a reader thread will answer: look again soon
+        if self._room() and self._next_part() is not None:
             return max(0.0, min(POLL_S, self._next_chunk_at - time.monotonic()))
         return POLL_S
 
@@ -139,26 +181,45 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
     # The log
     # ------------------------------------------------------------------
     def _idle(self) -> bool:
-        return self._reading is None and self._keyless is None
+        return not self._inflight and self._keyless is None
 
     def _on_change(self, f: _Active, change: Change) -> None:
-        f.chunk.on_change(change, True)
+        if f.chunk is not None:
+            f.chunk.on_change(change, True)
+            return
+        # Not read yet: remember the keys (both images: an UPDATE may move a row).
+        idx = f.info.schema.key_indexes()
+        for image in (change.before, change.after):
+            if image is not None:
+                k = tuple(image[i] for i in idx)
+                if f.seen is not None:
+                    f.seen.append((k, change.tid, change.txn))
+                else:
+                    f.changed.add(k)
 
     def _on_ddl(self, change: Change) -> None:
-        # A chunk whose window a DDL falls in is read again.
-        if self._reading is not None:
-            log.info("snapshot: DDL inside the window of a chunk of %s (%s): reading that chunk again",
-                     self._reading.info.name, " ".join((change.sql or "").split())[:120])
+        # Chunks whose windows a DDL falls in are read again.
+        if self._inflight:
+            log.info("snapshot: DDL inside the window of %d chunk(s) (%s): reading them again",
+                     len(self._inflight), " ".join((change.sql or "").split())[:120])
             self._abort("DDL in window")
 
     def _abort(self, why: str) -> None:
-        self._reading = None
+        self._drop_work(None)
         self.stats["aborted"] += 1
-        log.debug("snapshot chunk aborted: %s", why)
+        log.debug("snapshot chunks aborted: %s", why)
 
     def _drop_work(self, job_id: str | None, part: int | None = None) -> None:
-        if self._concerns(self._reading, job_id, part):
-            self._reading = None
+        """Forget the chunks in flight (and the plans) of ``job_id``/``part``:
+        their parts start again after the last chunk handed over; a reader's
+        late answer about one is ignored."""
+        gone = [f for f in self._inflight if self._concerns(f, job_id, part)]
+        if gone:
+            self._inflight = tuple(f for f in self._inflight if not self._concerns(f, job_id, part))
+            for f in gone:
+                self._by_flight.pop(f.flight, None)
+        for k in [k for k in self._parts if job_id in (None, k[0]) and part in (None, k[1])]:
+            del self._parts[k]
         if self._concerns(self._keyless, job_id, part):
             self._keyless = None
 
@@ -179,40 +240,191 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
         if not info.schema.key:
             check_keyless(info, initial=initial, where=where, allowed=self.scfg.allow_no_primary_key)
 
-    def _start(self, job: SnapshotJob, i: int) -> bool:
-        if job.status == QUEUED:
-            self._replace(replace(job, status=RUNNING, updated=time.time()))
-            self._save()
+    def poll(self, at_boundary: bool) -> Sequence[Item] | KeylessRead:
+        """This turn's work: requests; the readers' answers; more chunks to
+        read; at a transaction boundary, the chunks that are ready (or a
+        keyless table's read)."""
+        now = time.monotonic()
+        self._prepare()
+        if now >= self._next_request_check:
+            self._next_request_check = now + POLL_S
+            self._take_requests()
+        if not self.enabled:
+            return []
+        self._collect()
+        if self._keyless is None:
+            self._fill(now)
+        if not at_boundary:
+            return []
+        out = self._emit_ready()
+        if not out and self._keyless is not None and not self._inflight:
+            # A keyless table's read, once every chunk before it is handed over.
+            return self._keyless_read()
+        self._warn_if_stuck(now)
+        return out
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+        super().close()
+
+    def _readers(self) -> ChunkReaders:
+        if self._pool is None:
+            self._pool = ChunkReaders(self.cfg, self.scfg.max_connections)
+        return self._pool
+
+    def _room(self) -> bool:
+        """May another chunk be queued?  At most ``max_connections`` reads at
+        once and twice as many chunks held (memory)."""
+        size = self.scfg.max_connections
+        busy = self._pool.busy if self._pool is not None else 0
+        return self._keyless is None and busy < size and len(self._inflight) < 2 * size
+
+    def _next_part(self) -> tuple[SnapshotJob, int] | None:
+        """The oldest active job's first table with a chunk left to queue."""
+        if not self._maybe_work:
+            return None
+        for job in self.jobs:
+            if not job.active:
+                continue
+            for i, tp in enumerate(job.tables):
+                if tp.over or self._cursor(job.id, i, tp).exhausted:
+                    continue
+                p = self._parts.get((job.id, i))
+                if p is None or not p.plan.done:
+                    return job, i
+        if not self._inflight:
+            self._maybe_work = False
+        return None
+
+    def _part(self, job: SnapshotJob, i: int) -> _Part | None:
+        """The table's plan, made at its first chunk (None: a keyless table,
+        now pending)."""
+        p = self._parts.get((job.id, i))
+        if p is not None:
+            return p
         tp = job.tables[i]
-        conn = self._connection()
-        info = conn.describe(tp.database, tp.table)
+        info = self._connection().describe(tp.database, tp.table)
         self._check_table(info, initial=job.origin == "initial", where=job.where)
         if info.engine and info.engine.lower() != "innodb":
             log.warning("snapshot of %s: engine %s has no consistent reads; the watermark guarantee holds for "
                         "InnoDB tables only", tp.name, info.engine)
-        key = info.schema.key
-        if not key:
+        if not info.schema.key:
             self._keyless = _KeylessNext(job.id, i, info, job.where)
-            return True
-        after = self._cursor(job.id, i, tp).after
-        query = build_chunk_query(tp.database, tp.table, info.schema.columns, key, decode_key(after),
-                                  self.scfg.chunk_size, job.where)
-        raw, window = self._watermarks().select(query, self._last_end)
-        convert = row_converter(info.schema.columns)
-        idx = info.schema.key_indexes()
-        chunk = ChunkWindow.of(tp.database, tp.table, idx, [convert(r) for r in raw])
-        if raw:
-            after = encode_key(tuple(raw[-1][k] for k in idx))  # driver values, as the next select takes them
-        self._reading = _Active(job.id, i, info, window, chunk, after, len(raw) < self.scfg.chunk_size)
-        self._save()
-        return True
+            return None
+        cur = self._cursor(job.id, i, tp)
+        rows = self._chunk_rows(info)
+        p = self._parts[(job.id, i)] = _Part(Plan(decode_key(cur.after)), info, rows)
+        log.info("snapshot %s: %s in chunks of %d rows (%d readers)", job.id, tp.name, rows,
+                 self.scfg.max_connections)
+        return p
 
-    def _work(self, at_boundary: bool) -> Sequence[Item] | KeylessRead:
-        if self._keyless is not None:
-            return self._keyless_read() if at_boundary else []
-        a = self._reading
-        assert a is not None
-        return self._emit(a) if a.window.closing and at_boundary else []
+    def _chunk_rows(self, info: TableInfo) -> int:
+        """Rows per chunk: ``chunk_size`` when set, else about ``chunk_bytes``
+        of the table's average row (information_schema), within bounds."""
+        if self.scfg.chunk_size:
+            return self.scfg.chunk_size
+        width = max(1, info.avg_row_bytes or _DEFAULT_ROW_BYTES)
+        return max(_MIN_CHUNK_ROWS, min(_MAX_CHUNK_ROWS, self.scfg.chunk_bytes // width))
+
+    def _fill(self, now: float) -> None:
+        """Queue chunks to the readers while there is room."""
+        while self._room() and now >= self._next_chunk_at:
+            work = self._next_part()
+            if work is None:
+                return
+            job, i = work
+            try:
+                if job.status == QUEUED:
+                    t = time.time()
+                    self._replace(replace(job, status=RUNNING, updated=t, started=job.started or t))
+                    self._save()
+                    job = self._job(job.id) or job
+                p = self._part(job, i)
+            except SnapshotError as exc:
+                self._conn_reset()
+                self._fail(job.id, i, exc.one_line())
+                continue
+            if p is None:
+                return  # a keyless table: read once the chunks in flight are handed over
+            self._queue(job, i, p)
+
+    def _queue(self, job: SnapshotJob, i: int, p: _Part) -> None:
+        flight = next(self._flights)
+        if self.scfg.read_only:
+            # Its GTID marks come with its rows; until then the changes are kept (seen).
+            f = _Active(job.id, i, p.info, Window(Phase.OPEN), flight, seen=[])
+            low = high = ""
+        else:
+            low, high = str(uuid.uuid4()), str(uuid.uuid4())
+            f = _Active(job.id, i, p.info, Window(Phase.WAIT_LOW, low, high), flight)
+        self._inflight = (*self._inflight, f)
+        self._by_flight[flight] = f
+        self._readers().submit(ReadRequest(flight, p.plan, p.info, job.where, p.rows, low, high))
+
+    def _collect(self) -> None:
+        """Take the readers' answers: rows into their chunks (a reader's
+        error is raised here, or fails its table)."""
+        if self._pool is None:
+            return
+        for res in self._pool.collect():
+            f = self._by_flight.get(res.flight)
+            if f is None:
+                continue  # dropped meanwhile (DDL, cancel): its rows go
+            if res.error is not None:
+                if isinstance(res.error, SnapshotError):
+                    self._fail(f.job_id, f.part, res.error.one_line())
+                    continue
+                raise res.error
+            if res.seq < 0:  # nothing was left to read: the table's last chunk was planned by another
+                self._inflight = tuple(x for x in self._inflight if x is not f)
+                del self._by_flight[res.flight]
+                continue
+            if f.seen is not None:
+                assert res.marks is not None
+                f.window.marks = res.marks
+                f.window.phase = Phase.CLOSING if res.marks.reached(self._last_end) else Phase.OPEN
+                f.changed.update(k for k, gtid, begin in f.seen if not res.marks.before_window(gtid, begin))
+                f.seen = None
+            chunk = ChunkWindow.of(f.info.schema.database, f.info.schema.table, f.info.schema.key_indexes(),
+                                   res.rows)
+            for k in f.changed:
+                chunk.drop_key(k)
+            f.changed = set()
+            f.chunk, f.seq, f.exhausted = chunk, res.seq, res.exhausted
+            f.after = encode_key(res.end if res.end is not None else res.start)
+
+    def _emit_ready(self) -> list[Item]:
+        """The chunks ready, each table's in order, as one transaction at
+        this boundary."""
+        if not any(f.ready for f in self._inflight):
+            return []
+        at, ts = self._emission()
+        out: list[Item] = []
+        emitted: list[_Active] = []
+        tid = ""
+        for key, p in list(self._parts.items()):
+            mine = {f.seq: f for f in self._inflight if (f.job_id, f.part) == key and f.chunk is not None}
+            while p.next_seq in mine and mine[p.next_seq].ready:
+                f = mine.pop(p.next_seq)
+                p.next_seq += 1
+                # One transaction: one id for its chunks.
+                tid = tid or f"{SNAPSHOT_TID_PREFIX}{f.job_id}:{uuid.uuid4().hex[:12]}"
+                out.extend(self._emit(f, at, ts, tid))
+                emitted.append(f)
+                if f.exhausted:
+                    del self._parts[key]
+                    break
+        if not emitted:
+            return []
+        self._inflight = tuple(f for f in self._inflight if f not in emitted)
+        for f in emitted:
+            self._by_flight.pop(f.flight, None)
+        # The rows form a transaction of their own at the boundary ``at``:
+        # begin == end, a valid resume point (nothing of the source lies in it).
+        out.append(Commit(at, at, ts, ""))
+        return out
 
     def _keyless_read(self) -> Sequence[Item] | KeylessRead:
         """Open the consistent read of the pending keyless table at this
@@ -246,22 +458,18 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
         return KeylessRead(read, self._schema_for(k.info), row_converter(k.info.schema.columns), at, ts, tid, done,
                            self._stop)
 
-    def _emit(self, a: _Active) -> list[Item]:
+    def _emit(self, a: _Active, at: Position, ts: int, tid: str) -> list[Item]:
         c = a.chunk
+        assert c is not None
         rows = c.remaining()
         schema = self._schema_for(a.info)
-        at, ts = self._emission()
-        tid = f"{SNAPSHOT_TID_PREFIX}{a.job_id}:{uuid.uuid4().hex[:12]}"
-        out: list[Item] = [Change(Op.READ, c.database, c.table, tid, at, ts, schema, None, r) for r in rows]
-        # The rows form a transaction of their own at the boundary ``at``:
-        # begin == end, a valid resume point (nothing of the source lies in it).
-        out.append(Commit(at, at, ts, ""))
-        self._reading = None
         self._hand_over(_Emitted(a.job_id, a.part, at, a.after, a.exhausted, len(rows), c.selected, c.dropped))
         self.stats["dropped"] += c.dropped
-        log.debug("snapshot %s: chunk of %s: %d rows selected, %d dropped (changed in the window), emitted at %s",
-                  a.job_id, a.info.name, c.selected, c.dropped, at)
-        return out
+        log.debug("snapshot %s: chunk %d of %s: %d rows selected, %d dropped (changed in the window), emitted at %s",
+                  a.job_id, a.seq, a.info.name, c.selected, c.dropped, at)
+        # One ReadRows for the chunk, not a Change per row (core/columnar.py):
+        # the wire carries a READ record per row all the same.
+        return [ReadRows(Op.READ, c.database, c.table, tid, at, ts, schema, reads=tuple(rows))] if rows else []
 
     def _confirmed(self, job: SnapshotJob, e: _Emitted) -> SnapshotJob:
         tp = job.tables[e.part]
@@ -281,10 +489,13 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
     # Jobs and requests
     # ------------------------------------------------------------------
     def _live(self) -> dict[str, Any] | None:
-        a = self._reading
-        return None if a is None else {"job": a.job_id, "table": a.info.name, "phase": a.window.phase.value,
-                                       "selected": a.chunk.selected, "dropped": a.chunk.dropped,
-                                       "age_s": round(time.monotonic() - a.window.opened, 3)}
+        if not self._inflight:
+            return None
+        a = self._inflight[0]
+        return {"job": a.job_id, "table": a.info.name, "phase": a.window.phase.value,
+                "chunks_in_flight": len(self._inflight), "reading": sum(f.chunk is None for f in self._inflight),
+                "selected": sum(f.chunk.selected for f in self._inflight if f.chunk is not None),
+                "age_s": round(time.monotonic() - a.window.opened, 3)}
 
     def _create_initial_job(self) -> None:
         self._want_initial = False
@@ -346,12 +557,12 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
             for job in self._matching(ident):
                 if action == "pause" and job.status in JOB_ACTIVE:
                     job = replace(job, status=PAUSED, updated=time.time())
+                    self._drop_work(job.id)  # its chunks in flight are read again on resume
                 elif action == "resume" and job.status == PAUSED:
                     job = replace(job, status=QUEUED, updated=time.time())
                 elif action == "cancel" and job.status in (*JOB_ACTIVE, PAUSED):
                     job = replace(job, status=CANCELLED, updated=time.time(), finished=time.time())
-                    if self._reading is not None and self._reading.job_id == job.id:
-                        self._abort("cancelled")
+                    self._drop_work(job.id)
                 else:
                     continue
                 log.info("snapshot %s: %s", job.id, job.status)

@@ -118,6 +118,29 @@ class TableProgress(TablePart):
 
 
 @dataclass(frozen=True)
+class Progress:
+    """A job's progress: rows read of rows expected (``total``: the tables'
+    information_schema estimates, raised to what was read when the estimate
+    was low), rows per second since its first chunk, and the seconds left
+    at that rate (None: not known, or over)."""
+
+    done: int
+    total: int
+    rows_per_s: float
+    eta_s: float | None
+
+    def describe(self) -> str:
+        pct = 100.0 * self.done / self.total if self.total else 0.0
+        eta = "" if self.eta_s is None else f", ETA {_duration(self.eta_s)}"
+        return f"{self.done}/{self.total} rows ({pct:.1f}%), {self.rows_per_s:,.0f} rows/s{eta}"
+
+
+def _duration(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+@dataclass(frozen=True)
 class SnapshotJob:
     id: str
     origin: str                        # 'initial' (first start) or 'request' (cynomys snapshot)
@@ -128,6 +151,7 @@ class SnapshotJob:
     updated: float = 0.0
     finished: float = 0.0
     error: str = ""
+    started: float = 0.0               # when its first chunk was read (wall clock; 0: not yet)
 
     @property
     def active(self) -> bool:
@@ -136,6 +160,17 @@ class SnapshotJob:
     @property
     def parts(self) -> tuple[TableProgress, ...]:
         return self.tables
+
+    def progress(self, now: float | None = None) -> Progress:
+        """Rows done and expected, the rate since the job started and the
+        time left at that rate (``Progress``)."""
+        done = sum(t.scanned for t in self.tables)
+        total = max(sum(max(t.estimate, t.scanned) for t in self.tables), done)
+        end = self.finished or (time.time() if now is None else now)
+        secs = max(0.0, end - self.started) if self.started else 0.0
+        rate = done / secs if secs > 0 else 0.0
+        eta = None if self.status in JOB_OVER or rate <= 0 else max(0.0, (total - done) / rate)
+        return Progress(done, total, round(rate, 1), None if eta is None else round(eta, 1))
 
     def table(self, name: str) -> TableProgress:
         for t in self.tables:
@@ -257,8 +292,8 @@ def status_report(state_dir: Path, recent: int = 5) -> dict[str, Any]:
     out: dict[str, Any] = {"pending_requests": len(store.pending_requests()), "in_flight": store.load_live(),
                            "jobs": {}}
     for j in shown:
-        scanned = sum(t.scanned for t in j.tables)
-        estimate = sum(max(t.estimate, t.scanned) for t in j.tables)
+        p = j.progress()
+        scanned, estimate = p.done, p.total
         current = next((t for t in j.tables if not t.over), None)
         out["jobs"][j.id] = {
             "status": j.status, "origin": j.origin, "where": j.where or None,
@@ -266,6 +301,7 @@ def status_report(state_dir: Path, recent: int = 5) -> dict[str, Any]:
             "rows_read": scanned, "rows_emitted": sum(t.rows for t in j.tables),
             "rows_left_to_log": sum(t.dropped for t in j.tables), "rows_estimate": estimate,
             "progress": f"{100.0 * scanned / estimate:.1f}%" if estimate else ("100.0%" if j.status == FINISHED else "0.0%"),
+            "rows_per_s": p.rows_per_s, "eta_s": p.eta_s,
             "current_table": current.name if current and j.status not in JOB_OVER else None,
             "resume_after_key": current.last_key if current and j.status not in JOB_OVER else None,
             "errors": {t.name: t.error for t in j.tables if t.error} or (j.error or None),

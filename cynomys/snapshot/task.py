@@ -54,7 +54,7 @@ from cynomys.parser.txn import Commit, Item, Progress
 from cynomys.snapshot.columns import TableInfo
 from cynomys.snapshot.errors import SnapshotError
 from cynomys.snapshot.keyless import KeylessRead
-from cynomys.snapshot.source import SnapshotConnection
+from cynomys.snapshot.source import SnapshotConnection, chunk_driver
 from cynomys.snapshot.state import JobStore, Part, TaskJob
 from cynomys.snapshot.watermark import WATERMARK_TABLE, WindowOpener, read_watermark, same_statement, watermark_ddl
 from cynomys.snapshot.window import Phase, Window
@@ -158,10 +158,10 @@ class ChunkedTask(Generic[J, F, E]):
         self._next_request_check = 0.0
         self._next_chunk_at = 0.0
         self._throttle_s = 0.0              # pause after each chunk handed over
-        # The read whose window is open: one at a time (the next chunk
-        # starts only once nothing is in flight).  An attribute, not a
+        # The reads whose windows are open (verify: one at a time; the
+        # snapshot: several, snapshot/readers.py).  An attribute, not a
         # method: ``observe`` reads it for every item of the log.
-        self._reading: F | None = None
+        self._inflight: tuple[F, ...] = ()
         self._conn: SnapshotConnection | None = None
         self._opener: WindowOpener | None = None
         # Row changes the task drops from the stream (None: none; checked
@@ -171,6 +171,15 @@ class ChunkedTask(Generic[J, F, E]):
         # every turn); set again whenever the jobs change.
         self._maybe_work = True
         self.stats = {"chunks": 0, "rows": 0}
+
+    @property
+    def _reading(self) -> F | None:
+        """The read in flight, for a task that has one at a time."""
+        return self._inflight[0] if self._inflight else None
+
+    @_reading.setter
+    def _reading(self, f: F | None) -> None:
+        self._inflight = () if f is None else (f,)
 
     # ------------------------------------------------------------------
     # The producer's protocol (producer/tasks.py)
@@ -194,15 +203,15 @@ class ChunkedTask(Generic[J, F, E]):
                 return item
             if item.table == WATERMARK_TABLE and item.database == self.wm_schema:
                 wm = read_watermark(item)
-                if wm is not None and self._reading is not None:
-                    self._reading.window.on_watermark(wm.uuid)
+                if wm is not None:
+                    for f in self._inflight:
+                        f.window.on_watermark(wm.uuid)
                 return None if self.drops_watermarks else item
             if self._dropping is not None and self._dropping(item):
                 return None
             if item.schema is not None:
                 self._schemas[(item.database, item.table)] = item.schema
-            f = self._reading
-            if f is not None:
+            for f in self._inflight:
                 s = f.info.schema
                 if item.table == s.table and item.database == s.database and f.window.sees(item):
                     self._on_change(f, item)
@@ -234,6 +243,15 @@ class ChunkedTask(Generic[J, F, E]):
     def wait_s(self) -> float:
         raise NotImplementedError
 
+    def _next_chunk_due_s(self) -> float:
+        """With nothing in flight: how long until the next chunk may start
+        (0: now; POLL_S: no chunk to read).  Waiting POLL_S for the log
+        when a chunk is ready cost a quiet source half a second per chunk
+        (verify ran at 8.5k rows/s through the daemons for that alone)."""
+        if self._maybe_work and self._next_work() is not None:
+            return max(0.0, min(POLL_S, self._next_chunk_at - time.monotonic()))
+        return POLL_S
+
     def checkpointed(self, pos: Position) -> None:
         """The producer's checkpoint moved to ``pos``: chunks handed over at
         or before it are shipped (module doc)."""
@@ -259,12 +277,15 @@ class ChunkedTask(Generic[J, F, E]):
     # Windows
     # ------------------------------------------------------------------
     def _passed(self, gtid: str, end: Position) -> None:
-        if self._reading is not None:
-            self._reading.window.on_commit(gtid, end)
+        for f in self._inflight:
+            f.window.on_commit(gtid, end)
 
     def _warn_if_stuck(self, now: float) -> None:
-        f = self._reading
-        if f is None or f.window.warned or f.window.closing or now - f.window.opened <= _STUCK_WARN_S:
+        for f in self._inflight:
+            self._warn_if_stuck_one(f, now)
+
+    def _warn_if_stuck_one(self, f: F, now: float) -> None:
+        if f.window.warned or f.window.closing or now - f.window.opened <= _STUCK_WARN_S:
             return
         w = f.window
         w.warned = True
@@ -276,9 +297,14 @@ class ChunkedTask(Generic[J, F, E]):
     # ------------------------------------------------------------------
     # Chunks
     # ------------------------------------------------------------------
+    #: The driver of this task's connection (snapshot/source.py): "chunks"
+    #: reads with ``[snapshot] driver``; "pymysql" always.
+    driver: ClassVar[str] = "pymysql"
+
     def _connection(self) -> SnapshotConnection:
         if self._conn is None:
-            self._conn = SnapshotConnection(self.cfg.source)
+            driver = self.driver if self.driver != "chunks" else chunk_driver(self.cfg.source, self.scfg.driver)
+            self._conn = SnapshotConnection(self.cfg.source, driver)
         return self._conn
 
     def _watermarks(self) -> WindowOpener:

@@ -103,8 +103,9 @@ class WatermarkTable:
                 self.conn.query(sql)  # no parameters: the text goes to the binlog unchanged
         self.ready = True
 
-    def write(self, kind: str) -> str:
-        mark = str(uuid.uuid4())
+    def write(self, kind: str, mark: str = "") -> str:
+        """Write watermark ``mark`` (a fresh UUID when empty) and return it."""
+        mark = mark or str(uuid.uuid4())
         table = f"{quote_ident(self.schema)}.{quote_ident(WATERMARK_TABLE)}".replace("%", "%%")
         self.conn.query(
             f"INSERT INTO {table} (producer_id, uuid, kind, written) VALUES (%s, %s, %s, NOW(6)) "
@@ -187,6 +188,21 @@ class WindowOpener:
         low = self.table.write("low")
         take()
         return Window(Phase.WAIT_LOW, low, self.table.write("high"))
+
+    def read(self, query: ChunkQuery, low: str, high: str) -> tuple[list[tuple[Any, ...]], GtidMarks | None]:
+        """One chunk select between watermarks, for a reader thread whose
+        window the producer already watches (snapshot/readers.py): DBLog
+        writes the given ``low`` and ``high`` UUIDs (known before the low
+        one is written, so no event of it can be missed); read-only returns
+        the GTID marks, which the producer then places in the log."""
+        if self.gtid is not None:
+            return self.gtid.select(query)
+        assert self.table is not None
+        self.table.ensure()
+        self.table.write("low", low)
+        rows = self.conn.query(query.sql, query.params)
+        self.table.write("high", high)
+        return rows, None
 
     def select(self, query: ChunkQuery, processed: Position) -> tuple[list[tuple[Any, ...]], Window]:
         """One chunk select between watermarks: its rows and its window."""

@@ -140,42 +140,50 @@ class Window:
         return True
 
 
-@dataclass
 class ChunkWindow:
     """The rows of one snapshot chunk while its window is open (the window
     itself: ``Window``).
 
-    ``rows`` maps primary key -> row (model values, key order kept); a
-    keyless table (read whole) keeps a list and is *dirty* as soon as any
-    event touches the table in the window: it cannot tell rows apart, so the
-    read is thrown away and done again."""
+    The rows are kept as read (key order); the key -> row index is built
+    only when the log first changes the table inside the window (a few
+    microseconds a row that a quiet table never pays).  A keyless table
+    (read whole) is *dirty* as soon as any event touches the table in the
+    window: it cannot tell rows apart, so the read is thrown away and done
+    again."""
 
-    database: str
-    table: str
-    key_indexes: tuple[int, ...]
-    rows: dict[tuple[Value, ...], Row] = field(default_factory=dict)
-    keyless_rows: list[Row] = field(default_factory=list)
-    selected: int = 0
-    dropped: int = 0
-    dirty: bool = False
+    __slots__ = ("database", "table", "key_indexes", "_rows", "_index", "selected", "dropped", "dirty")
+
+    def __init__(self, database: str, table: str, key_indexes: Sequence[int], rows: Sequence[Row] = ()) -> None:
+        self.database = database
+        self.table = table
+        self.key_indexes = tuple(key_indexes)
+        self._rows: list[Row] = list(rows)
+        self._index: dict[tuple[Value, ...], Row] | None = None
+        self.selected = len(self._rows)
+        self.dropped = 0
+        self.dirty = False
 
     @classmethod
     def of(cls, database: str, table: str, key_indexes: Sequence[int], rows: Sequence[Row]) -> ChunkWindow:
-        w = cls(database, table, tuple(key_indexes))
-        if w.key_indexes:
-            for r in rows:
-                w.rows[tuple(r[i] for i in w.key_indexes)] = r
-        else:
-            w.keyless_rows = list(rows)
-        w.selected = len(rows)
-        return w
+        return cls(database, table, key_indexes, rows)
+
+    @property
+    def rows(self) -> dict[tuple[Value, ...], Row]:
+        """primary key -> row (model values, key order kept)."""
+        if self._index is None:
+            idx = self.key_indexes
+            self._index = {tuple(r[i] for i in idx): r for r in self._rows}
+        return self._index
+
+    def drop_key(self, key: tuple[Value, ...]) -> None:
+        """The log carries this key's state: its row leaves the chunk."""
+        if self.rows.pop(key, None) is not None:
+            self.dropped += 1
 
     def _drop(self, image: Row | None) -> None:
         if image is None:
             return
-        k = tuple(image[i] for i in self.key_indexes)
-        if self.rows.pop(k, None) is not None:
-            self.dropped += 1
+        self.drop_key(tuple(image[i] for i in self.key_indexes))
 
     def on_change(self, change: Change, in_window: bool) -> None:
         """A row change of this chunk's table, ``in_window`` as the
@@ -190,6 +198,6 @@ class ChunkWindow:
         self._drop(change.after)
 
     def remaining(self) -> list[Row]:
-        if not self.key_indexes:
-            return list(self.keyless_rows)
-        return list(self.rows.values())
+        if not self.key_indexes or self._index is None:
+            return list(self._rows)
+        return list(self._index.values())

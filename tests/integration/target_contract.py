@@ -214,6 +214,36 @@ def check_all_types_column_wise(factory: TargetFactory, db: str) -> None:
         assert_rows(target, schema, [updated, *rows[2:], *more])
 
 
+def check_snapshot_reads_column_wise(factory: TargetFactory, db: str) -> None:
+    """A snapshot chunk's READ rows decoded column-wise (one run of READs,
+    core/columnar.py) are upserts on every target: a row the target holds
+    for one of their keys is replaced (ColumnStore-on-MariaDB: LOAD DATA
+    REPLACE; elsewhere its key is deleted first), new keys are added, other
+    rows stay; beside a DELETE of another key in the same flush too."""
+    from cynomys.core.columnar import InsertRun
+    from cynomys.core.model import Batch
+    from cynomys.schemas import codec
+
+    schema = TableSchema(db, "reads", (ColumnDef("id", "int"), ColumnDef("v", "varchar(20)"),
+                                       ColumnDef("d", "decimal(10,2)")), ("id",))
+    held = [(i, f"old {i}", Decimal(f"{i}.25")) for i in range(1, 11)]
+    chunk = [(i, f"read {i}", Decimal(f"{i}.50")) for i in range(5, 16)]
+    with compiled_path():
+        target = factory()
+        target.apply(flush([change(Op.INSERT, schema, after=r) for r in held]))
+        reads = codec.decode_columnar(codec.encode(Batch("p", tuple(
+            change(Op.READ, schema, after=r) for r in chunk), Position("f", 9)))).changes
+        assert [(type(c), c.op) for c in reads] == [(InsertRun, Op.READ)]
+        target.apply(build_flush(list(reads), state(), target.capabilities.columnar_inserts))
+        assert_rows(target, schema, held[:4] + chunk)
+        again = [(i, f"again {i}", Decimal(f"{i}.00")) for i in range(14, 18)]
+        reads = codec.decode_columnar(codec.encode(Batch("p", tuple(
+            change(Op.READ, schema, after=r) for r in again), Position("f", 10)))).changes
+        target.apply(build_flush([change(Op.DELETE, schema, before=held[0]), *reads], state(),
+                                 target.capabilities.columnar_inserts))
+        assert_rows(target, schema, held[1:4] + chunk[:-2] + again)
+
+
 def check_delete_by_key(factory: TargetFactory, db: str) -> None:
     target = factory()
     schema = TableSchema(db, "single", (ColumnDef("id", "bigint"), ColumnDef("v", "varchar(20)")), ("id",))
@@ -456,6 +486,17 @@ def check_verify_checksum(factory: TargetFactory, db: str) -> None:
     target.apply(fl)
     assert_rows(target, schema, [rows[0], rows[2], *rows[3:]])
     assert target.applied(PRODUCER) == fl.state
+    # Without FLOAT/DOUBLE every type has an exact SQL text: targets that
+    # checksum in SQL (ColumnStore/MariaDB, DuckDB) take that path here.
+    keep = [i for i, c in enumerate(schema.columns) if c.base_type not in ("float", "double")]
+    exact = TableSchema(db, "exact_types", tuple(schema.columns[i] for i in keep), schema.key)
+    exact_rows = [tuple(r[i] for i in keep) for r in rows]
+    hasher = RowHasher(exact.columns)
+    target.apply(flush([change(Op.INSERT, exact, after=r) for r in exact_rows]))
+    assert target.checksum_range(exact, KeyRange()) == hasher.rows(exact_rows)
+    for i, r in enumerate(exact_rows):
+        rng = KeyRange((r[0] - 1,), (r[0],))
+        assert target.checksum_range(exact, rng) == hasher.rows([r]), f"row {i}: {r!r}"
 
 
 # --------------------------------------------------------------------------
@@ -534,6 +575,7 @@ CONTRACT: dict[str, Callable[[TargetFactory, str], None]] = {
     "odd_names": check_odd_names,
     "all_types_round_trip": check_all_types_round_trip,
     "all_types_column_wise": check_all_types_column_wise,
+    "snapshot_reads_column_wise": check_snapshot_reads_column_wise,
     "keyless_all_types": check_keyless_all_types,
     "delete_by_key": check_delete_by_key,
     "delete_by_composite_key": check_delete_by_composite_key,

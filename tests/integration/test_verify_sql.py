@@ -173,3 +173,73 @@ def test_verify_through_the_partition_wrapper_uses_the_sql_paths(server: MariaDB
         assert results["j/c/0"]["match"] and calls["checksum_range"] == 2
     finally:
         wrapped.close()
+
+
+def test_source_row_hashes_in_sql_equal_the_python_hashes_of_snapshot_rows(server: MariaDBServer) -> None:
+    """The producer selects a verify chunk as (key, row hash) pairs, the
+    hash computed by the source (verify/sqlhash.py): for every column type
+    it renders (zero dates, invalid dates, negative times, JSON, BIT, YEAR,
+    binary, text in other charsets, NULLs), the hash equals the Python hash
+    of the row as a snapshot reads it into the model."""
+    from cynomys.core.config import SourceConfig
+    from cynomys.snapshot.chunker import build_chunk_query
+    from cynomys.snapshot.columns import row_converter
+    from cynomys.snapshot.source import SnapshotConnection
+    from cynomys.verify.sqlhash import row_hash_sql
+    from tests.integration.test_producer import ALL_TYPES, ROWS
+
+    db = "vsql_source"
+    cols = ", ".join(f"`{n}` {t}" for n, t in ALL_TYPES if t not in ("float", "double"))
+    keep = [i for i, (_, t) in enumerate(ALL_TYPES) if t not in ("float", "double")]
+    server.execute(f"DROP DATABASE IF EXISTS {db}", f"CREATE DATABASE {db}",
+                   f"CREATE TABLE {db}.t ({cols}) DEFAULT CHARSET=utf8mb4")
+    conn = SnapshotConnection(SourceConfig(**server.source_settings()))
+    try:
+        server.execute("SET SESSION sql_mode=''", "SET SESSION time_zone='+00:00'",
+                       *[f"INSERT INTO {db}.t VALUES ({', '.join(v for i, v in enumerate(_literals(r)) if i in keep)})"
+                         for r in ROWS])
+        schema = conn.describe(db, "t").schema
+        expr = row_hash_sql(schema.columns)
+        assert expr is not None
+        q = build_chunk_query(db, "t", schema.columns, schema.key, None, 100)
+        rows = [row_converter(schema.columns)(r) for r in conn.query(q.sql)]
+        hashes = dict(conn.query(f"SELECT id, {expr} FROM {db}.t"))  # no parameters: % stays as it is
+        hasher = RowHasher(schema.columns)
+        assert len(rows) == len(ROWS)
+        for r in rows:
+            assert int(hashes[r[0]]) == hasher.row(r), f"row {r[0]}: {r!r}"
+        with_float = TableSchema(db, "t", schema.columns + (ColumnDef("f", "float"),), ("id",))
+        assert row_hash_sql(with_float.columns) is None
+    finally:
+        conn.close()
+
+
+def _literals(row_sql: str) -> list[str]:
+    """The comma-separated SQL literals of a ``(a, b, ...)`` VALUES tuple
+    (commas inside quotes and parentheses kept)."""
+    out, cur, depth, quote = [], "", 0, ""
+    body = row_sql.strip()[1:-1]
+    i = 0
+    while i < len(body):
+        ch = body[i]
+        if quote:
+            cur += ch
+            if ch == "\\":
+                cur += body[i + 1]
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote, cur = ch, cur + ch
+        elif ch == "(":
+            depth, cur = depth + 1, cur + ch
+        elif ch == ")":
+            depth, cur = depth - 1, cur + ch
+        elif ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+        i += 1
+    out.append(cur.strip())
+    return out

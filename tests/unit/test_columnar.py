@@ -49,15 +49,29 @@ def _value(rng: random.Random, col: int) -> object:
     ][col]()
 
 
-def _envelopes(rng: random.Random, n: int, ops: bool) -> list[bytes]:
+def _envelopes(rng: random.Random, n: int, ops: bool, reads: bool = False) -> list[bytes]:
     """Envelopes of 1-3 transactions each: inserts of new ids, and with
-    ``ops`` also updates, deletes and re-inserts of earlier ids."""
+    ``ops`` also updates, deletes and re-inserts of earlier ids; with
+    ``reads`` every third envelope is a snapshot chunk instead: READ rows
+    (upserts) of a run of ids, some held already, some new."""
     out: list[bytes] = []
     live: dict[int, tuple[object, ...]] = {}
     dead: list[int] = []
     seq = 0
     for e in range(n):
         changes = []
+        if reads and e % 3 == 2:
+            seq += 1
+            txn = Position("b.000001", seq * 100)
+            first = rng.randint(1, len(live) + len(dead) + 5)
+            for key in range(first, first + rng.randint(1, 60)):
+                row = (key,) + tuple(_value(rng, i) for i in range(1, len(COLS)))
+                live[key] = row
+                if key in dead:
+                    dead.remove(key)
+                changes.append(Change(Op.READ, "d", "t", f"snapshot:{seq}", txn, 1, SCHEMA, None, row))
+            out.append(codec.encode(Batch("p", tuple(changes), txn)))
+            continue
         for t in range(rng.randint(1, 3)):
             seq += 1
             txn = Position("b.000001", seq * 100)
@@ -66,7 +80,7 @@ def _envelopes(rng: random.Random, n: int, ops: bool) -> list[bytes]:
                 what = rng.random() if ops and live else 0.0
                 if what < 0.7:
                     # a new id, or (sometimes) one deleted earlier: delete + insert folds to an update
-                    key = dead.pop() if dead and rng.random() < 0.3 else len(live) + len(dead) + 1
+                    key = dead.pop() if dead and rng.random() < 0.3 else max([0, *live, *dead]) + 1
                     row = (key,) + row[1:]
                     live[key] = row
                     changes.append(Change(Op.INSERT, "d", "t", str(seq), txn, 1, SCHEMA, None, row))
@@ -127,6 +141,27 @@ def test_mixed_envelopes_fold_to_the_same_rows(compiled_path: object) -> None:
     assert len(col) == len(ref)
     for c, r in zip(col, ref):
         assert sorted(c.split(b"\n")) == sorted(r.split(b"\n"))
+
+
+def test_snapshot_reads_ride_the_column_wise_path_as_upserts(compiled_path: object) -> None:
+    # Chunks of READ rows (upserts: their keys are deleted first, whatever
+    # the target holds) among inserts, updates and deletes of the same keys:
+    # the same deletions and rows as the reference, and the chunks' envelopes
+    # never leave the column-wise path.
+    envelopes = _envelopes(random.Random(4), 45, ops=True, reads=True)
+    before = compiled.fallbacks["decode_columns"]
+    chunks = [codec.decode_columnar(e) for e in envelopes[2::3]]
+    assert compiled.fallbacks["decode_columns"] == before, "a READ-only envelope left the column-wise path"
+    assert all(type(c) is InsertRun and c.op is Op.READ for b in chunks for c in b.changes)
+    assert [c.as_changes() for b in chunks for c in b.changes] == \
+        [list(codec.decode(e).changes) for e in envelopes[2::3]]
+    for flush_every in (1, 4):
+        ref, _ = _bulk(envelopes, False, flush_every)
+        col, runs = _bulk(envelopes, True, flush_every)
+        assert runs > 0
+        assert len(col) == len(ref)
+        for c, r in zip(col, ref):
+            assert sorted(c.split(b"\n")) == sorted(r.split(b"\n"))
 
 
 def test_runs_count_as_rows_and_materialize_like_the_reference(compiled_path: object) -> None:

@@ -105,3 +105,22 @@ def test_net_count_is_the_number_of_net_changes() -> None:
         if rnd.random() < 0.05:
             f.add(ch(I, None, (n, n), KEYLESS, n=n))
         assert f.net_count() == len(f.changes()), f"after change {n}"
+
+
+def test_a_snapshot_chunk_is_one_slot_nothing_folds_across() -> None:
+    # ReadRows (a chunk, core/columnar.py): the changes before and after it
+    # keep their places; a change after it never folds into one before it
+    # (that would move its effect before the chunk's rows).
+    from cynomys.core.columnar import ReadRows, row_count
+    from cynomys.reducer.fold import Folder
+
+    chunk = ReadRows(R, "d", "t", "snap", Position("b.000001", 150), 1, KEYED, reads=((1, "r"), (2, "r")))
+    f = Folder()
+    for c in [ch(U, (1, "a"), (1, "b")), chunk, ch(D, (1, "r"), None, n=2), ch(I, None, (3, "x"), n=3),
+              ch(U, (3, "x"), (3, "y"), n=3)]:
+        f.add(c)
+    out = f.changes()
+    assert [(c.op, c.before, c.after) for c in out[:1]] == [(U, (1, "a"), (1, "b"))]
+    assert out[1] is chunk
+    assert [(c.op, c.before, c.after) for c in out[2:]] == [(D, (1, "r"), None), (I, None, (3, "y"))]
+    assert f.net_count() == row_count(out) == 5

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from cynomys.core.columnar import ReadRows
 from cynomys.core.gtid import GtidError, GtidSet
 from cynomys.core.model import Change, ColumnDef, Op, Position, RawTemporal, TableSchema
 from cynomys.snapshot.chunker import build_chunk_query, decode_key, encode_key, key_condition
@@ -213,43 +214,80 @@ def _mark(uuid: str) -> Change:
                   ("p1", uuid, "low"))
 
 
-def test_a_chunk_leaves_at_a_boundary_and_is_recorded_once_the_checkpoint_passes(tmp_path: Path) -> None:
-    """DBLog through the shared lifecycle (snapshot/task.py): the watermark
-    events open and close the window (and are never shipped); a key changed
-    inside it is dropped; the rest leaves only at a transaction boundary, as
-    READ rows and a Commit at that boundary; the table records the chunk only
-    when a checkpoint at or past that boundary is reported."""
-    from cynomys.core.config import Config, ProducerConfig
-    from cynomys.parser.txn import Commit
-    from cynomys.snapshot.coordinator import SnapshotCoordinator, _Active
-    from cynomys.snapshot.state import RUNNING
-    from cynomys.snapshot.window import Phase, Window
+class _Readers:
+    """Stands for the reader threads (snapshot/readers.py): answers are put
+    in by the test."""
 
-    cfg = Config(producer=ProducerConfig(state_dir=str(tmp_path)))
+    def __init__(self) -> None:
+        self.answers: list[object] = []
+        self.busy = 0
+        self.requests: list[object] = []
+
+    def submit(self, req: object) -> None:
+        self.busy += 1
+        self.requests.append(req)
+
+    def collect(self) -> list[object]:
+        out, self.answers = self.answers, []
+        self.busy -= len(out)
+        return out
+
+    @property
+    def results(self) -> object:
+        import queue
+        return queue.Queue()
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_chunk_leaves_at_a_boundary_and_is_recorded_once_the_checkpoint_passes(tmp_path: Path) -> None:
+    """DBLog through the shared lifecycle (snapshot/task.py), a chunk read by
+    a reader thread (snapshot/readers.py): its window is watched before the
+    read is queued, so a key changed inside it before the rows come is
+    dropped from them when they come; watermark events open and close the
+    window (and are never shipped); the rows leave only at a transaction
+    boundary, as one ReadRows and a Commit at that boundary; the table
+    records the chunk only when a checkpoint at or past it is reported."""
+    from cynomys.core.config import Config, ProducerConfig, SnapshotConfig
+    from cynomys.parser.txn import Commit
+    from cynomys.snapshot.coordinator import SnapshotCoordinator
+    from cynomys.snapshot.readers import ReadResult
+    from cynomys.snapshot.state import RUNNING
+
+    cfg = Config(producer=ProducerConfig(state_dir=str(tmp_path)), snapshot=SnapshotConfig(chunk_size=3))
     co = SnapshotCoordinator(cfg, start=P, first_start=False)
     co.jobs = [SnapshotJob("j", "request", RUNNING, (TableProgress("d.t"),))]
-    rows = [(1, 10), (2, 20), (3, 30)]
-    co._reading = _Active("j", 0, table_info("d", "t", [("id", "int"), ("v", "int")], ["id"], "InnoDB", 3),
-                          Window(Phase.WAIT_LOW, "L", "H"), ChunkWindow.of("d", "t", (0,), rows),
-                          encode_key((3,)), True)
+    readers = _Readers()
+    co._pool = readers  # type: ignore[assignment]
+    info = table_info("d", "t", [("id", "int"), ("v", "int")], ["id"], "InnoDB", 3)
+    co._describe = lambda *a: info  # type: ignore[method-assign]
+    co._connection = lambda: type("C", (), {"describe": lambda self, d, t: info})()  # type: ignore[method-assign, assignment]
+    assert co.poll(at_boundary=True) == [] and len(readers.requests) == 2  # two readers: two chunks queued
+    first, second = readers.requests
+    low, high = first.low, first.high  # type: ignore[attr-defined]
     before = _change(Op.UPDATE, (1, 10), (1, 11))
     assert co.observe(before) is before                  # before the low watermark: the select saw it
-    assert co.observe(_mark("L")) is None                # a watermark: never shipped
-    co.observe(_change(Op.DELETE, (2, 20), None))        # inside the window: the log carries key 2
+    assert co.observe(_mark(low)) is None                # a watermark: never shipped
+    co.observe(_change(Op.DELETE, (2, 20), None))        # inside the window, before the rows came: dropped
+    readers.answers.append(ReadResult(first.flight, 0, None, ((1, 10), (2, 20), (3, 30)), (3,), False))  # type: ignore[attr-defined]
+    readers.answers.append(ReadResult(second.flight))    # type: ignore[attr-defined]  # nothing left after it
     assert co.poll(at_boundary=True) == [] and co.wait_s() > 0
-    co.observe(_mark("H"))
+    co.observe(_mark(high))
     q = Position("b.000001", 900)
     co.observe(Commit(P, q, 7, "0-1-5"))
     assert co.wait_s() == 0.0 and co.poll(at_boundary=False) == []  # inside a transaction: wait
     out = co.poll(at_boundary=True)
-    assert [(c.op, c.after) for c in out if isinstance(c, Change)] == [(Op.READ, (1, 10)), (Op.READ, (3, 30))]
+    # One ReadRows for the chunk (core/columnar.py), a READ record per row on the wire.
+    assert [(c.op, c.reads) for c in out if isinstance(c, ReadRows)] == [(Op.READ, ((1, 10), (3, 30)))]
     assert out[-1] == Commit(q, q, 7, "")
     co.checkpointed(P)                                   # before the rows: not theirs
     assert co.jobs[0].tables[0].chunks == 0
     co.checkpointed(q)
     t = SnapshotStore(tmp_path).load()[0].tables[0]
-    assert (t.status, t.last_key, t.chunks, t.rows, t.scanned, t.dropped) == (DONE, encode_key((3,)), 1, 2, 3, 1)
-    assert SnapshotStore(tmp_path).load()[0].status == FINISHED
+    assert (t.status, t.last_key, t.chunks, t.rows, t.scanned, t.dropped) == ("pending", encode_key((3,)), 1, 2, 3, 1)
+    # Not the table's last chunk: the next ones are queued (the readers' plan goes on after key 3).
+    assert co.poll(at_boundary=True) == [] and len(readers.requests) == 4
 
 
 def test_the_watermark_table_reaches_the_tasks_whatever_the_filter_says(tmp_path: Path) -> None:
@@ -265,3 +303,43 @@ def test_the_watermark_table_reaches_the_tasks_whatever_the_filter_says(tmp_path
     read_only = Config(producer=ProducerConfig(state_dir=str(tmp_path)), snapshot=SnapshotConfig(read_only=True))
     base = TableFilter(["app.*"], [])
     assert SnapshotCoordinator(read_only, start=P, first_start=False).table_filter(base) is base
+
+
+def test_progress_has_a_rate_and_an_eta_from_the_first_chunk() -> None:
+    from cynomys.snapshot.state import RUNNING
+
+    job = SnapshotJob("j", "request", RUNNING, (TableProgress("d.a", scanned=3000, estimate=10_000),
+                                                 TableProgress("d.b", scanned=0, estimate=2_000)), started=100.0)
+    p = job.progress(now=110.0)
+    assert (p.done, p.total, p.rows_per_s, p.eta_s) == (3000, 12_000, 300.0, 30.0)
+    assert "3000/12000 rows (25.0%), 300 rows/s, ETA 0m30s" == p.describe()
+    # An estimate below what was read: the total follows the rows read.
+    low = SnapshotJob("j", "request", RUNNING, (TableProgress("d.a", scanned=500, estimate=100),), started=100.0)
+    assert low.progress(now=101.0).total == 500
+    # Not started yet: no rate, no ETA; over: no ETA.
+    assert SnapshotJob("j", "request", QUEUED, (TableProgress("d.a", estimate=9),)).progress(now=5.0).eta_s is None
+    done = SnapshotJob("j", "request", FINISHED, (TableProgress("d.a", scanned=9, estimate=9),), started=1.0,
+                       finished=4.0)
+    assert (done.progress(now=50.0).rows_per_s, done.progress(now=50.0).eta_s) == (3.0, None)
+
+
+def test_a_chunked_task_does_not_wait_for_the_log_when_its_next_chunk_is_due(tmp_path: Path) -> None:
+    # Nothing in flight and a chunk to read: the producer must not block on
+    # a quiet log for half a second before starting it (verify ran at 8.5k
+    # rows/s through the daemons for that); with nothing to read it may.
+    from cynomys.core.config import Config, ProducerConfig
+    from cynomys.snapshot.coordinator import SnapshotCoordinator
+    from cynomys.snapshot.state import RUNNING
+    from cynomys.snapshot.task import POLL_S
+    from cynomys.verify.coordinator import VerifyCoordinator
+    from cynomys.verify.state import VerifyJob, VerifyTask
+
+    cfg = Config(producer=ProducerConfig(state_dir=str(tmp_path)))
+    ver = VerifyCoordinator(cfg, start=P)
+    assert ver.wait_s() == POLL_S
+    ver._set_jobs([VerifyJob("v", RUNNING, (VerifyTask("d.t"),))])
+    assert ver.wait_s() == 0.0
+    snap = SnapshotCoordinator(cfg, start=P, first_start=False)
+    assert snap.wait_s() == POLL_S
+    snap._set_jobs([SnapshotJob("j", "request", RUNNING, (TableProgress("d.t"),))])
+    assert snap.wait_s() == 0.0

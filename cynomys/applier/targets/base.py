@@ -92,8 +92,7 @@ class TableFlush:
         idx = self.schema.key_indexes()
         keys = [tuple(r[i] for i in idx) for r in self.inserts]
         for run in self.runs:
-            ks = list(zip(*run.key_columns()))
-            keys += [k for i, k in enumerate(ks) if i not in run.excluded] if run.excluded else ks
+            keys += run_keys(run)
         return keys
 
     def all_inserts(self) -> list[Row]:
@@ -179,7 +178,10 @@ def _build_flush(changes: list[Change], state: AppliedState, columnar: bool) -> 
             if tf is not None:
                 raise _MixedShapes()
             tf = by_table[ident] = TableFlush(c.schema)
-        if type(c) is InsertRun:  # inserts of new keys (runs exist for keyed tables only)
+        if type(c) is InsertRun:  # inserts of new keys, or snapshot reads (runs exist for keyed tables only)
+            if c.op is Op.READ:
+                # READ is an upsert: the key's row the target may hold goes first.
+                tf.delete_keys.extend(run_keys(c))
             if columnar:
                 tf.runs.append(c)
             else:
@@ -206,6 +208,12 @@ def _build_flush(changes: list[Change], state: AppliedState, columnar: bool) -> 
             elif n > 0:
                 tf.inserts.extend([row] * n)
     return Flush(list(by_table.values()), state)
+
+
+def run_keys(run: InsertRun) -> list[tuple[Value, ...]]:
+    """The key of every row of ``run`` (without its excluded rows)."""
+    keys = list(zip(*run.key_columns()))
+    return [k for i, k in enumerate(keys) if i not in run.excluded] if run.excluded else keys
 
 
 class Target(ABC):

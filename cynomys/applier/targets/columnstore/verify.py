@@ -2,7 +2,8 @@
 
 The checksum of a key range (verify/checksum.py) is computed by the
 server in one aggregate query when every column's type has an exact SQL
-rendering of the canonical text (``checksum_sql``); otherwise the range's
+rendering of the canonical text (verify/sqlhash.py ``checksum_sql``, the
+expression the producer selects its chunks' row hashes with); otherwise the range's
 rows are read (one range scan of the primary key on InnoDB), converted to
 the model's domain as ``fetch_rows`` does, and hashed in Python.
 
@@ -18,17 +19,16 @@ keys would delete every key its collation calls equal, outside the range
 too, and inserting the source's rows could collide with them."""
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any, cast
 
 from cynomys.applier.targets.base import Target, register_purge_check
 from cynomys.applier.targets.columnstore.types import fetch_plan
 from cynomys.core.dialect import MARIADB
 from cynomys.core.model import Row, TableSchema, Value
-from cynomys.core.sourcetypes import BOOLEAN_NAMES, DECIMAL_NAMES, INT_FAMILIES, INT_SYNONYMS
 from cynomys.snapshot.chunker import COLUMN_ORDER_SQL, byte_key_param, byte_key_sql, byte_ordered, unordered_columns
 from cynomys.verify.checksum import MASK, Checksum, KeyRange, key_predicate
 from cynomys.verify.errors import RepairRefused
+from cynomys.verify.sqlhash import checksum_sql
 
 if TYPE_CHECKING:
     from pymysql.cursors import Cursor
@@ -113,45 +113,6 @@ def purge_check(target: Target, schema: TableSchema) -> None:
 
 
 register_purge_check("columnstore", purge_check)
-
-
-# Source base type -> SQL giving the canonical text of verify/checksum.py
-# for a non-NULL value.  FLOAT and DOUBLE are missing on purpose: their
-# canonical text is Python's shortest round-trip repr(), which MariaDB's
-# number-to-text conversion does not reproduce ('1e16' vs '1e+16'), so a
-# table with such a column is read back and hashed in Python instead.
-_SCALE = re.compile(r"\(\s*\d+\s*,\s*(\d+)\s*\)")
-_INT = "CAST({c} AS CHAR)"
-_SQL_TEXT: dict[str, str] = {
-    **{t: _INT for t in (*INT_FAMILIES, *INT_SYNONYMS, *BOOLEAN_NAMES)},
-    "bit": "CAST(CAST({c} AS UNSIGNED) AS CHAR)",
-    "year": "CAST({c} + 0 AS CHAR)",
-    # {s}: the source scale (a target column may keep fewer digits: ColumnStore's DECIMAL(38, 3))
-    **dict.fromkeys(DECIMAL_NAMES, "CAST(CAST({c} AS DECIMAL(65, {s})) AS CHAR)"),
-    "date": "CAST({c} AS CHAR)",
-    "datetime": "DATE_FORMAT({c}, '%Y-%m-%d %H:%i:%s.%f')",
-    "timestamp": "DATE_FORMAT({c}, '%Y-%m-%d %H:%i:%s.%f')",   # the session runs in UTC
-    "time": "CAST(ROUND(TIME_TO_SEC({c}) * 1000000) AS CHAR)",
-    **{t: "LOWER(HEX({c}))" for t in ("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob")},
-    **{t: "CONVERT({c} USING utf8mb4)" for t in ("char", "varchar", "tinytext", "text", "mediumtext", "longtext",
-                                                 "enum", "set", "json")},
-}
-
-
-def checksum_sql(schema: TableSchema) -> str | None:
-    """``SELECT COUNT(*), SUM(row hash)`` of the canonical checksum, or None
-    when a column's type has no exact SQL rendering here."""
-    parts = []
-    for col in schema.columns:
-        template = _SQL_TEXT.get(col.base_type)
-        if template is None:
-            return None
-        m = _SCALE.search(col.type)
-        text = "CAST(" + template.format(c=MARIADB.ident(col.name), s=int(m.group(1)) if m else 0) + " AS BINARY)"
-        # CONCAT is NULL when the value is: NULL hashes as the byte 0xFF.
-        parts.append(f"IFNULL(CONCAT(LENGTH({text}), ':', {text}), X'FF')")
-    row_hash = f"CAST(CONV(LEFT(MD5(CONCAT({', '.join(parts)})), 16), 16, 10) AS UNSIGNED)"
-    return f"SELECT COUNT(*), SUM({row_hash}) FROM {MARIADB.table(schema.database, schema.table)}"
 
 
 def checksum_range(target: ColumnStoreTarget, schema: TableSchema, rng: KeyRange) -> Checksum | None:

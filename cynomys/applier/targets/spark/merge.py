@@ -13,9 +13,9 @@ import pyarrow.compute as pc
 from pyspark.sql import types as T
 
 from cynomys.applier.targets import state as applied_state
-from cynomys.applier.targets.base import TableFlush
+from cynomys.applier.targets.base import TableFlush, run_keys
 from cynomys.core.dialect import SPARK
-from cynomys.core.model import AppliedState, Row, TableSchema, Value
+from cynomys.core.model import AppliedState, Op, Row, TableSchema, Value
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,10 @@ def keyed_rows(tf: TableFlush) -> tuple[list[Row], list[str], list[int | None]]:
     if len(latest) < len(tf.inserts):
         log.warning("table %s: %d final images share a key; the last one of each key is kept",
                     tf.schema.name, len(tf.inserts) - len(latest))
-    deleted = [k for k in dict.fromkeys(tf.delete_keys) if k not in latest]
+    # A snapshot's READ runs: build_flush deletes their keys first, but the
+    # MERGE upserts run rows ('U') anyway, and a key may be one source row only.
+    upserted = {k for run in tf.runs if run.op is Op.READ for k in run_keys(run)}
+    deleted = [k for k in dict.fromkeys(tf.delete_keys) if k not in latest and k not in upserted]
     width = len(tf.schema.columns)
     rows: list[Row] = list(latest.values())
     for k in deleted:

@@ -1,0 +1,415 @@
+"""Initial load: Cynomys' initial snapshot vs a hand copy, side by side in one run.
+
+    python bench/initial_load.py [--rows 10000000] [--targets columnstore,spark] [--keyless]
+                                 [--writers 4] [--write-rate 25]
+
+For each target, in a fresh work folder: a throwaway MariaDB source holding
+``--rows`` TPC-H lineitem rows (loaded with LOAD DATA from duckdb's dbgen),
+with the primary key (l_orderkey, l_linenumber) -- or, with ``--keyless``,
+the same table without a key.  Measured in the same run:
+
+  hand copy   ``SELECT * INTO OUTFILE`` on the source + ``LOAD DATA INFILE``
+              into a fresh table of a second MariaDB (InnoDB): what a user
+              would do by hand, without writers
+  Cynomys     the producer and applier daemons started on the source with
+              writers going (``[source] start = "current"``, the initial
+              snapshot on, every other setting the default; Redis Stream
+              transport, sealed envelopes), timed from their start until the
+              target holds the source's rows: the snapshot finished, then the
+              writers stopped and the target caught up with the source's
+              binlog end; then the target is checked equal to the source
+
+The writers (``--writers`` threads, ``--write-rate`` transactions/s each)
+update a random existing row and insert a new order past the table's end in
+each transaction, so keys change inside chunk windows while they are read.
+Recorded: seconds and rows/s of each, their ratio, the producer's and
+applier's peak RSS (VmHWM) and the load average during the run.  Targets:
+``columnstore`` (the ColumnStore target code on a second MariaDB with
+engine InnoDB) and ``spark`` (local Spark, Iceberg).  Equality: row count
+and the canonical checksum of every row (verify/checksum.py) in SQL on both
+MariaDBs (columnstore); on Spark, the row count and sums of every numeric
+column and of the text lengths in Spark SQL against the same sums on the
+source.  Writes bench/results/initial_load.json (``--keyless``:
+initial_load_keyless.json) and a PNG.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import RESULTS, daemon, write_result  # noqa: E402
+from bench.lineitem import TARGET_SECTIONS  # noqa: E402
+from bench.tpch import LINEITEM_DDL, _extension  # noqa: E402
+from cynomys.sandbox.mariadb import REPL_PASSWORD, REPL_USER, MariaDBServer  # noqa: E402
+from cynomys.sandbox.redis import RedisProcess  # noqa: E402
+
+COLUMNS = ("l_orderkey, l_partkey, l_suppkey, l_linenumber, l_quantity, l_extendedprice, l_discount, l_tax, "
+           "l_returnflag, l_linestatus, l_shipdate, l_commitdate, l_receiptdate, l_shipinstruct, l_shipmode, l_comment")
+
+
+def make_tsv(rows: int, path: Path) -> None:
+    """``rows`` lineitem rows as a tab-separated file (duckdb's dbgen; past
+    one scale factor it makes whole ones only: sf 1.67 gave sf 1's 6.0M)."""
+    import math
+
+    import duckdb
+
+    sf = max(0.01, round(rows / 6_000_000 + 0.005, 3))
+    if sf > 1:
+        sf = math.ceil(rows / 5_900_000)
+    con = duckdb.connect(config={"allow_unsigned_extensions": "true"})
+    con.execute(f"LOAD '{_extension()}'")
+    con.execute(f"CALL dbgen(sf={sf})")
+    con.execute(f"COPY (SELECT * FROM lineitem ORDER BY l_orderkey, l_linenumber LIMIT {int(rows)}) TO '{path}' "
+                "(HEADER false, DELIMITER '\t')")
+    con.close()
+
+
+def ddl(keyless: bool) -> str:
+    return LINEITEM_DDL.replace(",\n  PRIMARY KEY (l_orderkey, l_linenumber))", ")") if keyless else LINEITEM_DDL
+
+
+def load(srv: MariaDBServer, tsv: Path, keyless: bool) -> None:
+    srv.execute("CREATE DATABASE IF NOT EXISTS tpch")
+    conn = srv.connect("tpch", local_infile=True)
+    with conn.cursor() as cur:
+        cur.execute(ddl(keyless))
+        cur.execute(f"LOAD DATA LOCAL INFILE '{tsv}' INTO TABLE lineitem FIELDS TERMINATED BY '\\t'")
+        cur.execute("ANALYZE TABLE lineitem")
+    conn.close()
+
+
+def hand_copy(src: MariaDBServer, tgt: MariaDBServer, work: Path, keyless: bool) -> dict[str, Any]:
+    """SELECT ... INTO OUTFILE on the source + LOAD DATA INFILE into the target, timed."""
+    out = work / "handcopy.tsv"
+    tgt.execute("DROP DATABASE IF EXISTS handcopy", "CREATE DATABASE handcopy")
+    tgt.execute(ddl(keyless), database="handcopy")
+    t0 = time.monotonic()
+    src.execute(f"SELECT * INTO OUTFILE '{out}' FROM tpch.lineitem")
+    t1 = time.monotonic()
+    tgt.execute(f"LOAD DATA INFILE '{out}' INTO TABLE handcopy.lineitem")
+    t2 = time.monotonic()
+    n = int(tgt.execute("SELECT COUNT(*) FROM handcopy.lineitem")[0][0])
+    out.unlink()
+    tgt.execute("DROP DATABASE handcopy")
+    return {"rows": n, "outfile_s": round(t1 - t0, 2), "load_data_s": round(t2 - t1, 2),
+            "seconds": round(t2 - t0, 2), "rows_per_s": round(n / (t2 - t0))}
+
+
+class Writers:
+    """``n`` threads, each ``rate`` transactions/s: update a random row,
+    insert a new order (orderkeys past the table's end)."""
+
+    def __init__(self, src: MariaDBServer, n: int, rate: float, max_key: int, keyless: bool) -> None:
+        self.src, self.n, self.rate, self.keyless = src, n, rate, keyless
+        self.next_key = max_key + 1
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.count = 0
+        self.errors: list[BaseException] = []
+        self.threads = [threading.Thread(target=self._run, args=(i, max_key), daemon=True) for i in range(n)]
+
+    def start(self) -> Writers:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def _run(self, i: int, max_key: int) -> None:
+        rng = random.Random(i)
+        try:
+            conn = self.src.connect("tpch")
+            conn.autocommit(False)
+            with conn.cursor() as cur:
+                next_at = time.monotonic()
+                while not self.stop.is_set():
+                    k = rng.randint(1, max_key)
+                    if self.keyless:
+                        cur.execute("UPDATE lineitem SET l_comment = %s WHERE l_orderkey = %s LIMIT 1",
+                                    (f"w{i}-{rng.random():.6f}", k))
+                    else:
+                        cur.execute("UPDATE lineitem SET l_comment = %s, l_quantity = l_quantity + 1 "
+                                    "WHERE l_orderkey = %s AND l_linenumber = 1", (f"w{i}-{rng.random():.6f}", k))
+                    with self.lock:
+                        new = self.next_key
+                        self.next_key += 1
+                    cur.execute(f"INSERT INTO lineitem ({COLUMNS}) VALUES (%s, 1, 1, 1, 1.00, 2.00, 0.05, 0.01, "
+                                "'N', 'O', '2024-01-01', '2024-01-02', '2024-01-03', 'NONE', 'MAIL', %s)",
+                                (new, f"writer {i}"))
+                    conn.commit()
+                    self.count += 1
+                    next_at += 1.0 / self.rate
+                    time.sleep(max(0.0, next_at - time.monotonic()))
+            conn.close()
+        except BaseException as exc:  # reported by the main thread
+            self.errors.append(exc)
+
+    def close(self) -> int:
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
+        if self.errors:
+            raise self.errors[0]
+        return self.count
+
+
+def config(work: Path, src: MariaDBServer, redis_url: str, target: str, keys: dict[str, Path],
+           snapshot: str = "") -> Path:
+    text = f"""[source]
+host = "127.0.0.1"
+port = {src.port}
+user = "{REPL_USER}"
+password = "{REPL_PASSWORD}"
+include_tables = ["tpch.*"]
+start = "current"
+heartbeat_s = 0.5
+[producer]
+id = "bench"
+state_dir = "{work / 'producer'}"
+[transport]
+url = "{redis_url}"
+stream = "bench"
+[security]
+{chr(10).join(f'{k} = "{v}"' for k, v in keys.items())}
+[applier]
+state_dir = "{work / 'applier'}"
+{snapshot}
+{target}"""
+    path = work / "cynomys.toml"
+    path.write_text(text)
+    return path
+
+
+def vm_hwm_mb(pid: int) -> float | None:
+    try:
+        m = re.search(r"VmHWM:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text())
+        return round(int(m.group(1)) / 1024, 1) if m else None
+    except OSError:
+        return None
+
+
+def applied_position(work: Path) -> tuple[str, int] | None:
+    try:
+        d = json.loads((work / "applier" / "applier.json").read_text())
+        return d["position"]["file"], int(d["position"]["pos"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def snapshot_job(work: Path) -> dict[str, Any] | None:
+    try:
+        jobs = json.loads((work / "producer" / "snapshot.json").read_text())["jobs"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return next((j for j in jobs if j["id"] == "initial"), None)
+
+
+def mariadb_digest(srv: MariaDBServer, db: str, keyless: bool) -> tuple[int, int]:
+    """(rows, canonical checksum) of db.lineitem, in SQL on the server."""
+    from cynomys.core.config import SourceConfig
+    from cynomys.snapshot.source import SnapshotConnection
+    from cynomys.verify.sqlhash import checksum_sql
+
+    conn = SnapshotConnection(SourceConfig(**srv.source_settings()) if db == "tpch" else
+                              SourceConfig(host="127.0.0.1", port=srv.port, user="root", password="root-secret"))
+    try:
+        schema = conn.describe(db, "lineitem").schema
+        sql = checksum_sql(schema)
+        assert sql is not None
+        n, total = conn.query(sql)[0]
+        return int(n), int(total or 0) & ((1 << 64) - 1)
+    finally:
+        conn.close()
+
+
+_SUMS = ("COUNT(*)", "SUM(l_orderkey)", "SUM(l_partkey)", "SUM(l_linenumber)", "SUM(l_quantity)",
+         "SUM(l_extendedprice)", "SUM(l_discount)", "SUM(l_tax)", "SUM(LENGTH(l_comment))",
+         "SUM(LENGTH(l_shipinstruct))")
+
+
+def spark_sums(work: Path, cfg: Path) -> list[str]:
+    from cynomys.applier.targets.base import open_target
+    from cynomys.core.config import load_config
+
+    t = open_target(load_config(cfg, env={}))
+    t.connect()
+    try:
+        table = t.qualified("tpch", "lineitem")  # type: ignore[attr-defined]
+        got = t.spark.sql(f"SELECT {', '.join(_SUMS)} FROM {table}").collect()  # type: ignore[attr-defined]
+        return [str(v) for v in got[0]]
+    finally:
+        t.close()
+
+
+def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, Any]:
+    from cynomys.transport.keys import generate_keys
+
+    work = Path(tempfile.mkdtemp(prefix=f"cynomys-initial-{kind}-"))
+    src = MariaDBServer(server_id=1, base=str(work / "source")).start()
+    redis = RedisProcess(str(work / "redis")).start()
+    section, tgt = TARGET_SECTIONS[kind](work, "")
+    copy_tgt = tgt if isinstance(tgt, MariaDBServer) else MariaDBServer(server_id=3, base=str(work / "copy")).start()
+    procs: list[subprocess.Popen[bytes]] = []
+    loads: list[float] = []
+    keep = args.keep
+    try:
+        load(src, tsv, args.keyless)
+        rows = int(src.execute("SELECT COUNT(*) FROM tpch.lineitem")[0][0])
+        print(f"[{kind}] source holds {rows:,} rows", flush=True)
+        copy = hand_copy(src, copy_tgt, work, args.keyless)
+        print(f"[{kind}] hand copy: {copy}", flush=True)
+        max_key = int(src.execute("SELECT MAX(l_orderkey) FROM tpch.lineitem")[0][0])
+        extra = f"[snapshot]\nmax_connections = {args.max_connections}" if args.max_connections else ""
+        cfg = config(work, src, redis.url, section, generate_keys(work / "keys"), extra)
+        writers = Writers(src, args.writers, args.write_rate, max_key, args.keyless).start()
+        t0 = time.monotonic()
+        procs = [daemon(cfg, "produce", work / "producer.log"), daemon(cfg, "apply", work / "applier.log")]
+        rss: dict[str, float | None] = {}
+        snap_s = None
+        last_print = 0.0
+        deadline = time.monotonic() + args.timeout
+        while time.monotonic() < deadline:
+            for name, p in zip(("producer", "applier"), procs):
+                if p.poll() is not None:
+                    raise RuntimeError(f"{name} exited {p.returncode}: see {work / (name + '.log')}")
+            job = snapshot_job(work)
+            if job is not None and job["status"] in ("done", "failed", "cancelled"):
+                if job["status"] != "done":
+                    raise RuntimeError(f"the initial snapshot ended {job['status']}: {job.get('error')}")
+                snap_s = time.monotonic() - t0
+                break
+            if time.monotonic() - last_print > 10:
+                loads.append(os.getloadavg()[0])
+                done = sum(t["scanned"] for t in job["tables"]) if job else 0
+                print(f"[{kind}]   {time.monotonic() - t0:6.1f}s snapshot read {done:,} rows", flush=True)
+                last_print = time.monotonic()
+            time.sleep(0.1)
+        if snap_s is None:
+            raise RuntimeError(f"the initial snapshot did not finish in {args.timeout}s; see {work}")
+        written = writers.close()
+        end_file, end_pos = src.execute("SHOW MASTER STATUS")[0][:2]
+        while time.monotonic() < deadline:
+            at = applied_position(work)
+            if at is not None and at[0] == end_file and at[1] >= end_pos:
+                break
+            for name, p in zip(("producer", "applier"), procs):
+                if p.poll() is not None:
+                    raise RuntimeError(f"{name} exited {p.returncode}: see {work / (name + '.log')}")
+            time.sleep(0.05)
+        equal_s = time.monotonic() - t0
+        loads.append(os.getloadavg()[0])
+        for name, p in zip(("producer", "applier"), procs):
+            rss[name] = vm_hwm_mb(p.pid)
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait(300)
+        check: dict[str, Any]
+        if isinstance(tgt, MariaDBServer):
+            s, t = mariadb_digest(src, "tpch", args.keyless), mariadb_digest(tgt, "tpch", args.keyless)
+            check = {"source": list(s), "target": list(t), "equal": s == t}
+        else:
+            want = [str(v) for v in src.execute(f"SELECT {', '.join(_SUMS)} FROM tpch.lineitem")[0]]
+            got = spark_sums(work, cfg)
+            norm = [lambda v: re.sub(r"\.0+$|(\.\d*?)0+$", r"\1", v)]  # 12.50 vs 12.5
+            check = {"source": want, "target": got,
+                     "equal": [norm[0](v) for v in want] == [norm[0](v) for v in got]}
+        result = {
+            "target": kind, "keyless": args.keyless, "rows": rows, "hand_copy": copy,
+            "max_connections": args.max_connections or "default",
+            "cynomys": {"snapshot_done_s": round(snap_s, 2), "target_equal_s": round(equal_s, 2),
+                        "rows_per_s": round(rows / equal_s), "writer_transactions": written,
+                        "peak_rss_mb": rss},
+            "cynomys_vs_hand_copy": round(equal_s / copy["seconds"], 2),
+            "load_avg": {"samples": [round(x, 1) for x in loads],
+                         "mean": round(sum(loads) / len(loads), 1) if loads else None},
+            "check": check,
+        }
+        print(f"[{kind}] {json.dumps(result)}", flush=True)
+        keep = keep or not check["equal"]
+        return result
+    except BaseException:
+        keep = True
+        raise
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        redis.stop()
+        src.destroy()
+        if tgt is not None:
+            tgt.destroy()
+        if copy_tgt is not tgt:
+            copy_tgt.destroy()
+        if keep:
+            print(f"[{kind}] work folder kept (logs, state): {work}", flush=True)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def plot(results: list[dict[str, Any]], out: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels, values, colors = [], [], []
+    for r in results:
+        labels += [f"{r['target']}: hand copy", f"{r['target']}: Cynomys"]
+        values += [r["hand_copy"]["rows_per_s"], r["cynomys"]["rows_per_s"]]
+        colors += ["#999", "#37a"]
+    fig, ax = plt.subplots(figsize=(8, 0.9 + 0.6 * len(labels)))
+    ax.barh(range(len(labels)), values, color=colors)
+    for i, v in enumerate(values):
+        ax.text(v, i, f" {v:,.0f}", va="center", fontsize=8)
+    ax.set_yticks(range(len(labels)), labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("rows/s (start to target equal; hand copy: OUTFILE + LOAD DATA)")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--targets", default="columnstore,spark")
+    ap.add_argument("--keyless", action="store_true", help="the table without a primary key")
+    ap.add_argument("--writers", type=int, default=4)
+    ap.add_argument("--write-rate", type=float, default=25.0, help="transactions/s of each writer")
+    ap.add_argument("--timeout", type=float, default=7200.0)
+    ap.add_argument("--keep", action="store_true", help="keep each run's work folder")
+    ap.add_argument("--name", default="", help="result file name (default initial_load[_keyless])")
+    ap.add_argument("--max-connections", type=int, default=0, help="[snapshot] max_connections (0: the default)")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="cynomys-initial-data-"))
+    try:
+        tsv = tmp / "lineitem.tsv"
+        print(f"generating {args.rows:,} lineitem rows ...", flush=True)
+        make_tsv(args.rows, tsv)
+        results = [run(kind, tsv, args.rows, args) for kind in args.targets.split(",")]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    name = args.name or ("initial_load_keyless" if args.keyless else "initial_load")
+    out = write_result(name, {"rows": args.rows, "writers": args.writers, "write_rate_per_writer": args.write_rate,
+                              "results": results})
+    plot(results, RESULTS / f"{name}.png",
+         f"Initial load of {args.rows:,} lineitem rows{' (no primary key)' if args.keyless else ''}, "
+         f"{args.writers} writers going")
+    print(f"wrote {out} and {RESULTS / (name + '.png')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""Chunk readers: snapshot chunk selects on their own threads and connections.
+
+The producer's loop must not wait for a chunk select (the log keeps flowing
+while chunks load), and one select at a time leaves the source idle while
+the producer converts, folds and ships the previous chunk.  So the snapshot
+task (snapshot/coordinator.py) hands each chunk to a pool of
+``[snapshot] max_connections`` reader threads, each with its own source
+connection (the chunk driver, snapshot/source.py), and several chunks of a
+table are read at once, each between its own watermarks.
+
+Where chunks end.  A chunk is ``after < key <= end``; ``Plan`` says where the
+next chunk of a table starts.  With one reader a chunk is the next ``rows``
+rows after ``after`` (``LIMIT``) and ends at the last key read, as before.
+With several, a reader first asks the source where the chunk ends
+(``build_boundary_query``: the key ``rows`` rows on, found without sending
+the rows), moves the plan past it and lets go of the plan, so the next
+reader can start the next chunk while this one reads its range
+(``build_range_query``: a fixed range, so rows inserted into it meanwhile
+are read or come through the log, never lost to a LIMIT).  The last chunk of
+a table (no boundary: fewer rows left) reads with ``LIMIT`` while holding
+the plan; if it comes back full (rows appended meanwhile) the plan goes on
+after its last key.  Each chunk gets a sequence number from its plan
+in key order; the producer hands chunks over in that order, so the key it
+records as done only grows.
+
+Watermarks.  The producer creates each chunk's ``Window`` before the read is
+queued: with DBLog it picks the two UUIDs (``ReadRequest.low/high``) and the
+reader writes exactly those, so no watermark event can come by before the
+producer watches for it.  Read-only reads return their GTID marks, which the
+producer places in the log when the result arrives (changes of the table seen
+meanwhile are kept and classified then).
+
+Threads share nothing with the producer but the two queues and the plans
+(each under its own lock); a reader's error goes back in its result and is
+raised by the producer's thread (a lost source is transient: the producer
+restarts and the snapshot resumes after its last recorded chunk).
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from cynomys.core.config import Config
+from cynomys.core.model import Row
+from cynomys.snapshot.chunker import build_boundary_query, build_chunk_query, build_range_query
+from cynomys.snapshot.columns import TableInfo, row_converter
+from cynomys.snapshot.source import SnapshotConnection, chunk_driver
+from cynomys.snapshot.watermark import WindowOpener
+from cynomys.snapshot.window import GtidMarks
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Plan:
+    """Where the next chunk of one table (a job's part) starts, shared by
+    the readers (under ``lock``): ``after`` in driver key values (None:
+    the table's start), ``done`` once the last chunk is planned, ``seq`` the
+    next chunk's number."""
+
+    after: tuple[Any, ...] | None
+    done: bool = False
+    seq: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+
+@dataclass(frozen=True)
+class ReadRequest:
+    flight: int            # the producer's id of the chunk
+    plan: Plan
+    info: TableInfo
+    where: str
+    rows: int              # rows per chunk
+    low: str = ""          # DBLog watermark UUIDs ("" read-only)
+    high: str = ""
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    flight: int
+    seq: int = -1                          # -1: nothing was left to read
+    start: tuple[Any, ...] | None = None   # driver key the chunk starts after (None: the table's start)
+    rows: tuple[Row, ...] = ()             # model values, key order
+    end: tuple[Any, ...] | None = None     # driver key the chunk ends at (its range's end, or its last row)
+    exhausted: bool = False                # the table's last chunk
+    marks: GtidMarks | None = None         # read-only windows
+    error: BaseException | None = None
+
+
+class ChunkReaders:
+    """``size`` reader threads with their own connections (module doc)."""
+
+    def __init__(self, cfg: Config, size: int) -> None:
+        self.cfg = cfg
+        self.size = max(1, size)
+        self.driver = chunk_driver(cfg.source, cfg.snapshot.driver)
+        self.requests: queue.Queue[ReadRequest | None] = queue.Queue()
+        self.results: queue.Queue[ReadResult] = queue.Queue()
+        self.busy = 0                      # requests not answered yet (the producer's count)
+        self._threads = [threading.Thread(target=self._run, name=f"snapshot-reader-{i}", daemon=True)
+                         for i in range(self.size)]
+        for t in self._threads:
+            t.start()
+        log.info("snapshot: %d chunk reader(s), driver %s", self.size, self.driver)
+
+    def submit(self, req: ReadRequest) -> None:
+        self.busy += 1
+        self.requests.put(req)
+
+    def collect(self) -> list[ReadResult]:
+        out = []
+        while True:
+            try:
+                out.append(self.results.get_nowait())
+            except queue.Empty:
+                break
+        self.busy -= len(out)
+        return out
+
+    def close(self) -> None:
+        for _ in self._threads:
+            self.requests.put(None)
+        for t in self._threads:
+            t.join(timeout=5)
+
+    # -- the reader threads ----------------------------------------------------
+    def _run(self) -> None:
+        conn: SnapshotConnection | None = None
+        opener: WindowOpener | None = None
+        scfg = self.cfg.snapshot
+        try:
+            while True:
+                req = self.requests.get()
+                if req is None:
+                    return
+                try:
+                    if conn is None or opener is None:
+                        conn = SnapshotConnection(self.cfg.source, self.driver)
+                        opener = WindowOpener(conn, read_only=scfg.read_only, schema=scfg.watermark_schema,
+                                              producer_id=self.cfg.producer.id)
+                    res = self._read(conn, opener, req)
+                except BaseException as exc:  # raised in the producer's thread
+                    res = ReadResult(req.flight, error=exc)
+                    if conn is not None:
+                        conn.close()  # the session may be inside a transaction: start afresh
+                    conn = opener = None
+                self.results.put(res)
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def _read(self, conn: SnapshotConnection, opener: WindowOpener, req: ReadRequest) -> ReadResult:
+        s = req.info.schema
+        key, idx = s.key, s.key_indexes()
+        plan = req.plan
+        with plan.lock:
+            if plan.done:
+                return ReadResult(req.flight)
+            after, seq = plan.after, plan.seq
+            plan.seq += 1
+            end: tuple[Any, ...] | None = None
+            if self.size > 1:
+                # Where this chunk ends, so the next reader may start after it now.
+                got = conn.query(*_args(build_boundary_query(s.database, s.table, s.columns, key, after, req.rows,
+                                                             req.where)))
+                end = tuple(got[0]) if got else None
+            if end is not None:
+                plan.after = end
+                query = build_range_query(s.database, s.table, s.columns, key, after, end, req.where)
+            else:
+                query = build_chunk_query(s.database, s.table, s.columns, key, after, req.rows, req.where)
+            if self.size == 1 or end is None:
+                # One reader, or the last chunk: it reads while holding the
+                # plan (its end is its last row); the plan moves past it.
+                raw, marks = opener.read(query, req.low, req.high)
+                full = len(raw) >= req.rows
+                if raw:
+                    end = tuple(raw[-1][i] for i in idx)  # driver values, as the next select takes them
+                    plan.after = end
+                plan.done = not full
+                return ReadResult(req.flight, seq, after, _converted(req.info, raw), end, not full, marks)
+        raw, marks = opener.read(query, req.low, req.high)
+        return ReadResult(req.flight, seq, after, _converted(req.info, raw), end, False, marks)
+
+
+def _args(q: Any) -> tuple[str, tuple[Any, ...]]:
+    return q.sql, q.params
+
+
+def _converted(info: TableInfo, raw: list[tuple[Any, ...]]) -> tuple[Row, ...]:
+    convert = row_converter(info.schema.columns)
+    if convert is tuple:  # no column needs converting: the driver's tuples are the rows
+        return tuple(raw)
+    return tuple(convert(r) for r in raw)
+
