@@ -5,14 +5,16 @@ configuration loader like every other section (unknown keys refused, each
 key overridable as ``CYNOMYS_TARGET_SPARK_<KEY>``, documented in
 docs/reference/configuration.md); the target reads them with
 ``cfg.target.of(SparkConfig)``.  This module imports nothing but
-``cynomys.core``: the loader imports it even where Spark is not installed.
+``cynomys.core`` and the pure ``layout`` module: the loader imports it even
+where Spark is not installed.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from cynomys.core.config import NON_NEGATIVE, POSITIVE, TargetOptions, one_of
+from cynomys.applier.targets.spark import layout
+from cynomys.core.config import NON_NEGATIVE, POSITIVE, SECRET, TargetOptions, checked, one_of
 
 
 @dataclass(frozen=True)
@@ -29,12 +31,20 @@ class SparkConfig(TargetOptions):
     warehouse: str = "./warehouse"
     # The catalog's name in SQL: tables are `<catalog>.<db>.<table>`.
     catalog: str = "cynomys"
-    # The Iceberg catalog: `hadoop` (a warehouse directory), `hive` or `rest`
-    # (both need `catalog_uri`).
-    catalog_type: str = field(default="hadoop", metadata=one_of("hadoop", "hive", "rest"))
-    # The metastore (`thrift://...`, hive) or REST endpoint (`http://...`,
-    # rest); refused with `catalog_type = "hadoop"`.
+    # The Iceberg catalog: `hadoop` (a warehouse directory), `jdbc` (table
+    # pointers in PostgreSQL or MariaDB/MySQL: a catalog other engines share;
+    # data files in `warehouse`), `hive` or `rest` (all three need
+    # `catalog_uri`).  See docs/guides/spark-iceberg.md#catalogs.
+    catalog_type: str = field(default="hadoop", metadata=one_of("hadoop", "jdbc", "hive", "rest"))
+    # The catalog's address: `jdbc:postgresql://host:5432/db` or
+    # `jdbc:mariadb://host:3306/db` (jdbc), `thrift://...` (hive), `http://...`
+    # (rest); refused with `catalog_type = "hadoop"`.
     catalog_uri: str = ""
+    # The JDBC catalog's database user (`catalog_type = "jdbc"`).
+    catalog_user: str = ""
+    # The JDBC catalog's password; better from the environment
+    # (CYNOMYS_TARGET_SPARK_CATALOG_PASSWORD).
+    catalog_password: str = field(default="", repr=False, metadata=SECRET)
     # Any Spark setting; it wins over Cynomys's own.
     conf: dict[str, str] = field(default_factory=dict)
     # Jars for the Spark session (relative paths taken from the config file).
@@ -64,3 +74,35 @@ class SparkConfig(TargetOptions):
     # JVM's write paths in a thread (spark/warmup.py): a cold JVM's first
     # flushes took 3-5x a warm one's time.
     warm_up: bool = True
+    # The Iceberg format version of new tables (2: position-delete files;
+    # 3: deletion vectors, Iceberg 1.8+); a table's own `format-version` in
+    # `table_properties` wins.  bench/results/spark_format_versions.json
+    # has the numbers behind the default.
+    format_version: int = field(default=2, metadata=checked(lambda v: v in layout.FORMAT_VERSIONS, "2 or 3"))
+    # Partition spec per table: `"<db>.<table or pattern>" = ["bucket(16, id)",
+    # "days(created_at)"]` (identity `col`, `bucket(N, col)`, `truncate(W, col)`,
+    # `years`/`months`/`days`/`hours(col)`).  An exact name wins, else the
+    # first pattern written that matches.
+    partition_by: dict[str, list[str]] = field(default_factory=dict)
+    # Sort order per table (the order of the rows in each data file written):
+    # `"shop.orders" = ["customer_id", "id DESC"]`; matched as `partition_by`.
+    sort_by: dict[str, list[str]] = field(default_factory=dict)
+    # Iceberg table properties per table or pattern, e.g. `"*.*" =
+    # {"write.parquet.compression-codec" = "zstd", "write.target-file-size-bytes"
+    # = "134217728"}`; every match applies (patterns in the order written,
+    # then the exact name).  `format-version` here wins over `format_version`.
+    table_properties: dict[str, dict[str, str]] = field(default_factory=dict)
+    # What to do with an existing table whose layout differs from the above:
+    # `refuse` (stop with a message naming the table and the difference) or
+    # `evolve` (change it in place: partition evolution, write order,
+    # properties, format upgrade; files already written keep their layout
+    # until compaction rewrites them).
+    layout_changes: str = field(default="refuse", metadata=one_of("refuse", "evolve"))
+
+    def cross_check(self) -> str | None:
+        return layout.check(self.partition_by, self.sort_by, self.table_properties, self.format_version)
+
+    def table_layout(self, database: str, table: str) -> layout.TableLayout:
+        """The layout the keys above ask for table ``database.table``."""
+        return layout.layout_for(f"{database}.{table}", self.partition_by, self.sort_by,
+                                 self.table_properties, self.format_version)
