@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import itertools
 from decimal import Decimal
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -196,3 +197,40 @@ def test_layout_change_refused_then_evolved(factory: Factory, db: str) -> None:
     assert [str(f.transform) for f in t.spec().fields] == ["bucket[8]"] and not t.sort_order().fields
     assert t.properties["write.target-file-size-bytes"] == "67108864"
     assert len(evolve.fetch_rows(db, "orders")) == 22
+
+
+# --------------------------------------------------------------------------
+# cynomys sql: read-only consoles (Spark, DuckDB)
+# --------------------------------------------------------------------------
+def _files(root: Path) -> dict[str, float]:
+    return {str(p): p.stat().st_mtime for p in root.rglob("*") if p.is_file()}
+
+
+def test_cynomys_sql_reads_without_writing(factory: Factory, db: str, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    target = factory(spark={"jdbc": False, "catalog": "sq"})
+    _fill(target, _orders(db), 30)
+    warehouse = Path(target.settings.warehouse)
+    conf = ", ".join(f'"{k}" = "{v}"' for k, v in spark_setup.TEST_CONF.items())
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[target]\nkind = "spark"\n[target.spark]\nmaster = "local[1]"\nwarehouse = "{warehouse}"\n'
+                   f'catalog = "sq"\nconf = {{ {conf} }}\n')
+    before = _files(warehouse)
+    query = f"SELECT customer, count(*) AS n FROM {db}.orders GROUP BY customer ORDER BY customer"
+    took = {}
+    for engine in ("spark", "duckdb"):
+        t0 = time.monotonic()
+        out = subprocess.run([sys.executable, "-m", "cynomys.cli", "sql", "-c", str(cfg), "--engine", engine, query],
+                             capture_output=True, text=True, timeout=300)
+        took[engine] = round(time.monotonic() - t0, 1)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert "c0" in out.stdout and "c6" in out.stdout, out.stdout
+        assert "warm-up" not in out.stderr
+    assert _files(warehouse) == before  # no state table, no warm-up table, no commit
+    print(f"cynomys sql took {took} (2-core box, shared)")
+    bad = subprocess.run([sys.executable, "-m", "cynomys.cli", "sql", "-c", str(cfg), "--engine", "duckdb",
+                          "SELECT * FROM nowhere.nothing"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "nowhere" in bad.stderr and "Traceback" not in bad.stderr

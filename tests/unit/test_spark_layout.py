@@ -85,7 +85,7 @@ layout_changes = "evolve"
 "*.*" = { "write.parquet.compression-codec" = "snappy" }
 """), env={})
     sc = cfg.target.of(SparkConfig)
-    got = sc.table_layout("shop", "orders")
+    got = L.of(sc, "shop", "orders")
     assert [p.sql for p in got.partition] == ["bucket(16, `id`)", "days(`created_at`)"]
     assert got.sort_sql() == "WRITE LOCALLY ORDERED BY `id` DESC NULLS LAST"
     assert got.format_version == 3 and sc.layout_changes == "evolve"
@@ -97,10 +97,17 @@ layout_changes = "evolve"
     ('[target.spark.sort_by]\n"a.b" = ["id up"]\n', "sort_by['a.b']"),
     ('[target.spark.table_properties]\n"a.*" = { "write.merge.mode" = "copy-on-write" }\n', "Cynomys manages"),
     ('[target.spark.table_properties]\n"a.*" = { "format-version" = "1" }\n', "format-version '1'"),
-    ("format_version = 4\n", "2 or 3"),
-    ('layout_changes = "maybe"\n', "layout_changes"),
 ])
-def test_bad_layout_config_is_refused_when_loaded(tmp_path: Path, body: str, says: str) -> None:
+def test_bad_layout_config_is_refused_before_spark_starts(tmp_path: Path, body: str, says: str) -> None:
+    """Checked when the target is built (``cynomys config check`` builds it)."""
+    cfg = load_config(_toml(tmp_path, body), env={})
+    with pytest.raises(ConfigError) as info:
+        spark_session.session_conf(cfg)
+    assert says in str(info.value) and "[target.spark]" in str(info.value)
+
+
+@pytest.mark.parametrize("body, says", [("format_version = 4\n", "2 or 3"), ('layout_changes = "maybe"\n', "layout_changes")])
+def test_bad_layout_keys_are_refused_when_loaded(tmp_path: Path, body: str, says: str) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(_toml(tmp_path, body), env={})
     assert says in str(info.value)

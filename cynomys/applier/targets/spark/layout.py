@@ -1,9 +1,9 @@
 """The layout of each Iceberg table, from ``[target.spark]``: partition spec,
 sort order, table properties and format version, per table or by pattern.
 
-Pure data and text (no Spark import): ``SparkConfig.cross_check`` parses the
-config with it, so a bad transform stops ``cynomys config check`` instead of
-the first flush.  The target renders it into ``CREATE TABLE`` and compares it
+Pure data and text (no Spark import): ``session.session_conf`` checks the
+keys with it when the target is built, so a bad transform stops ``cynomys
+config check`` and the applier's start instead of the first flush.  The target renders it into ``CREATE TABLE`` and compares it
 with the tables it already has (``differences``): a table created before the
 config changed is either refused (``layout_changes = "refuse"``, the default:
 one line naming the table, what differs and the fix) or changed in place
@@ -28,7 +28,10 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from cynomys.applier.targets.spark.config import SparkConfig
 
 #: Table properties Cynomys manages itself; a config that sets them would
 #: break merge-on-read flushes or exactly-once (``target.py``).
@@ -218,6 +221,11 @@ def check(partition_by: Mapping[str, Sequence[str]], sort_by: Mapping[str, Seque
     if format_version not in FORMAT_VERSIONS:
         return f"format_version = {format_version} is not one of {FORMAT_VERSIONS}"
     return None
+
+
+def of(sc: SparkConfig, database: str, table: str) -> TableLayout:
+    """The layout [target.spark] asks for table ``database.table``."""
+    return layout_for(f"{database}.{table}", sc.partition_by, sc.sort_by, sc.table_properties, sc.format_version)
 
 
 def layout_for(name: str, partition_by: Mapping[str, Sequence[str]], sort_by: Mapping[str, Sequence[str]],

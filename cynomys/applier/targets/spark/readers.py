@@ -15,7 +15,7 @@ No JVM and no pyspark import here.  By catalog type:
 
 Every read takes the table's current snapshot at that moment: a reader that
 reopens the table sees the applier's newest commit (unlike a Spark session
-with the catalog cache on: docs/guides/spark-iceberg.md#read-the-replica).
+with the catalog cache on: docs/guides/spark-iceberg.md#read-the-replica-from-other-engines).
 """
 from __future__ import annotations
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from cynomys.applier.targets.spark import layout
 from cynomys.applier.targets.spark.config import SparkConfig
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, CynomysError, TargetRejectedError, TargetUnavailableError
@@ -151,6 +152,10 @@ def session_conf(cfg: Config) -> dict[str, str]:
     if not _IDENT.match(sc.catalog):
         raise ConfigError(f"{where}: catalog = {sc.catalog!r} is not a plain SQL name",
                           hint="use letters, digits and _ (it is how tables are named: <catalog>.<db>.<table>)")
+    problem = layout.check(sc.partition_by, sc.sort_by, sc.table_properties, sc.format_version)
+    if problem:
+        raise ConfigError(f"{where}: {problem}",
+                          hint="see docs/guides/spark-iceberg.md#table-layout-partitions-sort-order-properties")
     profile = CATALOGS[sc.catalog_type]
     conf = dict(BASE_CONF)
     if sc.master.startswith("local"):

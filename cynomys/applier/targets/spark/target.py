@@ -85,7 +85,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 from cynomys.applier.targets import state as applied_state
-from cynomys.applier.targets.base import AppliedState, Capabilities, Flush, TableFlush
+from cynomys.applier.targets.base import AppliedState, Capabilities, Flush, SqlConsole, TableFlush
+from cynomys.applier.targets.spark import console as spark_console
 from cynomys.applier.targets.spark import ddl as spark_ddl
 from cynomys.applier.targets.spark import layout as spark_layout
 from cynomys.applier.targets.spark import session as spark_session
@@ -354,7 +355,7 @@ class SparkTarget(StatefulTarget):
                      ) -> spark_layout.TableLayout:
         """The layout the config asks for ``database.table``; ``columns``
         (when known) must hold every column it names."""
-        want = self.settings.table_layout(database, table)
+        want = spark_layout.of(self.settings, database, table)
         if columns is not None:
             have = {c.lower() for c in columns}
             missing = sorted(want.columns() - have)
@@ -373,7 +374,7 @@ class SparkTarget(StatefulTarget):
         """The key column whose values pick partitions (bucket, identity or
         truncate of it in the spec [target.spark] asks for), if any."""
         keys = {k.lower(): k for k in schema.key}
-        for p in self.settings.table_layout(schema.database, schema.table).partition:
+        for p in spark_layout.of(self.settings, schema.database, schema.table).partition:
             if p.transform in ("bucket", "identity", "truncate") and p.column.lower() in keys:
                 return keys[p.column.lower()]
         return None
@@ -821,11 +822,12 @@ class SparkTarget(StatefulTarget):
         """`cynomys verify`: only the key range read (spark/verify.py)."""
         return spark_verify.range_rows(self, schema, rng)
 
-    def show_sql(self, statement: str, limit: int) -> None:
-        """``cynomys sql`` (base.SqlConsole): Spark SQL with this target's catalog as the default one."""
-        with self.edge(f"running `cynomys sql` on {self.where}"):
-            self.spark.sql(f"USE {q(self.catalog)}")
-            self.spark.sql(statement).show(limit, truncate=False)
+    #: ``cynomys sql`` engines (base.SqlConsoles; console.py): read-only, no warm-up.
+    console_engines: ClassVar[tuple[str, ...]] = spark_console.ENGINES
+
+    @classmethod
+    def open_console(cls, cfg: Config, engine: str) -> SqlConsole:
+        return spark_console.open_console(cfg, engine)
 
     def fetch_rows(self, database: str, table: str, where: str = "", args: dict[str, Any] | None = None) -> list[Row]:
         """``where``/``args``: a condition with named parameters (``:p0``)."""
