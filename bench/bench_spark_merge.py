@@ -22,7 +22,7 @@ bench/results/spark_merge.json with the machine description.
 Format v2 against v3 (issue #27: position-delete files against deletion
 vectors; flush time and a reader's aggregate, maintenance on)::
 
-    python bench/bench_spark_merge.py --skip-main --growth 500 --growth-base 500000 --growth-rows 5000 \
+    python bench/bench_spark_merge.py --skip-main --growth 500 --growth-base 200000 --growth-rows 2000 \
         --growth-workloads mixed_random --growth-variants v2,v3 --reader-every 10 \
         --growth-out bench/results/spark_format_versions.json
 

@@ -184,19 +184,25 @@ def test_layout_change_refused_then_evolved(factory: Factory, db: str) -> None:
     text = str(info.value)
     assert f"table {db}.orders: its layout differs" in text and "bucket[16](id)] -> [bucket[8](id)]" in text
     assert len(text.splitlines()) == 2 and "layout_changes = 'evolve'" in (info.value.hint or "")  # one line + fix
-    # A format version never goes down, even with evolve.
-    v3 = factory(spark=_spark_layout(db, format_version=3, layout_changes="evolve"))
-    v3.apply(contract.flush([contract.change(Op.INSERT, schema, after=_row(21))]))
+    # The default format version is for new tables; one set for the table
+    # upgrades it (evolve), and never goes down.
+    default3 = factory(spark=_spark_layout(db, format_version=3))
+    default3.apply(contract.flush([contract.change(Op.INSERT, schema, after=_row(21))]))
+    assert readers.pyiceberg_table(default3.cfg, db, "orders").format_version == 2
+    pinned = {"table_properties": {f"{db}.orders": {"format-version": "3"}}}
+    v3 = factory(spark=_spark_layout(db, **pinned, layout_changes="evolve"))
+    v3.apply(contract.flush([contract.change(Op.INSERT, schema, after=_row(22))]))
     assert readers.pyiceberg_table(v3.cfg, db, "orders").format_version == 3
-    down = factory(spark=_spark_layout(db, format_version=2, layout_changes="evolve"))
+    down = factory(spark=_spark_layout(db, table_properties={f"{db}.orders": {"format-version": "2"}},
+                                       layout_changes="evolve"))
     with pytest.raises(TargetRejectedError, match="cannot go down"):
-        down.apply(contract.flush([contract.change(Op.INSERT, schema, after=_row(22))]))
-    evolve = factory(spark={**changed, "format_version": 3, "layout_changes": "evolve"})
-    evolve.apply(contract.flush([contract.change(Op.INSERT, schema, after=_row(22))]))
+        down.apply(contract.flush([contract.change(Op.INSERT, schema, after=_row(23))]))
+    evolve = factory(spark={**changed, "layout_changes": "evolve"})
+    evolve.apply(contract.flush([contract.change(Op.INSERT, schema, after=_row(23))]))
     t = readers.pyiceberg_table(evolve.cfg, db, "orders")
     assert [str(f.transform) for f in t.spec().fields] == ["bucket[8]"] and not t.sort_order().fields
     assert t.properties["write.target-file-size-bytes"] == "67108864"
-    assert len(evolve.fetch_rows(db, "orders")) == 22
+    assert len(evolve.fetch_rows(db, "orders")) == 23
 
 
 # --------------------------------------------------------------------------

@@ -59,13 +59,15 @@ def test_exact_name_wins_then_first_pattern_properties_merge() -> None:
 
 
 def test_differences_in_words() -> None:
-    want = L.layout_for("d.t", {"d.t": ["bucket(16, id)"]}, {"d.t": ["id"]}, {"d.t": {"a": "1"}}, 3)
+    want = L.layout_for("d.t", {"d.t": ["bucket(16, id)"]}, {"d.t": ["id"]}, {"d.t": {"a": "1", "format-version": "3"}}, 2)
     same = L.Existing(("bucket[16](id)",), ("id ASC NULLS_FIRST",), 3, {"a": "1", "other": "x"})
     assert L.differences(want, same) == []
     old = L.Existing(("bucket[8](id)",), (), 2, {})
     assert L.differences(want, old) == [
         "partition spec [bucket[8](id)] -> [bucket[16](id)]", "sort order [] -> [id ASC NULLS_FIRST]",
         "format version 2 -> 3", "properties a=None->'1'"]
+    # The default format version is for new tables: existing ones keep theirs.
+    assert L.differences(L.layout_for("d.t", {}, {}, {}, 3), L.Existing((), (), 2, {})) == []
 
 
 def _toml(tmp_path: Path, body: str) -> Path:

@@ -75,9 +75,10 @@ class SparkConfig(TargetOptions):
     # flushes took 3-5x a warm one's time.
     warm_up: bool = True
     # The Iceberg format version of new tables (2: position-delete files;
-    # 3: deletion vectors, Iceberg 1.8+); a table's own `format-version` in
-    # `table_properties` wins.  bench/results/spark_format_versions.json
-    # has the numbers behind the default.
+    # 3: deletion vectors, Iceberg 1.8+); existing tables keep theirs.  A
+    # table's own `format-version` in `table_properties` wins, and holds
+    # existing tables to it too (see `layout_changes`).
+    # bench/results/spark_format_versions.json has the numbers behind the default.
     format_version: int = field(default=2, metadata=checked(lambda v: v in (2, 3), "2 or 3"))
     # Partition spec per table: `"<db>.<table or pattern>" = ["bucket(16, id)",
     # "days(created_at)"]` (identity `col`, `bucket(N, col)`, `truncate(W, col)`,

@@ -153,6 +153,10 @@ class TableLayout:
     format_version: int = 2
     #: Properties the config sets (Cynomys's own come on top: ``SparkTarget.table_properties``).
     properties: Mapping[str, str] = field(default_factory=dict)
+    #: The format version was set for this table (``format-version`` in
+    #: ``table_properties``), not only the default of new tables
+    #: (``format_version``): only then is an existing table held to it.
+    format_pinned: bool = False
 
     def partition_sql(self) -> str:
         return f" PARTITIONED BY ({', '.join(p.sql for p in self.partition)})" if self.partition else ""
@@ -234,12 +238,14 @@ def layout_for(name: str, partition_by: Mapping[str, Sequence[str]], sort_by: Ma
     props: dict[str, str] = {}
     for key in _match(table_properties, name):
         props.update(table_properties[key])
+    pinned = "format-version" in props
     version = int(props.pop("format-version", format_version))
     return TableLayout(
         partition=tuple(PartitionField.parse(t) for t in _pick(partition_by, name)),
         sort=tuple(SortField.parse(t) for t in _pick(sort_by, name)),
         format_version=version,
         properties=props,
+        format_pinned=pinned,
     )
 
 
@@ -254,7 +260,9 @@ def differences(want: TableLayout, have: Existing) -> list[str]:
     order = tuple(s.iceberg for s in want.sort)
     if order != have.sort:
         out.append(f"sort order [{', '.join(have.sort)}] -> [{', '.join(order)}]")
-    if want.format_version != have.format_version:
+    if want.format_pinned and want.format_version != have.format_version:
+        # [target.spark] format_version alone is the version of *new* tables:
+        # changing the default never touches the tables there are.
         out.append(f"format version {have.format_version} -> {want.format_version}")
     changed = sorted(k for k, v in want.properties.items() if have.properties.get(k) != v)
     if changed:

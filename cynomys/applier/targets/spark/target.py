@@ -392,7 +392,7 @@ class SparkTarget(StatefulTarget):
             return
         name = f"{database}.{table}"
         empty = self.iceberg.current(database, table) is None
-        if want.format_version < have.format_version:
+        if want.format_pinned and want.format_version < have.format_version:
             raise TargetRejectedError(
                 f"table {name} is Iceberg format v{have.format_version}; [target.spark] asks for "
                 f"v{want.format_version}, and a format version cannot go down",
@@ -414,7 +414,7 @@ class SparkTarget(StatefulTarget):
         if tuple(s.iceberg for s in want.sort) != have.sort:
             self.sql(f"ALTER TABLE {tbl} {want.sort_sql()}")
         props = {k: v for k, v in want.properties.items() if have.properties.get(k) != v}
-        if want.format_version != have.format_version:
+        if want.format_pinned and want.format_version != have.format_version:
             props["format-version"] = str(want.format_version)
         if props:
             self.sql(f"ALTER TABLE {tbl} SET TBLPROPERTIES ("
