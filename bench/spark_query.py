@@ -233,6 +233,8 @@ def main() -> None:
               f"{args.flush_rows} follow", flush=True)
         for _ in range(3):  # the flush path's code generation, before the clock
             rep.one(args.flush_rows)
+        rep.flushes, rep.flush_s, rep.maintained_at = 0, [], []
+        target.maintenance.runs = []
         thread = threading.Thread(target=rep.run, args=(args.flushes, args.flush_rows), daemon=True)
         thread.start()
         cps: list[dict[str, Any]] = []

@@ -23,6 +23,7 @@ from typing import Iterator
 import pytest
 
 from cynomys.applier.targets.spark import readers
+from cynomys.applier.targets.spark import session as spark_session
 from cynomys.applier.targets.spark.target import SparkTarget
 from cynomys.core.errors import TargetRejectedError
 from cynomys.core.model import ColumnDef, Op, TableSchema
@@ -30,6 +31,7 @@ from tests.integration import target_contract as contract
 from tests.integration.target_setups import Factory
 from tests.integration.target_setups import spark as spark_setup
 from tests.lake import duckdb_rows, pyiceberg_rows
+from tests.servers.mariadb import ROOT_PASSWORD, MariaDBServer
 from tests.servers.postgres import PASSWORD, USER, PostgresServer
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
@@ -53,10 +55,12 @@ def factory(tmp_path_factory: pytest.TempPathFactory, jdbc_url: str) -> Iterator
         catalog = spark.pop("catalog", "pg")
         where = spark.pop("warehouse", warehouse / catalog)
         kw = jdbc if spark.pop("jdbc", True) else {}
-        return SparkTarget(spark_setup.make_config(where, catalog=catalog, **kw, **spark))
+        return SparkTarget(spark_setup.make_config(where, catalog=catalog, **{**kw, **spark}))
 
     f = Factory(make)
-    f()  # the session starts with the JDBC driver
+    # The session starts with both JDBC drivers (PostgreSQL's added by the
+    # catalog settings, MariaDB's named) for the catalogs of this module.
+    f(spark={"jars": [spark_session.JDBC_DRIVERS["mariadb"].jar]})
     yield f
     f.close()
 
@@ -116,6 +120,19 @@ def test_jdbc_catalog_written_by_spark_read_by_pyiceberg_and_duckdb(factory: Fac
     # A new target (a restarted applier) finds the state in the same catalog.
     fresh = factory()
     assert fresh.applied(contract.PRODUCER) == last
+
+
+def test_jdbc_catalog_on_mariadb(factory: Factory, mariadb: MariaDBServer, db: str) -> None:
+    """The same catalog in MariaDB (Connector/J from libmariadb-java), read
+    back by pyiceberg's SQL catalog through pymysql."""
+    name = f"iceberg_{db}"
+    mariadb.execute(f"CREATE DATABASE {name}")
+    target = factory(spark={"catalog": "my", "catalog_uri": f"jdbc:mariadb://127.0.0.1:{mariadb.port}/{name}",
+                            "catalog_user": "root", "catalog_password": ROOT_PASSWORD})
+    rows = _fill(target, _orders(db), 10)
+    assert sorted(pyiceberg_rows(target.cfg, db, "orders"), key=repr) == sorted(rows, key=repr)
+    assert mariadb.execute(f"SELECT table_namespace, table_name FROM {name}.iceberg_tables "
+                           f"WHERE catalog_name = 'my' AND table_name = 'orders'") == [(db, "orders")]
 
 
 # --------------------------------------------------------------------------
