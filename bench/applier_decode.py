@@ -30,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import RESULTS, machine, write_result  # noqa: E402
 from bench.tpch import lineitem  # noqa: E402
 from cynomys.applier.batcher import DelayBuffer  # noqa: E402
-from cynomys.applier.targets.base import AppliedState, build_flush  # noqa: E402
+from cynomys.applier.targets.base import build_flush  # noqa: E402
 from cynomys.applier.targets.columnstore.target import ColumnStoreTarget  # noqa: E402
 from cynomys.core import compiled  # noqa: E402
-from cynomys.core.model import Batch, Change, ColumnDef, Op, Position, TableSchema  # noqa: E402
+from cynomys.core.model import AppliedState, Batch, Change, ColumnDef, Op, Position, TableSchema  # noqa: E402
 from cynomys.reducer.fold import Folder  # noqa: E402
 from cynomys.schemas import codec  # noqa: E402
 

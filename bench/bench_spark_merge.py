@@ -59,12 +59,12 @@ from typing import Any, Callable, ClassVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import common  # noqa: E402
-from cynomys.applier.targets.base import AppliedState, Flush, TableFlush  # noqa: E402
+from cynomys.applier.targets.base import Flush, TableFlush  # noqa: E402
 from cynomys.applier.targets.spark.config import SparkConfig  # noqa: E402
 from cynomys.applier.targets.spark.session import bundled_iceberg_jar  # noqa: E402
 from cynomys.applier.targets.spark.target import SparkTarget  # noqa: E402
 from cynomys.core.config import Config, TargetConfig  # noqa: E402
-from cynomys.core.model import ColumnDef, Position, Row, TableSchema  # noqa: E402
+from cynomys.core.model import AppliedState, ColumnDef, Position, Row, TableSchema  # noqa: E402
 
 SIZES = (100, 1000, 10000, 50000)
 LOAD_CHUNK = 250_000

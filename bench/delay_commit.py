@@ -29,9 +29,9 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import RESULTS, write_result  # noqa: E402
 from cynomys.applier.batcher import DelayBuffer  # noqa: E402
-from cynomys.applier.targets.base import AppliedState, Target, build_flush, open_target  # noqa: E402
+from cynomys.applier.targets.base import Target, build_flush, open_target  # noqa: E402
 from cynomys.core.config import load_config  # noqa: E402
-from cynomys.core.model import Change, ColumnDef, Op, Position, TableSchema  # noqa: E402
+from cynomys.core.model import AppliedState, Change, ColumnDef, Op, Position, TableSchema  # noqa: E402
 
 BUFFERS = [1, 10, 100, 1000, 3000, 10000]
 WIDTHS = [5, 20, 50]

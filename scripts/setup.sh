@@ -3,9 +3,10 @@
 # MariaDB, Redis and PostgreSQL server binaries (the tests and the demo start
 # their own throwaway servers on free loopback ports; no system service is
 # used), a Java 17 runtime (Spark) and the JDBC drivers of the Iceberg JDBC
-# catalog, a C compiler and the Python headers (the
-# compiled hot path, cynomys/_speedups.c), and a Python virtual environment
-# in .venv.
+# catalog, a C compiler and the Python headers (the compiled hot path,
+# cynomys/_speedups.c), Prometheus with promtool (the alert rules' tests and
+# a real scrape of both daemons), libfaketime (a source whose clock runs
+# ahead, for the freshness test), and a Python virtual environment in .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +23,8 @@ python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 # The compiled hot path: gcc and Python.h for the python3 that makes .venv.
 command -v gcc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 [ -f "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ] || need+=(python3-dev)
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+dpkg -s faketime >/dev/null 2>&1 || need+=(faketime)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"

@@ -40,10 +40,10 @@ from typing import Any, Callable, Iterator, Sequence
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 
 from cynomys.applier.loop import Applier
-from cynomys.applier.targets.base import AppliedState, Capabilities, Flush, TableFlush, Target
+from cynomys.applier.targets.base import Capabilities, Flush, TableFlush, Target
 from cynomys.core.config import ApplierConfig, Config, ProducerConfig
 from cynomys.core.errors import TargetRejectedError, TargetUnavailableError
-from cynomys.core.model import Batch, Change, ColumnDef, EnvelopeMeta, Op, Position, Row, TableSchema, Value
+from cynomys.core.model import AppliedState, Batch, Change, ColumnDef, EnvelopeMeta, Op, Position, Row, TableSchema, Value
 from cynomys.parser import ddl
 from cynomys.reducer.fold import PRODUCER_RULES, Folder
 from cynomys.schemas import codec

@@ -39,10 +39,9 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Callable
 
-from cynomys.applier.targets.base import AppliedState
 from cynomys.core.errors import TerminalError
 from cynomys.core.gtid import GtidSet, flavor_of, parse_any
-from cynomys.core.model import Batch, Change, EnvelopeMeta, Position
+from cynomys.core.model import AppliedState, Batch, Change, EnvelopeMeta, Position
 from cynomys.transport.sequence import SequenceTracker
 
 log = logging.getLogger(__name__)

@@ -23,12 +23,12 @@ from cynomys.applier.admit import Admission, BufferView, Decision, Verdict
 from cynomys.applier.batcher import DelayBuffer, Span
 from cynomys.applier.partition import Partitioning, PartitionTarget
 from cynomys.applier.receive import make_subscriber
-from cynomys.applier.targets.base import AppliedState, Capabilities, Flush, Target, build_flush, open_target
+from cynomys.applier.targets.base import Capabilities, Flush, Target, build_flush, open_target
 from cynomys.core.checkpoint import write_json_atomic
 from cynomys.core.columnar import row_count
 from cynomys.core.config import Config
 from cynomys.core.errors import CynomysError, EnvelopeRejected, SchemaError, TerminalError
-from cynomys.core.model import Batch, Change, EnvelopeMeta, Op, Position
+from cynomys.core.model import AppliedState, Batch, Change, EnvelopeMeta, Op, Position
 from cynomys.metrics.events import ApplierTurn
 from cynomys.metrics.monitor import ApplierMonitor
 from cynomys.schemas import codec

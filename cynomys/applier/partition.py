@@ -37,11 +37,11 @@ import zlib
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cynomys.applier.targets.base import AppliedState, Flush, Target
+from cynomys.applier.targets.base import Flush, Target
 from cynomys.core.config import Config
 from cynomys.core.dialect import MARIADB
 from cynomys.core.errors import TerminalError
-from cynomys.core.model import Batch, Change, Op, Position, Row, TableSchema
+from cynomys.core.model import AppliedState, Batch, Change, Op, Position, Row, TableSchema
 from cynomys.parser.ddl import (
     CreateTableLike,
     DdlOp,

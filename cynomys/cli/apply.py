@@ -26,14 +26,18 @@ def run(args: argparse.Namespace) -> int:
     choose_arrow_pool(os.environ)  # before anything imports pyarrow
     from cynomys.applier.loop import run_applier
     from cynomys.metrics import ApplierMonitor
+    from cynomys.metrics.clock import ApplierClock
 
     cfg = config_of(args)
     stop = stop_on_signals()
     monitor = ApplierMonitor(cfg)
     monitor.start()  # /metrics and /healthz when [metrics] listen is set
+    # The clock offsets freshness is corrected by (a thread of its own).
+    clock = ApplierClock(cfg, monitor).start()
     try:
         run_applier(cfg, stop, until_idle_s=args.until_idle, monitor=monitor)
     finally:
+        clock.close()
         monitor.close()
     return 0
 

@@ -10,6 +10,7 @@ from cynomys.core.errors import ConfigError
 
 def run(args: argparse.Namespace) -> int:
     from cynomys.metrics import ProducerMonitor
+    from cynomys.metrics.clock import ProducerClock
     from cynomys.producer import Producer, run_with_retry
     from cynomys.transport.channel import SealedSink
 
@@ -19,6 +20,11 @@ def run(args: argparse.Namespace) -> int:
     monitor.start()  # /metrics and /healthz when [metrics] listen is set
     # Archived binlog files ([source] binlog_files) are replayed to their end.
     once = args.once or bool(cfg.source.binlog_files)
+    # Source and reference clocks against this host, for the applier's
+    # freshness metric (a thread of its own; never stops the producer).  Not
+    # for a run to the binlog's end: there is no live commit to be fresh about
+    # (and archived files have no server to ask the time).
+    clock = ProducerClock(cfg, monitor).start() if not once else None
     try:
         sink = SealedSink(cfg)
         try:
@@ -36,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
         finally:
             sink.close()
     finally:
+        if clock is not None:
+            clock.close()
         monitor.close()
     return 0
 

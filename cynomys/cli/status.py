@@ -42,6 +42,15 @@ def _read_report(path: Path) -> dict[str, Any] | None:
     return d
 
 
+def _extras(cfg: Config, state_dir: str, daemon: str, *keys: str) -> dict[str, Any]:
+    """Sections of ``<daemon>.health.json`` besides the verdict (freshness,
+    clocks: cynomys/metrics); none when there is no readable report."""
+    d = _read_report(cfg.resolve(state_dir) / f"{daemon}.health.json")
+    if d is None or "error" in d:
+        return {}
+    return {k: d[k] for k in keys if k in d}
+
+
 def _health(cfg: Config, state_dir: str, daemon: str) -> dict[str, Any] | None:
     """The daemon's own verdict (``<daemon>.health.json``, written every
     [metrics] health_interval_s while [metrics] listen is set), with its age:
@@ -122,6 +131,9 @@ def _applier(cfg: Config, suffix: str, source_end: Position | None,
         # Caught up means no lag, however old the last change is.
         "lag_s": 0.0 if caught_up else (round(time.time() - commit_ts, 1) if commit_ts else None),
         "envelopes_behind_producer": max(0, producer_seq - seq),
+        # Source commit -> readable on the target, over the last minutes, and
+        # the clock offsets it was corrected by (metrics/freshness.py).
+        **_extras(cfg, state_dir, f"applier{suffix}", "freshness"),
         "stats": areport.get("stats", {}),
         "health": health,
     }, seq, areport
@@ -164,6 +176,7 @@ def collect(cfg: Config) -> dict[str, Any]:
         # pure-Python fallback (written by the producer into producer.json).
         "hot_path": (_read_report(cfg.resolve(cfg.producer.state_dir) / "producer.json") or {}).get("hot_path"),
         "health": _health(cfg, cfg.producer.state_dir, "producer"),
+        **_extras(cfg, cfg.producer.state_dir, "producer", "clock"),
     }
     if ha is not None:
         report["producer"]["ha"] = ha
@@ -240,6 +253,33 @@ def _snapshot_section(cfg: Config) -> dict[str, Any]:
         return {"error": str(exc)}
 
 
+def freshness_text(f: dict[str, Any]) -> str:
+    """One line: the applier's freshness over its window, and the clock skew used."""
+    def s(v: Any) -> str:
+        return "-" if v is None else f"{v:.2f}s"
+
+    if not f.get("transactions"):
+        text = f"no transaction applied in the last {f.get('window_s', 0):.0f}s"
+    else:
+        text = (f"p50 {s(f.get('p50_s'))}, p99 {s(f.get('p99_s'))}, max {s(f.get('max_s'))} over the last "
+                f"{f.get('window_s', 0):.0f}s ({f['transactions']} transactions)")
+    text += f"; last flush {s(f.get('last_flush_s'))}"
+    c = f.get("clock") or {}
+    if c.get("measured"):
+        text += (f"; clock skew used: source {c['source_minus_applier_s']:+.3f}s, producer "
+                 f"{c['producer_minus_applier_s']:+.3f}s vs this host (+-{c['uncertainty_s']:.3f}s, "
+                 f"measured {c['measured_s_ago']:.0f}s ago)")
+    else:
+        text += "; clock skew not measured (clocks taken as equal)"
+    return text
+
+
+def _line(k: str, v: Any) -> str:
+    if k == "freshness" and isinstance(v, dict):
+        return f"{k}: {freshness_text(v)}"
+    return f"{k}: {v}"
+
+
 def render_text(report: dict[str, Any]) -> str:
     lines = [f"config: {report['config']}"]
     for part in ("source", "producer", "applier", "transport"):
@@ -247,9 +287,9 @@ def render_text(report: dict[str, Any]) -> str:
         for k, v in report.get(part, {}).items():
             if isinstance(v, dict) and k.startswith("partition "):  # a partitioned applier's partition
                 lines.append(f"  {k}:")
-                lines += [f"    {kk}: {vv}" for kk, vv in v.items()]
+                lines += [f"    {_line(kk, vv)}" for kk, vv in v.items()]
             else:
-                lines.append(f"  {k}: {v}")
+                lines.append(f"  {_line(k, v)}")
     if "target_maintenance" in report:
         m = report["target_maintenance"]
         lines.append("target maintenance:")

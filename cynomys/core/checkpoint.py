@@ -13,6 +13,16 @@ from typing import Any
 from cynomys.core.errors import TerminalError
 
 
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new entry in ``path``'s folder durable (the folder's
+    own metadata; the file's fsync does not cover it)."""
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_json_atomic(path: Path, data: dict[str, Any], *, durable: bool = True) -> None:
     """``durable=False`` skips the fsyncs: still never torn (rename is
     atomic), but may be lost in a power cut -- for informational files."""
@@ -26,11 +36,7 @@ def write_json_atomic(path: Path, data: dict[str, Any], *, durable: bool = True)
                 os.fsync(fh.fileno())
         os.replace(tmp, path)
         if durable:
-            dfd = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)  # make the rename itself durable
-            finally:
-                os.close(dfd)
+            fsync_dir(path)  # make the rename itself durable
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)

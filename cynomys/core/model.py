@@ -276,3 +276,19 @@ class EnvelopeMeta:
             out["abandoned"] = self.abandoned
         return out
 
+
+@dataclass(frozen=True)
+class AppliedState:
+    """What the target holds for one producer, committed with the data."""
+
+    producer_id: str
+    seq: int
+    position: Position                   # source position applied up to (a transaction boundary)
+    commit_ts: int = 0                   # source time of the last applied transaction
+    # Who wrote what the target holds (applier/admit.py): the source server
+    # ``position`` belongs to, the producer incarnation and the newest HA
+    # fencing token taken.  Kept in the target so an applier restart still
+    # recognises a producer that lost its state.
+    server: str = ""
+    incarnation: str = ""
+    fence: int = 0

@@ -17,13 +17,16 @@ producer: cynomys_producer_events_in_total{table}, cynomys_producer_rows_out_tot
   cynomys_producer_binlog_bytes_read_total, cynomys_producer_envelope_bytes_total,
   cynomys_producer_batches_total, cynomys_producer_transactions_total,
   cynomys_producer_lag_seconds, cynomys_producer_lag_bytes, cynomys_producer_leader,
-  cynomys_producer_lease_token, cynomys_producer_lease_acquired_total, cynomys_producer_fenced_total
+  cynomys_producer_lease_token, cynomys_producer_lease_acquired_total, cynomys_producer_fenced_total,
+  cynomys_producer_clock_skew_seconds{clock} (metrics/clock.py)
 applier: cynomys_applier_rows_in_total{table}, cynomys_applier_rows_out_total{table},
   cynomys_applier_envelope_bytes_total, cynomys_applier_envelopes_total,
   cynomys_applier_duplicates_total, cynomys_applier_envelopes_rejected_total{reason},
   cynomys_applier_flushes_total, cynomys_applier_flush_duration_seconds (histogram),
   cynomys_applier_ddl_total, cynomys_applier_buffer_rows, cynomys_applier_lag_seconds,
-  cynomys_applier_lag_bytes
+  cynomys_applier_lag_bytes, cynomys_applier_freshness_seconds (histogram, per source transaction),
+  cynomys_applier_freshness_last_flush_seconds, cynomys_applier_clock_skew_seconds{clock},
+  cynomys_applier_clock_skew_uncertainty_seconds (metrics/freshness.py)
 both: cynomys_<daemon>_healthy, cynomys_<daemon>_reachable (source / target check),
   cynomys_<daemon>_errors_total{type,transient}, cynomys_<daemon>_last_error_timestamp_seconds,
   cynomys_<daemon>_last_loop_turn_timestamp_seconds
@@ -45,7 +48,9 @@ from cynomys.core.columnar import InsertRun
 from cynomys.core.config import Config
 from cynomys.core.errors import CynomysError, SourceUnavailableError, TargetUnavailableError
 from cynomys.core.model import Change, Op, Position
+from cynomys.metrics.clock import Offset
 from cynomys.metrics.events import ApplierTurn, ProducerTurn
+from cynomys.metrics.freshness import Freshness, Skew
 from cynomys.metrics.health import Health
 from cynomys.metrics.server import MetricsServer
 
@@ -158,9 +163,12 @@ class _Monitor:
             self.health.checked(" ".join(msg.split()))
             self.reachable.set(0)
 
+    def _report_due(self) -> bool:
+        return self.enabled and time.monotonic() - self._last_report >= self.cfg.metrics.health_interval_s
+
     def _write_report(self, extra: dict[str, Any]) -> None:
         """``<daemon>.health.json`` for `cynomys status` (at most once per interval)."""
-        if not self.enabled or time.monotonic() - self._last_report < self.cfg.metrics.health_interval_s:
+        if not self._report_due():
             return
         self._last_report = time.monotonic()
         try:
@@ -232,6 +240,15 @@ class ProducerMonitor(_Monitor):
         self.leader = Gauge("cynomys_producer_leader", "1 when this producer is the one reading the source",
                             registry=r)
         self.leader.set(0 if cfg.producer.ha else 1)
+        self.is_leader = not cfg.producer.ha  # the clock thread publishes only while leading
+        self.clock_skew = Gauge("cynomys_producer_clock_skew_seconds",
+                                "Clock minus this producer host's clock (source: the source server; reference: "
+                                "the Redis server both daemons compare with); NaN until measured", ["clock"],
+                                registry=r)
+        self.clock_skew.labels("source").set(math.nan)
+        self.clock_skew.labels("reference").set(math.nan)
+        self._clock: dict[str, Any] = {"measured": False}
+        self._source_ahead_s = 0.0  # source clock minus this host's, once measured
         self.lease_token = Gauge("cynomys_producer_lease_token",
                                  "Fencing token of the HA lease this producer holds (0: none)", registry=r)
         self.terms = Counter("cynomys_producer_lease_acquired", "HA lease terms this producer began (takeovers)",
@@ -282,18 +299,31 @@ class ProducerMonitor(_Monitor):
 
     # -- HA hooks (cynomys/producer/ha.py) -----------------------------------------
     def leading(self, token: int) -> None:
+        self.is_leader = True
         self.leader.set(1)
         self.lease_token.set(token)
         self.terms.inc()
 
     def standing_by(self) -> None:
         """A standby's loop turn: it is alive (healthy), and not the leader."""
+        self.is_leader = False
         self.leader.set(0)
         self.lease_token.set(0)
         self._beat()
 
     def fenced(self) -> None:
         self.fenced_writes.inc()
+
+    def clock(self, source: Offset, reference: Offset) -> None:
+        """The clock thread's measurement (metrics/clock.py): source and
+        reference clocks minus this host's."""
+        self.clock_skew.labels("source").set(source.seconds)
+        self._source_ahead_s = source.seconds
+        self.clock_skew.labels("reference").set(reference.seconds)
+        self._clock = {"measured": True, "source_minus_producer_s": round(source.seconds, 4),
+                       "reference_minus_producer_s": round(reference.seconds, 4),
+                       "uncertainty_s": round(source.uncertainty_s + reference.uncertainty_s, 4),
+                       "measured_at": time.time()}
 
     # -- hooks (called from the producer's loop thread) ------------------
     def change_in(self, change: Change) -> None:
@@ -331,7 +361,8 @@ class ProducerMonitor(_Monitor):
         if lag_bytes == 0:
             lag_s = 0.0
         elif t.last_event_ts:
-            lag_s = max(0.0, time.time() - t.last_event_ts)
+            # The event's time is the source's clock: compared on it (0 offset until measured).
+            lag_s = max(0.0, time.time() + self._source_ahead_s - t.last_event_ts)
         else:
             lag_s = None
         self.lag_s.set(math.nan if lag_s is None else lag_s)
@@ -339,7 +370,7 @@ class ProducerMonitor(_Monitor):
         self._write_report({
             "source_end": self._source_end.to_dict() if self._source_end else None,
             "checkpoint": t.checkpoint.to_dict() if t.checkpoint else None,
-            "lag_bytes": None if math.isnan(lag_bytes) else lag_bytes, "lag_s": lag_s})
+            "lag_bytes": None if math.isnan(lag_bytes) else lag_bytes, "lag_s": lag_s, "clock": self._clock})
 
 
 class ApplierMonitor(_Monitor):
@@ -375,9 +406,18 @@ class ApplierMonitor(_Monitor):
         self.lag_bytes = Gauge("cynomys_applier_lag_bytes",
                                "Binlog bytes between the newest envelope's end and the applied position "
                                "(NaN across binlog files)", registry=r)
+        self.freshness = Freshness(r)
         self._deltas = _Deltas()
         self._rejected: dict[str, int] = {}
         self._newest: Position | None = None
+
+    def clock(self, skew: Skew) -> None:
+        """New clock offsets (metrics/clock.py ApplierClock, its own thread)."""
+        self.freshness.set_skew(skew)
+
+    def failed(self, exc: BaseException) -> None:
+        super().failed(exc)
+        self.freshness.dropped()  # the loop restarts: what it took is delivered again
 
     # -- hooks (called from the applier's loop thread) -------------------
     def envelope(self, size: int) -> None:
@@ -387,8 +427,11 @@ class ApplierMonitor(_Monitor):
         for table, n in _tally(batch.changes).items():
             self.rows_in.labels(table).inc(n)
         self._newest = batch.end
+        self.freshness.taken(batch)
 
     def flushed(self, changes: Iterable[Change], seconds: float) -> None:
+        """Called right after the flush's target transaction committed."""
+        self.freshness.flushed(time.time())
         self.flush_s.observe(seconds)
         for table, n in _tally(c for c in changes if c.op is not Op.DDL).items():
             self.rows_out.labels(table).inc(n)
@@ -411,7 +454,9 @@ class ApplierMonitor(_Monitor):
         if t.delivered == 0 and not t.buffered_envelopes:
             lag_s, lag_bytes = 0.0, 0.0  # everything the transport delivered is in the target
         else:
-            lag_s = max(0.0, time.time() - t.applied_commit_ts) if t.applied_commit_ts else None
+            # The commit time is the source's clock: compared on it (metrics/clock.py).
+            lag_s = max(0.0, time.time() + self.freshness.skew.source_s - t.applied_commit_ts) \
+                if t.applied_commit_ts else None
             lag_bytes = _bytes_between(self._newest, t.applied_position)
         self.lag_s.set(math.nan if lag_s is None else lag_s)
         self.lag_bytes.set(lag_bytes)
@@ -424,5 +469,6 @@ class ApplierMonitor(_Monitor):
                 # Recorded, not raised: the loop's own work meets the same
                 # error and retries as usual; the check only reports it.
                 self._checked(exc)
-        self._write_report({"lag_s": lag_s, "lag_bytes": None if math.isnan(lag_bytes) else lag_bytes,
-                            "buffer_rows": t.buffered_rows})
+        if self._report_due():
+            self._write_report({"lag_s": lag_s, "lag_bytes": None if math.isnan(lag_bytes) else lag_bytes,
+                                "buffer_rows": t.buffered_rows, "freshness": self.freshness.summary()})

@@ -36,6 +36,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Sequence
 
+from cynomys.core.checkpoint import fsync_dir
 from cynomys.core.errors import TerminalError, TransportUnavailableError
 from cynomys.transport.bus import Backoff, Delivery, TransportStateAltered, same_envelope
 
@@ -85,14 +86,6 @@ def _read_record(fd: int, pos: int, path: Path) -> tuple[int, str, int, bytes] |
     producer = body[1:1 + plen].decode("utf-8", errors="replace")
     (seq,) = _U64.unpack(body[1 + plen:9 + plen])
     return pos + 4 + n, producer, seq, body[9 + plen:-4]
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class FilePublisher:
@@ -343,7 +336,7 @@ class FileSubscriber:
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, self.offset_path)
-            _fsync_dir(self.offset_path)
+            fsync_dir(self.offset_path)
         except OSError as exc:
             raise TransportUnavailableError(
                 f"offset file {self.offset_path} cannot be written: {exc.strerror}") from exc

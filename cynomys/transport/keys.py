@@ -30,6 +30,7 @@ from typing import Union
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 
+from cynomys.core.checkpoint import fsync_dir
 from cynomys.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -167,11 +168,7 @@ def _write_key_file(path: Path, data: bytes, mode: int, *, replace: bool) -> Non
         else:
             os.link(tmp, path, follow_symlinks=False)
             os.unlink(tmp)
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        fsync_dir(path)
     except FileExistsError:
         raise ConfigError(f"refusing to overwrite {path}: it appeared while the keys were written",
                           hint="move it away and run keygen again, or pass --force") from None
@@ -269,11 +266,14 @@ def load_public_key(path: str | Path, *, config_key: str = "applier_public_key /
     return key
 
 
+def _wrong_key(key: object, what: str, kind: str, setting: str) -> ConfigError:
+    return ConfigError(f"{what} must be an {kind} key, got {type(key).__name__}", hint=f"set [security] {setting}")
+
+
 def require_rsa_public(key: PublicKey, what: str) -> rsa.RSAPublicKey:
     """``key`` as an RSA public key of a sensible size, or a ConfigError."""
     if not isinstance(key, rsa.RSAPublicKey):
-        raise ConfigError(f"{what} must be an RSA public key, got {type(key).__name__}",
-                          hint="set [security] applier_public_key to applier_public.pem")
+        raise _wrong_key(key, what, "RSA public", "applier_public_key to applier_public.pem")
     if key.key_size < MIN_RSA_BITS:
         raise ConfigError(f"{what} is only {key.key_size} bits", hint=f"generate keys of at least {MIN_RSA_BITS} bits")
     return key
@@ -281,20 +281,17 @@ def require_rsa_public(key: PublicKey, what: str) -> rsa.RSAPublicKey:
 
 def require_rsa_private(key: PrivateKey, what: str) -> rsa.RSAPrivateKey:
     if not isinstance(key, rsa.RSAPrivateKey):
-        raise ConfigError(f"{what} must be an RSA private key, got {type(key).__name__}",
-                          hint="set [security] applier_private_key to applier_private.pem")
+        raise _wrong_key(key, what, "RSA private", "applier_private_key to applier_private.pem")
     return key
 
 
 def require_ed25519_private(key: PrivateKey, what: str) -> ed25519.Ed25519PrivateKey:
     if not isinstance(key, ed25519.Ed25519PrivateKey):
-        raise ConfigError(f"{what} must be an Ed25519 private key, got {type(key).__name__}",
-                          hint="set [security] producer_private_key to producer_private.pem")
+        raise _wrong_key(key, what, "Ed25519 private", "producer_private_key to producer_private.pem")
     return key
 
 
 def require_ed25519_public(key: PublicKey, what: str) -> ed25519.Ed25519PublicKey:
     if not isinstance(key, ed25519.Ed25519PublicKey):
-        raise ConfigError(f"{what} must be an Ed25519 public key, got {type(key).__name__}",
-                          hint="set [security] producer_public_key to producer_public.pem")
+        raise _wrong_key(key, what, "Ed25519 public", "producer_public_key to producer_public.pem")
     return key

@@ -17,9 +17,10 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import pytest
 
-from cynomys.applier.targets.base import AppliedState, Flush, Target, build_flush
+from cynomys.applier.targets.base import Flush, Target, build_flush
 from cynomys.core.errors import TargetRejectedError
 from cynomys.core.model import (
+    AppliedState,
     Change,
     ColumnDef,
     Op,

@@ -20,10 +20,10 @@ import redis
 
 from cynomys.applier.partition import Partitioning, PartitionTarget, table_partition
 from cynomys.applier.receive import make_subscriber
-from cynomys.applier.targets.base import AppliedState, Flush, Target, open_target
+from cynomys.applier.targets.base import Flush, Target, open_target
 from cynomys.core.config import Config, load_config
 from cynomys.core.errors import TerminalError
-from cynomys.core.model import Position
+from cynomys.core.model import AppliedState, Position
 from cynomys.transport.bus import open_publisher
 from cynomys.transport.redis_bus import RedisStreamPublisher
 from tests.helpers import write_config

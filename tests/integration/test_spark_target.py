@@ -17,11 +17,11 @@ from typing import Iterator
 
 import pytest
 
-from cynomys.applier.targets.base import AppliedState, Flush, open_target
+from cynomys.applier.targets.base import Flush, open_target
 from cynomys.applier.targets.spark.merge import TablePlan, marker_of
 from cynomys.applier.targets.spark.target import SparkTarget
 from cynomys.core.errors import TargetRejectedError
-from cynomys.core.model import ColumnDef, Op, RawTemporal, TableSchema
+from cynomys.core.model import AppliedState, ColumnDef, Op, RawTemporal, TableSchema
 from tests.integration import target_contract as contract
 from tests.integration.target_setups import Factory
 from tests.integration.target_setups import spark as spark_setup

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from cynomys.applier.admit import Admission, BufferView, Verdict
-from cynomys.applier.targets.base import AppliedState
 from cynomys.core.errors import SequenceGapError, TerminalError
-from cynomys.core.model import Batch, Change, ColumnDef, EnvelopeMeta, Op, Position, TableSchema
+from cynomys.core.model import AppliedState, Batch, Change, ColumnDef, EnvelopeMeta, Op, Position, TableSchema
 from cynomys.reducer.fold import FOLD_RULES, PRODUCER_RULES, Folder
 
 A, B = "server_id=1", "server_id=2"

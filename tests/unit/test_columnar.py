@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from cynomys.applier.batcher import DelayBuffer
-from cynomys.applier.targets.base import AppliedState, build_flush
+from cynomys.applier.targets.base import build_flush
 from cynomys.applier.targets.columnstore.target import ColumnStoreTarget
 from cynomys.core import compiled
 from cynomys.core.columnar import InsertRun, row_count
-from cynomys.core.model import Batch, Change, ColumnDef, Op, Position, TableSchema
+from cynomys.core.model import AppliedState, Batch, Change, ColumnDef, Op, Position, TableSchema
 from cynomys.schemas import codec
 
 pytestmark = pytest.mark.skipif(not compiled.available(), reason="cynomys._speedups is not built")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from cynomys.applier.batcher import Span
-from cynomys.applier.targets.base import AppliedState, build_flush
-from cynomys.core.model import Batch, Change, Op, Position
+from cynomys.applier.targets.base import build_flush
+from cynomys.core.model import AppliedState, Batch, Change, Op, Position
 from cynomys.snapshot.columns import table_info
 from cynomys.snapshot.errors import SnapshotRequestError
 from cynomys.snapshot.keyless import DropRules, abandon_meta, check_keyless, is_snapshot_tid, truncate_sql

@@ -215,7 +215,8 @@ def test_partition_target_calls_reach_the_wrapped_target(tmp_path: Path) -> None
     import inspect
 
     from cynomys.applier.partition import PartitionTarget
-    from cynomys.applier.targets.base import AppliedState, Flush, Target
+    from cynomys.applier.targets.base import Flush, Target
+    from cynomys.core.model import AppliedState
 
     cfg = load_config(_cfg(tmp_path, ""), env={})
     calls: list[str] = []

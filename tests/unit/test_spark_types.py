@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-from cynomys.applier.targets.base import AppliedState, TableFlush  # noqa: E402
+from cynomys.applier.targets.base import TableFlush  # noqa: E402
 from cynomys.applier.targets.spark import session as spark_session  # noqa: E402
 from cynomys.applier.targets.spark import types as st  # noqa: E402
 from cynomys.applier.targets.spark.config import SparkConfig  # noqa: E402
@@ -30,7 +30,7 @@ from cynomys.applier.targets.spark.merge import (  # noqa: E402
 )
 from cynomys.core.config import Config, TargetConfig  # noqa: E402
 from cynomys.core.errors import ConfigError  # noqa: E402
-from cynomys.core.model import ColumnDef, Position, RawTemporal, TableSchema  # noqa: E402
+from cynomys.core.model import AppliedState, ColumnDef, Position, RawTemporal, TableSchema  # noqa: E402
 
 UTC = datetime.timezone.utc
 

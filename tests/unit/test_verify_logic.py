@@ -455,8 +455,9 @@ class _MemTarget:
 
 
 def test_a_refused_repair_leaves_the_range_and_says_why(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from cynomys.applier.targets.base import AppliedState, Flush, TableFlush
+    from cynomys.applier.targets.base import Flush, TableFlush
     from cynomys.core.config import ApplierConfig, Config
+    from cynomys.core.model import AppliedState
     from cynomys.verify.applier import Verifier, read_results
 
     cfg = Config(applier=ApplierConfig(state_dir=str(tmp_path)))
@@ -475,8 +476,9 @@ def test_a_refused_repair_leaves_the_range_and_says_why(tmp_path) -> None:  # ty
 
 def test_base_purge_runs_the_targets_purge_check(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from cynomys.applier.targets import base
-    from cynomys.applier.targets.base import AppliedState, Flush, Target
+    from cynomys.applier.targets.base import Flush, Target
     from cynomys.core.config import Config, TargetConfig
+    from cynomys.core.model import AppliedState
     from cynomys.verify.errors import RepairRefused
 
     class Mem(Target):

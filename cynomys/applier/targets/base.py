@@ -21,7 +21,10 @@ from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
 from cynomys.core.columnar import InsertRun
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, TargetRejectedError
-from cynomys.core.model import Change, Op, Position, Row, TableSchema, Value
+
+# AppliedState lives in core.model; re-exported for code that still imports it from here.
+from cynomys.core.model import AppliedState as AppliedState
+from cynomys.core.model import Change, Op, Row, TableSchema, Value
 from cynomys.core.targets import TARGETS
 from cynomys.parser.ddl import SKIP_HINT, DdlOp, UnsupportedDdl, parse_ddl
 from cynomys.verify.checksum import Checksum, KeyRange, range_checksum
@@ -54,23 +57,6 @@ class Capabilities:
     # The target loads ``TableFlush.runs`` (InsertRuns, column-wise) itself;
     # otherwise build_flush turns them into row images in ``inserts``.
     columnar_inserts: bool = False
-
-
-@dataclass(frozen=True)
-class AppliedState:
-    """What the target holds for one producer, committed with the data."""
-
-    producer_id: str
-    seq: int
-    position: Position                   # source position applied up to (a transaction boundary)
-    commit_ts: int = 0                   # source time of the last applied transaction
-    # Who wrote what the target holds (applier/admit.py): the source server
-    # ``position`` belongs to, the producer incarnation and the newest HA
-    # fencing token taken.  Kept in the target so an applier restart still
-    # recognises a producer that lost its state.
-    server: str = ""
-    incarnation: str = ""
-    fence: int = 0
 
 
 @dataclass

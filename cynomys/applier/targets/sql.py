@@ -29,14 +29,14 @@ from abc import abstractmethod
 from typing import Any, ClassVar, ContextManager, Mapping, Sequence
 
 from cynomys.applier.targets import state as applied_state
-from cynomys.applier.targets.base import AppliedState, Flush, TableFlush, short_sql
+from cynomys.applier.targets.base import Flush, TableFlush, short_sql
 from cynomys.applier.targets.ddl_runner import DdlRun
 from cynomys.applier.targets.sql_client import Cursor, SqlClient
 from cynomys.applier.targets.stateful import StatefulTarget
 from cynomys.core.config import Config
 from cynomys.core.dialect import MONETDB, Dialect
 from cynomys.core.errors import TargetRejectedError
-from cynomys.core.model import Change, ColumnDef, Row, TableSchema
+from cynomys.core.model import AppliedState, Change, ColumnDef, Row, TableSchema
 
 log = logging.getLogger(__name__)
 

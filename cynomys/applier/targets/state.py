@@ -28,9 +28,8 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping, Sequence
 
-from cynomys.applier.targets.base import AppliedState
 from cynomys.core.errors import TargetRejectedError
-from cynomys.core.model import Position
+from cynomys.core.model import AppliedState, Position
 
 #: Where the state lives on every target: schema/database/namespace and table.
 NAMESPACE = "cynomys_state"

@@ -28,11 +28,11 @@ from abc import abstractmethod
 from typing import Any, ClassVar, ContextManager
 
 from cynomys.applier.targets import state as applied_state
-from cynomys.applier.targets.base import AppliedState, Target, short_sql
+from cynomys.applier.targets.base import Target, short_sql
 from cynomys.applier.targets.ddl_runner import DdlRun, Handlers, run_ops
 from cynomys.core.config import Config
 from cynomys.core.errors import TargetRejectedError
-from cynomys.core.model import Change, TableSchema
+from cynomys.core.model import AppliedState, Change, TableSchema
 from cynomys.parser.ddl import SKIP_HINT
 
 

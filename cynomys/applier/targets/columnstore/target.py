@@ -44,7 +44,7 @@ from pymysql.cursors import Cursor
 from pymysql.protocol import LoadLocalPacketWrapper
 
 from cynomys.applier.targets import state as applied_state
-from cynomys.applier.targets.base import AppliedState, Capabilities, TableFlush
+from cynomys.applier.targets.base import Capabilities, TableFlush
 from cynomys.applier.targets.columnstore import ddl as columnstore_ddl
 from cynomys.applier.targets.columnstore import verify as columnstore_verify
 from cynomys.applier.targets.columnstore.config import ENGINE_NAME, ColumnStoreConfig
@@ -63,7 +63,7 @@ from cynomys.core.columnar import InsertRun
 from cynomys.core.config import Config
 from cynomys.core.dialect import MARIADB, Dialect
 from cynomys.core.errors import ConfigError, TargetRejectedError
-from cynomys.core.model import Change, ColumnDef, Row, TableSchema, Value
+from cynomys.core.model import AppliedState, Change, ColumnDef, Row, TableSchema, Value
 from cynomys.verify.checksum import Checksum, KeyRange
 
 log = logging.getLogger(__name__)

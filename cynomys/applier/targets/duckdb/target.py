@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Mapping
 import duckdb
 import pyarrow as pa
 
-from cynomys.applier.targets.base import AppliedState, Capabilities, TableFlush
+from cynomys.applier.targets.base import Capabilities, TableFlush
 from cynomys.applier.targets.duckdb import ddl as duckdb_ddl
 from cynomys.applier.targets.duckdb import verify as duckdb_verify
 from cynomys.applier.targets.duckdb.types import DuckType, Unstorable, arrow_column, duck_type, native_source_type
@@ -37,7 +37,7 @@ from cynomys.applier.targets.sql import SqlTarget
 from cynomys.core.config import Config
 from cynomys.core.dialect import DUCKDB, Dialect
 from cynomys.core.errors import ConfigError, TargetRejectedError
-from cynomys.core.model import Change, ColumnDef, Row, TableSchema
+from cynomys.core.model import AppliedState, Change, ColumnDef, Row, TableSchema
 from cynomys.verify.checksum import KeyRange
 
 log = logging.getLogger(__name__)

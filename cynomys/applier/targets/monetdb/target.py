@@ -44,7 +44,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 import pymonetdb
 
 from cynomys.applier.targets import state as applied_state
-from cynomys.applier.targets.base import AppliedState, Capabilities, TableFlush
+from cynomys.applier.targets.base import Capabilities, TableFlush
 from cynomys.applier.targets.monetdb import ddl as monetdb_ddl
 from cynomys.applier.targets.monetdb.ddl import TargetColumn
 from cynomys.applier.targets.monetdb.types import (
@@ -61,7 +61,7 @@ from cynomys.applier.targets.sql import SqlTarget
 from cynomys.core.config import Config
 from cynomys.core.dialect import MONETDB, Dialect
 from cynomys.core.errors import ConfigError, TargetRejectedError
-from cynomys.core.model import Change, ColumnDef, Row, TableSchema, Value
+from cynomys.core.model import AppliedState, Change, ColumnDef, Row, TableSchema, Value
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,6 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from cynomys.applier.targets.base import AppliedState
 from cynomys.applier.targets.ddl_runner import DdlRun, handler_table
 from cynomys.applier.targets.spark import types as st
 from cynomys.applier.targets.spark.config import SparkConfig
@@ -51,7 +50,7 @@ from cynomys.applier.targets.spark.merge import Layout, lit, marker, marker_of, 
 from cynomys.applier.targets.spark.session import CatalogProfile
 from cynomys.core.config import Config
 from cynomys.core.errors import TargetRejectedError
-from cynomys.core.model import ColumnDef, RawTemporal
+from cynomys.core.model import AppliedState, ColumnDef, RawTemporal
 from cynomys.parser import ddl
 
 log = logging.getLogger(__name__)

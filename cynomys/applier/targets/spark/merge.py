@@ -13,9 +13,9 @@ import pyarrow.compute as pc
 from pyspark.sql import types as T
 
 from cynomys.applier.targets import state as applied_state
-from cynomys.applier.targets.base import AppliedState, TableFlush
+from cynomys.applier.targets.base import TableFlush
 from cynomys.core.dialect import SPARK
-from cynomys.core.model import Row, TableSchema, Value
+from cynomys.core.model import AppliedState, Row, TableSchema, Value
 
 log = logging.getLogger(__name__)
 

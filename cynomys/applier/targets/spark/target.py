@@ -85,7 +85,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 from cynomys.applier.targets import state as applied_state
-from cynomys.applier.targets.base import AppliedState, Capabilities, Flush, SqlConsole, TableFlush
+from cynomys.applier.targets.base import Capabilities, Flush, SqlConsole, TableFlush
 from cynomys.applier.targets.spark import console as spark_console
 from cynomys.applier.targets.spark import ddl as spark_ddl
 from cynomys.applier.targets.spark import layout as spark_layout
@@ -122,7 +122,7 @@ from cynomys.applier.targets.stateful import StatefulTarget
 from cynomys.core.columnar import InsertRun
 from cynomys.core.config import Config
 from cynomys.core.errors import CynomysError, TargetRejectedError, TargetUnavailableError
-from cynomys.core.model import Change, ColumnDef, RawTemporal, Row, TableSchema, Value
+from cynomys.core.model import AppliedState, Change, ColumnDef, RawTemporal, Row, TableSchema, Value
 from cynomys.verify.checksum import KeyRange
 
 log = logging.getLogger(__name__)
