@@ -190,7 +190,7 @@ def test_bucket_spec_and_sort_order_from_config(factory: Factory, db: str) -> No
 
 
 def test_layout_change_refused_then_evolved(factory: Factory, db: str) -> None:
-    first = factory(spark=_spark_layout(db))
+    first = factory(spark=_spark_layout(db, format_version=2))
     schema = _orders(db)
     _fill(first, schema, 20)
     changed = _spark_layout(db, partition_by={f"{db}.orders": ["bucket(8, id)"]}, sort_by={},

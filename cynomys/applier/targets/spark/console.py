@@ -3,10 +3,8 @@
 - ``spark`` (the default): Spark SQL in a session of its own with the
   applier's catalog settings, the catalog as the default one.  Nothing is
   written: no state table, no warm-up (the applier's write warm-up cost ~7 s
-  of a ~14 s query), and Spark's ``readOnly`` guard is not needed because the
-  console runs only the user's statement.  The JVM starts with C1 only
-  (``-XX:TieredStopAtLevel=1``): a short-lived query session gains more from
-  a quick start than from C2's compiled code.
+  of a ~14 s query), no Spark UI.  What is left is the JVM and Spark's own
+  start, seconds on a small machine: ``--engine duckdb`` has neither.
 - ``duckdb``: DuckDB with the iceberg extension over each table's current
   metadata file (``readers.py``): no JVM, DuckDB's SQL dialect.
 
@@ -31,7 +29,6 @@ ENGINES = ("spark", "duckdb")
 CONSOLE_CONF: dict[str, str] = {
     "spark.app.name": "cynomys-sql",
     "spark.ui.enabled": "false",
-    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
 }
 
 

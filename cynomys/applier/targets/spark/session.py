@@ -258,6 +258,7 @@ def acquire(conf: dict[str, str]) -> tuple[SparkSession, int]:
                     f"cannot start another with {conf.get('spark.master')!r}",
                     hint="use one [target.spark] master per process")
             _apply_runtime(_Pool.session, conf)
+            _warn_missing_jars(_Pool.session, conf)
             _Pool.users += 1
             return _Pool.session, _Pool.generation
         builder = SparkSession.builder
@@ -268,6 +269,18 @@ def acquire(conf: dict[str, str]) -> tuple[SparkSession, int]:
         _apply_runtime(session, conf)  # a session started earlier by the host process
         _Pool.session, _Pool.master, _Pool.users = session, conf.get("spark.master", ""), 1
         return session, _Pool.generation
+
+
+def _warn_missing_jars(session: SparkSession, conf: dict[str, str]) -> None:
+    """Jars are fixed when the JVM starts: a target sharing a running
+    session gets only the ones it was started with (a JDBC catalog's driver
+    among them)."""
+    have = set(session.sparkContext.getConf().get("spark.jars", "").split(","))
+    missing = [j for j in conf.get("spark.jars", "").split(",") if j and j not in have]
+    if missing:
+        log.warning("the Spark session of this process was started without %s; a target sharing it cannot use "
+                    "them (a JDBC catalog would not find its driver): start one Spark target per process, or "
+                    "give the first one every jar", ", ".join(missing))
 
 
 def _alive(session: SparkSession) -> bool:

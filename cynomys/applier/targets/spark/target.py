@@ -1,7 +1,7 @@
 """Spark target: Apache Iceberg tables written by PySpark 3.5.
 
 Each source table becomes the Iceberg table ``<catalog>.<source db>.<table>``
-(format v2); column types follow ``spark_types``.  A flush writes each table
+(format v3 by default: ``[target.spark] format_version``); column types follow ``spark_types``.  A flush writes each table
 with ONE DataFrame built from Arrow and ONE Iceberg commit:
 
 - tables with a primary key: ``MERGE INTO`` on the key.  The source rows are
