@@ -19,6 +19,13 @@ DATETIME(6)) is loaded with ``--base-rows`` rows, then flushes of
 Local mode (``local[*]``), warehouse on local disk.  Writes
 bench/results/spark_merge.json with the machine description.
 
+Format v2 against v3 (issue #27: position-delete files against deletion
+vectors; flush time and a reader's aggregate, maintenance on)::
+
+    python bench/bench_spark_merge.py --skip-main --growth 500 --growth-base 200000 --growth-rows 2000 \
+        --growth-workloads mixed_random --growth-variants v2,v3 --reader-every 10 \
+        --growth-out bench/results/spark_format_versions.json
+
 ``--growth N`` (issue #11) measures flush time against flush number instead:
 N flushes of ``--growth-rows`` net changes on a ``--growth-base``-row table,
 for the flush path before the issue (every keyed flush a MERGE on ``<=>``),
@@ -236,7 +243,14 @@ GROWTH_VARIANTS: dict[str, tuple[type[SparkTarget], dict[str, Any]]] = {
     "after_without_key_range": (EqualityOnlyTarget, {}),
     "after_arrow_handoff": (ArrowHandoffTarget, {}),
     "after+maintenance": (SparkTarget, {"maintenance": True}),
+    # Issue #27: Iceberg format v2 (position-delete files) against v3
+    # (deletion vectors), both with the target's maintenance as shipped.
+    "v2": (SparkTarget, {"maintenance": True, "format_version": 2}),
+    "v3": (SparkTarget, {"maintenance": True, "format_version": 3}),
 }
+#: What a reader runs on a variant's table every ``--reader-every`` flushes
+#: (an aggregate that reads every live row, so every delete file or vector).
+READER_QUERY = "SELECT count(*), sum(price), max(at) FROM {table}"
 GROWTH_WORKLOADS = {
     "insert_only": "flushes of new keys only (an auto-increment insert load, like lineitem)",
     "mixed_random": "50% inserts, 30% updates, 20% deletes of keys anywhere in the table",
@@ -247,13 +261,15 @@ GROWTH_WORKLOADS = {
 def growth(bench: Bench, flushes: int, rows: int, base_rows: int,
            variants: dict[str, tuple[type[SparkTarget], dict[str, Any]]], workloads: list[str],
            maintenance_commits: int, checkpoint: Callable[[dict[str, Any]], None] | None = None,
-           files_every: int = 5) -> dict[str, Any]:
+           files_every: int = 5, reader_every: int = 0) -> dict[str, Any]:
     """Flush time against flush number, every variant on its own copy of each
     workload, interleaved flush by flush (the machine is shared: noise hits
     all variants alike).  ``all_s`` is each flush's apply time without the
     maintenance that ran inside it (``maintenance_s``, per flush, holds that);
     the live data/delete files are counted every ``files_every`` flushes
-    (outside the timing).  ``checkpoint`` gets the partial result every few
+    (outside the timing); every ``reader_every`` flushes a reader's
+    aggregate (READER_QUERY, through Spark) is timed on each table
+    (``reader_s``, ``reader_at``).  ``checkpoint`` gets the partial result every few
     flushes, so a long run is never lost."""
     out: dict[str, Any] = {"flushes": flushes, "rows_per_flush": rows, "base_rows": base_rows,
                            "workloads": {w: GROWTH_WORKLOADS[w] for w in workloads},
@@ -273,7 +289,8 @@ def growth(bench: Bench, flushes: int, rows: int, base_rows: int,
                 for _ in range(3):  # warm-up: code generation of this table's statements
                     bench.timed(targets[v], [w.load(100) if wl == "insert_only" else w.changes(100)])
             res: dict[str, dict[str, Any]] = {
-                v: {"all_s": [], "maintenance_s": [], "files_at": [], "files_series": []} for v in variants}
+                v: {"all_s": [], "maintenance_s": [], "files_at": [], "files_series": [], "reader_at": [],
+                    "reader_s": []} for v in variants}
             out["results"][wl] = res
             for i in range(flushes):
                 order = list(loads.items())
@@ -287,6 +304,12 @@ def growth(bench: Bench, flushes: int, rows: int, base_rows: int,
                     if (i + 1) % files_every == 0 or i == 0 or i == flushes - 1:
                         res[v]["files_at"].append(i + 1)
                         res[v]["files_series"].append(file_counts(targets[v], f"g_{wl}_{v}"))
+                    if reader_every and ((i + 1) % reader_every == 0 or i == 0):
+                        query = READER_QUERY.format(table=targets[v].qualified("bench", f"g_{wl}_{v}"))
+                        t0 = time.perf_counter()
+                        targets[v].spark.sql(query).collect()
+                        res[v]["reader_at"].append(i + 1)
+                        res[v]["reader_s"].append(round(time.perf_counter() - t0, 3))
                 if (i + 1) % 10 == 0 or i == flushes - 1:
                     for v in variants:
                         summarize(res[v], targets[v], f"g_{wl}_{v}")
@@ -318,6 +341,10 @@ def summarize(r: dict[str, Any], target: SparkTarget, table: str) -> None:
               "files": r["files_series"][-1] if r["files_series"] else {},
               "max_files": max((sum(f.values()) for f in r["files_series"]), default=0),
               "maintenance_runs": [m.as_dict() for m in target.maintenance.runs if m.table.endswith(table)]})
+    if r.get("reader_s"):
+        q = r["reader_s"]
+        r.update({"reader_median_s": round(statistics.median(q), 3),
+                  "reader_last_median_s": round(statistics.median(q[-max(1, len(q) // 5):]), 3)})
 
 
 def file_counts(target: SparkTarget, table: str) -> dict[str, int]:
@@ -347,6 +374,9 @@ def plot_growth(g: dict[str, Any], path: Path, title: str) -> None:
             if m:
                 ax.scatter([x for x, _ in m], [s for _, s in m], marker="x", color=line.get_color(),
                            label=f"{v}: maintenance (s, not in the flush time)")
+            if r.get("reader_s"):
+                ax.plot(r["reader_at"], r["reader_s"], "^", color=line.get_color(), markersize=4,
+                        label=f"{v}: reader's aggregate (s)")
             fs = r.get("files_series", [])
             if fs:
                 for kind, style in (("data", "-"), ("position_deletes", "--")):
@@ -398,6 +428,8 @@ def main() -> None:
     ap.add_argument("--growth-variants", default=",".join(GROWTH_VARIANTS), help="comma-separated")
     ap.add_argument("--maintenance-commits", type=int, default=40, help="[target.spark] maintenance_commits")
     ap.add_argument("--growth-out", default=str(common.RESULTS / "spark_flush_growth.json"))
+    ap.add_argument("--reader-every", type=int, default=0, metavar="N",
+                    help="time a reader's aggregate on each --growth table every N flushes")
     args = ap.parse_args()
     CONF.update(dict(kv.split("=", 1) for kv in args.conf))
     base = 20_000 if args.quick else args.base_rows
@@ -449,7 +481,8 @@ def main() -> None:
                             + ("" if final else f" (partial: {g.get('flushes_done', 0)} flushes)"))
 
             g = growth(bench, args.growth, args.growth_rows, args.growth_base, variants,
-                       args.growth_workloads.split(","), args.maintenance_commits, checkpoint=save)
+                       args.growth_workloads.split(","), args.maintenance_commits, checkpoint=save,
+                       reader_every=args.reader_every)
             save(g, final=True)
             print(f"wrote {path} and .png")
     finally:

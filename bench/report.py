@@ -70,6 +70,21 @@ def main() -> None:
                          f"flushes of {gr['rows_per_flush']:,}, {v} | first {r['first_median_s']} s, last "
                          f"{r['last_median_s']} s, **last/first {r['last_over_first']}**; live files at most "
                          f"{r['max_files']} (data + deletes) | — |")
+    fv = load("spark_format_versions")
+    for wl, res in (fv or {}).get("results", {}).items():
+        cells = "; ".join(
+            f"{v}: flush median {r['median_s']} s (first {r['first_median_s']}, last {r['last_median_s']}), "
+            f"reader's aggregate median {r.get('reader_median_s')} s" for v, r in res.items() if "median_s" in r)
+        lines.append(f"| Iceberg format v2 (position deletes) vs v3 (deletion vectors), {fv.get('flushes_done')} "
+                     f"{wl} flushes of {fv['rows_per_flush']:,} on {fv['base_rows']:,} rows, maintenance on | "
+                     f"{cells} | — |")
+    sq = load("spark_query")
+    if sq:
+        r = sq["ratio_while_replicating"]
+        lines.append(f"| TPC-H Q1 on the lineitem replica while replicating vs the same rows written once and "
+                     f"compacted (format v{sq['settings']['format_version']}, {sq['settings']['flushes']} flushes of "
+                     f"{sq['settings']['flush_rows']:,}) | ratio median **{r['median']}**, max {r['max']} over "
+                     f"{r['checkpoints']} checkpoints | — |")
     po = load("producer_oltp")
     if po:
         rates = "; ".join(f"{k}: {v:,}" for k, v in po["txns_per_s_best"].items())
@@ -121,7 +136,8 @@ def main() -> None:
     print("\n".join(lines))
     for name in ("bigtxn", "lineitem", "decode", "delay_commit", "seal", "snapshot", "verify", "monetdb_lineitem", "spark_merge",
                  "spark_catchup", "spark_flush_growth_2m", "applier_decode", "producer_oltp", "verify_duckdb",
-                 "initial_load", "initial_load_spark", "initial_load_keyless", "source_reads"):
+                 "initial_load", "initial_load_spark", "initial_load_keyless", "source_reads",
+                 "spark_format_versions", "spark_query"):
         d = load(name)
         if d:
             m = d.get("machine", {})

@@ -208,14 +208,14 @@ def _source_notes(cls: type) -> tuple[str, dict[str, str]]:
     return doc, notes
 
 
-def _type_text(tp: Any) -> str:
+def _type_text(tp: Any, plural: bool = False) -> str:
     words = {bool: "boolean", int: "integer", float: "number", str: "string"}
     origin = typing.get_origin(tp)
     if origin is list:
-        return f"list of {_type_text(typing.get_args(tp)[0])}s"
+        return f"list{'s' if plural else ''} of {_type_text(typing.get_args(tp)[0], True)}"
     if origin is dict:
-        return f"table of {_type_text(typing.get_args(tp)[1])}s"
-    return words.get(tp, getattr(tp, "__name__", str(tp)))
+        return f"table{'s' if plural else ''} of {_type_text(typing.get_args(tp)[1], True)}"
+    return words.get(tp, getattr(tp, "__name__", str(tp))) + ("s" if plural else "")
 
 
 def _toml(value: Any) -> str:

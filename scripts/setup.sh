@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Installs what Cynomys and its tests need on a fresh Debian/Ubuntu machine:
-# MariaDB and Redis server binaries (the tests and the demo start their own
-# throwaway servers on free loopback ports; no system service is used), a
-# Java 17 runtime (Spark), a C compiler and the Python headers (the
-# compiled hot path, cynomys/_speedups.c), Prometheus with promtool (the
-# alert rules' tests and a real scrape of both daemons), libfaketime (a
-# source whose clock runs ahead, for the freshness test), and a Python
-# virtual environment in .venv.
+# MariaDB, Redis and PostgreSQL server binaries (the tests and the demo start
+# their own throwaway servers on free loopback ports; no system service is
+# used), a Java 17 runtime (Spark) and the JDBC drivers of the Iceberg JDBC
+# catalog, a C compiler and the Python headers (the compiled hot path,
+# cynomys/_speedups.c), Prometheus with promtool (the alert rules' tests and
+# a real scrape of both daemons), libfaketime (a source whose clock runs
+# ahead, for the freshness test), and a Python virtual environment in .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +14,11 @@ need=()
 command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || need+=(mariadb-server mariadb-client)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
+# The Iceberg JDBC catalog: PostgreSQL (the tests start their own server) and
+# the JDBC drivers Spark loads from /usr/share/java (MariaDB's for a MariaDB catalog).
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+[ -f /usr/share/java/postgresql.jar ] || need+=(libpostgresql-jdbc-java)
+[ -f /usr/share/java/mariadb-java-client.jar ] || need+=(libmariadb-java)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 # The compiled hot path: gcc and Python.h for the python3 that makes .venv.
 command -v gcc >/dev/null 2>&1 || need+=(gcc libc6-dev)
@@ -37,7 +42,7 @@ fi
 # One extra per target kind, read from the registry (cynomys/core/targets.py
 # imports nothing, so the system python reads it before the venv exists).
 KINDS=$(PYTHONPATH=. python3 -c 'from cynomys.core.targets import TARGET_KINDS; print(",".join(TARGET_KINDS))')
-.venv/bin/python -m pip install -q -e ".[${KINDS},snapshot,test,bench,docs]"
+.venv/bin/python -m pip install -q -e ".[${KINDS},snapshot,lake,test,bench,docs]"
 # The extension is optional (Cynomys falls back to pure Python): say so here
 # rather than let a slow producer be the first sign.
 .venv/bin/python -c 'import cynomys._speedups' 2>/dev/null \

@@ -7,6 +7,7 @@ from typing import Iterator
 import pytest
 
 from tests.servers.mariadb import MariaDBServer
+from tests.servers.postgres import postgres_server  # noqa: F401
 from tests.servers.redis import redis_server, redis_url  # noqa: F401
 
 os.environ.setdefault("TZ", "UTC")

@@ -447,10 +447,16 @@ _TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a number", str:
 def _expected(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is list:
-        return "a list of " + _expected(typing.get_args(tp)[0]).split(" ", 1)[-1] + "s"
+        return "a list of " + _plural(typing.get_args(tp)[0])
     if origin is dict:
-        return "a table of " + _expected(typing.get_args(tp)[1]).split(" ", 1)[-1] + "s"
+        return "a table of " + _plural(typing.get_args(tp)[1])
     return _TYPE_WORDS[tp]
+
+
+def _plural(tp: Any) -> str:
+    """'strings', 'lists of strings', 'tables of strings' (a nested type in an error)."""
+    return _expected(tp).split(" ", 1)[-1].replace("list of", "lists of").replace("table of", "tables of", 1) \
+        if typing.get_origin(tp) in (list, dict) else _expected(tp).split(" ", 1)[-1] + "s"
 
 
 def _from_env(raw: str, tp: Any, name: str, where: str, secret: bool = False) -> Any:

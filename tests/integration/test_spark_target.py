@@ -94,7 +94,7 @@ def test_all_types_layout_and_read_back_after_restart(factory: Factory, target: 
     assert "dt__cynomys_raw" not in cols  # only where such values came
     props = {r.key: r.value for r in target.spark.sql(
         f"SHOW TBLPROPERTIES {target.qualified(db, 'all_types')}").collect()}
-    assert props["format-version"] == "2" and props["write.merge.mode"] == "merge-on-read"
+    assert props["format-version"] == "3" and props["write.merge.mode"] == "merge-on-read"
     assert props["cynomys.primary-key"] == '["id"]'
     # A new target (as after a restart) reads the source types from the comments.
     fresh = factory()

@@ -376,13 +376,29 @@ class Target(ABC):
 
 @runtime_checkable
 class SqlConsole(Protocol):
-    """A target ``cynomys sql`` can query: one whose SQL session lives in
-    the applier's process (Spark).  Other targets have clients of their own.
-    Kept apart from ``Target`` (an ability, not something every target does
-    or ``PartitionTarget`` forwards)."""
+    """A read-only SQL session on a target's data (``cynomys sql``): it
+    writes nothing, not even the applier's state or warm-up tables."""
 
     def show_sql(self, statement: str, limit: int) -> None:
         """Run ``statement`` and print up to ``limit`` rows of its result."""
+
+    def close(self) -> None:
+        """Release the session."""
+
+
+class SqlConsoles(Protocol):
+    """A target class whose data ``cynomys sql`` can query without a client
+    of its own (Spark/Iceberg: the session would otherwise have to be set up
+    by hand).  Other targets have clients of their own.  Kept apart from
+    ``Target`` (an ability of the class, not something every target does or
+    ``PartitionTarget`` forwards)."""
+
+    #: The engines ``cynomys sql --engine`` accepts; the first is the default.
+    console_engines: ClassVar[tuple[str, ...]]
+
+    @classmethod
+    def open_console(cls, cfg: Config, engine: str) -> SqlConsole:
+        """A read-only console on ``engine`` (one of ``console_engines``)."""
 
 
 #: ``[target] kind`` -> a check run before a repair deletes a key range of a

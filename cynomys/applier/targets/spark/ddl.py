@@ -45,6 +45,7 @@ from cynomys.applier.targets.ddl_runner import DdlRun, handler_table
 from cynomys.applier.targets.spark import types as st
 from cynomys.applier.targets.spark.config import SparkConfig
 from cynomys.applier.targets.spark.iceberg import IcebergApi
+from cynomys.applier.targets.spark.layout import TableLayout
 from cynomys.applier.targets.spark.merge import Layout, lit, marker, marker_of, q, same_flush
 from cynomys.applier.targets.spark.session import CatalogProfile
 from cynomys.core.config import Config
@@ -81,6 +82,8 @@ class IcebergTarget(Protocol):
     def mapping(self, schema_name: str, col: ColumnDef) -> st.Mapping: ...
     def column_sql(self, schema_name: str, col: ColumnDef) -> str: ...
     def create_table(self, database: str, table: str, columns: Sequence[ColumnDef], key: Sequence[str]) -> None: ...
+    def table_layout(self, database: str, table: str, columns: Sequence[str] | None = None) -> TableLayout: ...
+    def properties_for(self, want: TableLayout) -> dict[str, str]: ...
     def source_columns(self, layout: Layout) -> list[tuple[T.StructField, ColumnDef]]: ...
 
 
@@ -182,18 +185,28 @@ def _rename_table(r: Run, op: ddl.RenameTable) -> None:
         r.step(f"DROP TABLE IF EXISTS {r.table(odb, old)} PURGE")
 
 
+def _layout_props(r: Run, db: str, table: str, want: TableLayout) -> dict[str, str]:
+    """The properties of a table made anew from ``db.table`` (a copy, a
+    rewrite): Cynomys's own (the primary key...) kept, the layout's on top."""
+    props = {k: v for k, v in r.target.iceberg.properties(db, table).items() if k.startswith("cynomys.")}
+    props.update(r.target.properties_for(want))
+    return props
+
+
 def _copy_table(r: Run, odb: str, old: str, ndb: str, new: str) -> None:
     """CREATE TABLE new AS SELECT * FROM old: one atomic commit, marked with
-    the old name so a replay recognises it."""
-    props = {k: v for k, v in r.target.iceberg.properties(odb, old).items()
-             if k in r.target.table_properties or k.startswith("cynomys.")}
-    props.update(r.target.table_properties)
+    the old name so a replay recognises it.  The copy gets the layout
+    [target.spark] asks for the new name."""
+    want = r.target.table_layout(ndb, new)
+    props = _layout_props(r, odb, old, want)
     log.warning("%s: the %s catalog cannot rename tables; copying %s.%s to %s.%s (a full copy)",
                 r.what("rename table"), r.target.settings.catalog_type, odb, old, ndb, new)
     with r.marked({RENAMED_FROM: f"{odb}.{old}"}):
-        r.step(f"CREATE TABLE {r.table(ndb, new)} USING iceberg TBLPROPERTIES ("
+        r.step(f"CREATE TABLE {r.table(ndb, new)} USING iceberg{want.partition_sql()} TBLPROPERTIES ("
                + ", ".join(f"{lit(k)} = {lit(v)}" for k, v in props.items())
                + f") AS SELECT * FROM {r.table(odb, old)}")
+    if want.sort:  # a metadata commit: the current snapshot stays the marked copy
+        r.step(f"ALTER TABLE {r.table(ndb, new)} {want.sort_sql()}")
     if r.target.iceberg.current(ndb, new) is None:
         # An empty table's copy commits no snapshot: an empty one carries the marks.
         r.target.iceberg.commit_empty(ndb, new, {**marker(r.state), RENAMED_FROM: f"{odb}.{old}"})
@@ -314,9 +327,8 @@ def _rewrite_column(r: Run, db: str, t: str, have: T.StructField, new: st.Mappin
     spark = r.target.spark
     tbl = r.table(db, t)
     source = spark.table(tbl)
-    props = {k: v for k, v in r.target.iceberg.properties(db, t).items()
-             if k in r.target.table_properties or k.startswith("cynomys.")}
-    props.update(r.target.table_properties)
+    want = r.target.table_layout(db, t)
+    props = _layout_props(r, db, t, want)
     log.warning("%s: Iceberg cannot change %s from %s to %s in place; rewriting %s.%s",
                 r.what("modify column"), have.name, have.dataType.simpleString(), new.sql, db, t)
     previous = spark.conf.get("spark.sql.ansi.enabled", "false")
@@ -326,11 +338,18 @@ def _rewrite_column(r: Run, db: str, t: str, have: T.StructField, new: st.Mappin
     try:
         cols = [F.col(q(f.name)).cast(new.spark).alias(f.name, metadata={"comment": new_comment})
                 if f.name == have.name else F.col(q(f.name)) for f in source.schema.fields]
-        writer = source.select(*cols).writeTo(tbl).using("iceberg")
-        for k, v in props.items():
-            writer = writer.tableProperty(k, v)
-        with r.marked():
-            writer.createOrReplace()
+        # SQL, not DataFrameWriterV2: its partitionedBy has no truncate
+        # transform.  The view's field comments become the columns' comments.
+        view = "cynomys_rewrite_src"
+        source.select(*cols).createOrReplaceTempView(view)
+        try:
+            with r.marked():
+                r.step(f"CREATE OR REPLACE TABLE {tbl} USING iceberg{want.partition_sql()} TBLPROPERTIES ("
+                       + ", ".join(f"{lit(k)} = {lit(v)}" for k, v in props.items()) + f") AS SELECT * FROM {view}")
+        finally:
+            spark.catalog.dropTempView(view)
+        if want.sort:  # a metadata commit: the current snapshot stays the marked rewrite
+            r.step(f"ALTER TABLE {tbl} {want.sort_sql()}")
     finally:
         spark.conf.set("spark.sql.ansi.enabled", previous or "false")
 

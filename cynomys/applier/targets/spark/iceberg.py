@@ -21,6 +21,8 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
+from cynomys.applier.targets.spark.layout import Existing
+
 log = logging.getLogger(__name__)
 
 #: Iceberg's holder of per-thread commit (snapshot summary) properties.
@@ -84,6 +86,26 @@ class IcebergApi:
         for k in remove:
             update = update.remove(k)
         update.commit()
+
+    def layout(self, database: str, table: str) -> Existing:
+        """The table's partition spec, sort order, format version and
+        properties, in the forms ``layout.differences`` compares."""
+        tbl = self.load(database, table)
+        schema = tbl.schema()
+        spec = []
+        for f in tbl.spec().fields():
+            transform = str(f.transform().toString())
+            if transform == "void":  # a field dropped by partition evolution (v1 tables keep it as void)
+                continue
+            spec.append(f"{transform}({str(schema.findColumnName(f.sourceId())).lower()})")
+        order = []
+        for f in tbl.sortOrder().fields():
+            # Enum constant names: ASC/DESC, NULLS_FIRST/NULLS_LAST.
+            order.append(f"{str(schema.findColumnName(f.sourceId())).lower()} {f.direction().name()} "
+                         f"{f.nullOrder().name()}")
+        version = int(tbl.operations().current().formatVersion())
+        props = {str(k): str(v) for k, v in tbl.properties().items()}
+        return Existing(tuple(spec), tuple(order), version, props)
 
     # -- snapshots -----------------------------------------------------------
     @staticmethod

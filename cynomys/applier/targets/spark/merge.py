@@ -186,6 +186,25 @@ def key_range(column: str, array: pa.Array) -> str:
     return f"t.{q(column)} BETWEEN {bounds}"
 
 
+def key_values(column: str, array: pa.Array, limit: int) -> str:
+    """``t.column IN (...)`` of a source key column's distinct values, or ''
+    when there are more than ``limit`` of them (or a NULL, or a type without
+    an exact literal here).  For a table partitioned by a transform of the
+    column (bucket, identity, truncate): Iceberg projects the values through
+    the transform and reads only the partitions they fall in, where a range
+    prunes nothing (every bucket spans the whole key range).  Spark's
+    dynamic partition pruning does not reach the target scan of a
+    merge-on-read MERGE (EXPLAIN shows ``RuntimeFilters: []``), hence the list."""
+    if array.null_count or len(array) == 0 or not (pa.types.is_integer(array.type) or pa.types.is_string(array.type)):
+        return ""
+    values = pc.unique(array)
+    if len(values) > limit:
+        return ""
+    items = values.to_pylist()
+    text = ", ".join(lit(v) for v in items) if pa.types.is_string(array.type) else ", ".join(str(int(v)) for v in items)
+    return f"t.{q(column)} IN ({text})"
+
+
 def keyless_merge(name: str, columns: list[str]) -> str:
     """Delete every copy of each deleted row value, insert back the copies
     that stay (present - deleted, counted in the same statement), insert

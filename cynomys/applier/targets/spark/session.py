@@ -3,9 +3,11 @@ one shared session per process, and error translation.
 
 Settings come from ``[target.spark]``: ``master`` (``local[*]``, or
 ``spark://host:7077`` for a standalone cluster), the Iceberg catalog
-(``catalog`` is its name in SQL, ``catalog_type`` hadoop/hive/rest,
-``warehouse``, ``catalog_uri``), then ``conf`` (any Spark setting; it wins
-over ours), ``jars`` and ``packages``.
+(``catalog`` is its name in SQL, ``catalog_type`` hadoop/jdbc/hive/rest,
+``warehouse``, ``catalog_uri``, ``catalog_user``/``catalog_password`` for
+JDBC), then ``conf`` (any Spark setting; it wins over ours), ``jars`` and
+``packages``.  A JDBC catalog's driver jar comes from the Debian package
+named in ``JDBC_DRIVERS`` unless ``jars`` names one.
 
 The Iceberg runtime jar is needed on the driver and the executors.  Without
 internet access it comes from the PyPI package
@@ -28,6 +30,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from cynomys.applier.targets.spark import layout
 from cynomys.applier.targets.spark.config import SparkConfig
 from cynomys.core.config import Config
 from cynomys.core.errors import ConfigError, CynomysError, TargetRejectedError, TargetUnavailableError
@@ -53,6 +56,9 @@ class CatalogProfile:
 
 CATALOGS: dict[str, CatalogProfile] = {
     "hadoop": CatalogProfile(needs_uri=False, rename_tables=False, local_warehouse=True),
+    # Iceberg's JdbcCatalog: one row per table (its current metadata file) in
+    # a database; the data and metadata files go to ``warehouse``.
+    "jdbc": CatalogProfile(needs_uri=True, rename_tables=True, local_warehouse=True),
     "hive": CatalogProfile(needs_uri=True, rename_tables=True, local_warehouse=False),
     "rest": CatalogProfile(needs_uri=True, rename_tables=True, local_warehouse=False),
 }
@@ -77,6 +83,24 @@ BASE_CONF: dict[str, str] = {
 #: A cluster keeps Spark's default, with adaptive execution coalescing it.
 LOCAL_CONF: dict[str, str] = {
     "spark.sql.shuffle.partitions": str(max(2, os.cpu_count() or 2)),
+}
+
+
+
+@dataclass(frozen=True)
+class JdbcDriver:
+    """A JDBC driver for the Iceberg JDBC catalog, by the scheme of its URL."""
+
+    jar: str         # where its Debian package puts it
+    package: str     # the Debian package
+    marker: str      # text in a jar name that means "this driver is already given"
+
+
+JDBC_DRIVERS: dict[str, JdbcDriver] = {
+    "postgresql": JdbcDriver("/usr/share/java/postgresql.jar", "libpostgresql-jdbc-java", "postgresql"),
+    "mariadb": JdbcDriver("/usr/share/java/mariadb-java-client.jar", "libmariadb-java", "mariadb-java-client"),
+    # MariaDB Connector/J also speaks to MySQL, with a jdbc:mysql: URL.
+    "mysql": JdbcDriver("/usr/share/java/mariadb-java-client.jar", "libmariadb-java", "mariadb-java-client"),
 }
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -128,6 +152,10 @@ def session_conf(cfg: Config) -> dict[str, str]:
     if not _IDENT.match(sc.catalog):
         raise ConfigError(f"{where}: catalog = {sc.catalog!r} is not a plain SQL name",
                           hint="use letters, digits and _ (it is how tables are named: <catalog>.<db>.<table>)")
+    problem = layout.check(sc.partition_by, sc.sort_by, sc.table_properties, sc.format_version)
+    if problem:
+        raise ConfigError(f"{where}: {problem}",
+                          hint="see docs/guides/spark-iceberg.md#table-layout-partitions-sort-order-properties")
     profile = CATALOGS[sc.catalog_type]
     conf = dict(BASE_CONF)
     if sc.master.startswith("local"):
@@ -145,12 +173,18 @@ def session_conf(cfg: Config) -> dict[str, str]:
     if profile.needs_uri:
         if not sc.catalog_uri:
             raise ConfigError(f"{where}: catalog_type = {sc.catalog_type!r} needs catalog_uri",
-                              hint="e.g. catalog_uri = 'thrift://metastore:9083' (hive) or 'http://rest:8181' (rest)")
+                              hint="e.g. catalog_uri = 'jdbc:postgresql://db:5432/iceberg' (jdbc), "
+                                   "'thrift://metastore:9083' (hive) or 'http://rest:8181' (rest)")
         conf[prefix + ".uri"] = sc.catalog_uri
     elif sc.catalog_uri:
         raise ConfigError(f"{where}: catalog_uri is set but catalog_type = {sc.catalog_type!r} does not use one",
-                          hint="remove catalog_uri, or set catalog_type = 'hive' or 'rest'")
+                          hint="remove catalog_uri, or set catalog_type = 'jdbc', 'hive' or 'rest'")
     jars = [str(cfg.resolve(j).absolute()) if not _URI.match(j) else j for j in sc.jars]
+    if sc.catalog_type == "jdbc":
+        conf.update(_jdbc_catalog(sc, where, prefix, jars))
+    elif sc.catalog_user or sc.catalog_password:
+        raise ConfigError(f"{where}: catalog_user/catalog_password are for catalog_type = 'jdbc'",
+                          hint="remove them, or pass the catalog's own credentials in [target.spark] conf")
     if not any(_provides_iceberg(Path(j).name) for j in jars) and not any(_provides_iceberg(p) for p in sc.packages):
         jar = bundled_iceberg_jar()
         if jar is None:
@@ -167,6 +201,30 @@ def session_conf(cfg: Config) -> dict[str, str]:
         conf["spark.jars.packages"] = ",".join(sc.packages)
     conf.update(sc.conf)
     return conf
+
+
+def _jdbc_catalog(sc: SparkConfig, where: str, prefix: str, jars: list[str]) -> dict[str, str]:
+    """The JDBC catalog's settings; its driver jar appended to ``jars``."""
+    m = re.match(r"^jdbc:([a-z0-9]+):", sc.catalog_uri)
+    driver = JDBC_DRIVERS.get(m.group(1)) if m else None
+    if driver is None:
+        raise ConfigError(f"{where}: catalog_uri = {sc.catalog_uri!r} is not a JDBC URL of a supported database",
+                          hint="use jdbc:postgresql://host:5432/db or jdbc:mariadb://host:3306/db")
+    if not any(driver.marker in Path(j).name for j in jars):
+        if not os.path.exists(driver.jar):
+            raise ConfigError(f"{where}: the JDBC driver for {sc.catalog_uri.split('//')[0]} is not installed "
+                              f"({driver.jar})", hint=f"apt-get install {driver.package}, or name the driver's jar "
+                                                      "in [target.spark] jars")
+        jars.append(driver.jar)
+    # V1: the catalog's tables with Iceberg's current columns (views too);
+    # V0 is kept only for catalogs made by Iceberg before 1.7.  pyiceberg's
+    # SqlCatalog reads both.
+    out: dict[str, str] = {prefix + ".jdbc.schema-version": "V1"}
+    if sc.catalog_user:
+        out[prefix + ".jdbc.user"] = sc.catalog_user
+    if sc.catalog_password:
+        out[prefix + ".jdbc.password"] = sc.catalog_password
+    return out
 
 
 # --------------------------------------------------------------------------
@@ -200,6 +258,7 @@ def acquire(conf: dict[str, str]) -> tuple[SparkSession, int]:
                     f"cannot start another with {conf.get('spark.master')!r}",
                     hint="use one [target.spark] master per process")
             _apply_runtime(_Pool.session, conf)
+            _warn_missing_jars(_Pool.session, conf)
             _Pool.users += 1
             return _Pool.session, _Pool.generation
         builder = SparkSession.builder
@@ -210,6 +269,18 @@ def acquire(conf: dict[str, str]) -> tuple[SparkSession, int]:
         _apply_runtime(session, conf)  # a session started earlier by the host process
         _Pool.session, _Pool.master, _Pool.users = session, conf.get("spark.master", ""), 1
         return session, _Pool.generation
+
+
+def _warn_missing_jars(session: SparkSession, conf: dict[str, str]) -> None:
+    """Jars are fixed when the JVM starts: a target sharing a running
+    session gets only the ones it was started with (a JDBC catalog's driver
+    among them)."""
+    have = set(session.sparkContext.getConf().get("spark.jars", "").split(","))
+    missing = [j for j in conf.get("spark.jars", "").split(",") if j and j not in have]
+    if missing:
+        log.warning("the Spark session of this process was started without %s; a target sharing it cannot use "
+                    "them (a JDBC catalog would not find its driver): start one Spark target per process, or "
+                    "give the first one every jar", ", ".join(missing))
 
 
 def _alive(session: SparkSession) -> bool:

@@ -1,7 +1,7 @@
 """Spark target: Apache Iceberg tables written by PySpark 3.5.
 
 Each source table becomes the Iceberg table ``<catalog>.<source db>.<table>``
-(format v2); column types follow ``spark_types``.  A flush writes each table
+(format v3 by default: ``[target.spark] format_version``); column types follow ``spark_types``.  A flush writes each table
 with ONE DataFrame built from Arrow and ONE Iceberg commit:
 
 - tables with a primary key: ``MERGE INTO`` on the key.  The source rows are
@@ -124,8 +124,10 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 from cynomys.applier.targets import state as applied_state
-from cynomys.applier.targets.base import Capabilities, Flush, TableFlush
+from cynomys.applier.targets.base import Capabilities, Flush, SqlConsole, TableFlush
+from cynomys.applier.targets.spark import console as spark_console
 from cynomys.applier.targets.spark import ddl as spark_ddl
+from cynomys.applier.targets.spark import layout as spark_layout
 from cynomys.applier.targets.spark import session as spark_session
 from cynomys.applier.targets.spark import types as st
 from cynomys.applier.targets.spark import verify as spark_verify
@@ -142,6 +144,7 @@ from cynomys.applier.targets.spark.merge import (
     TablePlan,
     append,
     key_range,
+    key_values,
     keyed_merge,
     keyed_rows,
     keyless_merge,
@@ -183,12 +186,17 @@ class SparkTarget(StatefulTarget):
     #: does not enforce keys, MERGE uses the flush's schema.
     key_property: ClassVar[str] = "cynomys.primary-key"
     #: Properties of every table Cynomys creates (see the module docstring).
+    #: The format version, partition spec, sort order and further
+    #: properties come from [target.spark] (``layout.py``; ``properties_for``).
     table_properties: ClassVar[dict[str, str]] = {
-        "format-version": "2",
         "write.delete.mode": "merge-on-read",
         "write.update.mode": "merge-on-read",
         "write.merge.mode": "merge-on-read",
         "write.merge.distribution-mode": "none",
+        # Appends too: a partitioned or sorted table would otherwise shuffle
+        # every flush (Iceberg's default there is hash); the writer sorts
+        # each task's rows by partition and sort order locally instead.
+        "write.distribution-mode": "none",
         # Every flush writes a metadata file; keep the last few only.
         "write.metadata.delete-after-commit.enabled": "true",
         "write.metadata.previous-versions-max": "20",
@@ -200,6 +208,10 @@ class SparkTarget(StatefulTarget):
     #: A keyed MERGE also matches on the source's key range, so Iceberg can
     #: skip the files outside it (recent rows of an auto-increment key).
     prune_key_range: ClassVar[bool] = True
+    #: A keyed MERGE on a table partitioned by a transform of a key column
+    #: also matches ``key IN (the flush's keys)`` up to this many keys, so
+    #: Iceberg reads only their partitions (merge.key_values); 0 turns it off.
+    prune_partition_keys: ClassVar[int] = 20_000
     #: Match keys with ``<=>`` (the behaviour before issue #11; benchmarks).
     null_safe_keys: ClassVar[bool] = False
     #: Sources of at least this many rows go to Spark as a Parquet file on a
@@ -369,19 +381,99 @@ class SparkTarget(StatefulTarget):
     def create_table(self, database: str, table: str, columns: Sequence[ColumnDef], key: Sequence[str]) -> None:
         """CREATE TABLE IF NOT EXISTS with the mapped columns (all optional:
         the source enforced NOT NULL; Iceberg cannot relax a required column
-        later if the source does)."""
+        later if the source does), and the layout [target.spark] asks for."""
         self.check_database(database)
         name = f"{database}.{table}"
         for col in columns:
             if col.name.endswith(st.COMPANION_SUFFIX) or col.name in (OP_COLUMN, COUNT_COLUMN):
                 raise TargetRejectedError(f"table {name}: column {col.name!r} has a name Cynomys reserves",
                                           hint="exclude the table in [source] exclude_tables")
+        want = self.table_layout(database, table, [c.name for c in columns])
         defs = ",\n  ".join(self.column_sql(name, c) for c in columns)
-        props = {**self.table_properties, self.key_property: json.dumps(list(key))}
+        props = {**self.properties_for(want), self.key_property: json.dumps(list(key))}
         self.sql(f"CREATE NAMESPACE IF NOT EXISTS {self.qualified(database)}")
-        self.sql(f"CREATE TABLE IF NOT EXISTS {self.qualified(database, table)} (\n  {defs}\n) USING iceberg "
-                 "TBLPROPERTIES (" + ", ".join(f"{lit(k)} = {lit(v)}" for k, v in props.items()) + ")")
-        log.info("created Iceberg table %s on %s", self.qualified(database, table), self.where)
+        self.sql(f"CREATE TABLE IF NOT EXISTS {self.qualified(database, table)} (\n  {defs}\n) USING iceberg"
+                 + want.partition_sql() + " TBLPROPERTIES ("
+                 + ", ".join(f"{lit(k)} = {lit(v)}" for k, v in props.items()) + ")")
+        if want.sort:
+            # Iceberg's CREATE TABLE cannot say it: a metadata commit (a crash
+            # before it is mended by check_layout, on a table still empty).
+            self.sql(f"ALTER TABLE {self.qualified(database, table)} {want.sort_sql()}")
+        log.info("created Iceberg table %s on %s (format v%d%s%s)", self.qualified(database, table), self.where,
+                 want.format_version, want.partition_sql(), f", {want.sort_sql()}" if want.sort else "")
+
+    # ------------------------------------------------------------------
+    # Layout from [target.spark] (layout.py)
+    # ------------------------------------------------------------------
+    def table_layout(self, database: str, table: str, columns: Sequence[str] | None = None
+                     ) -> spark_layout.TableLayout:
+        """The layout the config asks for ``database.table``; ``columns``
+        (when known) must hold every column it names."""
+        want = spark_layout.of(self.settings, database, table)
+        if columns is not None:
+            have = {c.lower() for c in columns}
+            missing = sorted(want.columns() - have)
+            if missing:
+                raise TargetRejectedError(
+                    f"table {database}.{table}: [target.spark] partition_by/sort_by name column(s) "
+                    f"{', '.join(missing)}, which the table does not have",
+                    hint="name columns of the source table in partition_by/sort_by for this table or pattern")
+        return want
+
+    def properties_for(self, want: spark_layout.TableLayout) -> dict[str, str]:
+        """The table properties of a new table: the config's, then Cynomys's own."""
+        return {"format-version": str(want.format_version), **want.properties, **self.table_properties}
+
+    def _partition_key(self, schema: TableSchema) -> str | None:
+        """The key column whose values pick partitions (bucket, identity or
+        truncate of it in the spec [target.spark] asks for), if any."""
+        keys = {k.lower(): k for k in schema.key}
+        for p in spark_layout.of(self.settings, schema.database, schema.table).partition:
+            if p.transform in ("bucket", "identity", "truncate") and p.column.lower() in keys:
+                return keys[p.column.lower()]
+        return None
+
+    def check_layout(self, database: str, table: str) -> None:
+        """Compare an existing table with the layout the config asks for:
+        refuse the difference (``layout_changes = "refuse"``) or change the
+        table in place (``"evolve"``; metadata commits, no marker needed:
+        they change no rows).  An empty table (no snapshot: created just
+        before a crash) is always brought in line."""
+        want = self.table_layout(database, table)
+        have = self.iceberg.layout(database, table)
+        diffs = spark_layout.differences(want, have)
+        if not diffs:
+            return
+        name = f"{database}.{table}"
+        empty = self.iceberg.current(database, table) is None
+        if want.format_pinned and want.format_version < have.format_version:
+            raise TargetRejectedError(
+                f"table {name} is Iceberg format v{have.format_version}; [target.spark] asks for "
+                f"v{want.format_version}, and a format version cannot go down",
+                hint=f"set format-version = \"{have.format_version}\" for {name} in [target.spark] "
+                     "table_properties, or drop the target table and re-snapshot it")
+        if self.settings.layout_changes != "evolve" and not empty:
+            raise TargetRejectedError(
+                f"table {name}: its layout differs from [target.spark]: " + "; ".join(diffs),
+                hint="set [target.spark] layout_changes = 'evolve' to change it in place (files already written "
+                     "keep their layout until compaction), or put the config back for this table")
+        tbl = self.qualified(database, table)
+        spec = {p.iceberg for p in want.partition}
+        for old in have.partition:
+            if old not in spec:
+                self.sql(f"ALTER TABLE {tbl} DROP PARTITION FIELD {spark_layout.PartitionField.of_iceberg(old).sql}")
+        for p in want.partition:
+            if p.iceberg not in have.partition:
+                self.sql(f"ALTER TABLE {tbl} ADD PARTITION FIELD {p.sql}")
+        if tuple(s.iceberg for s in want.sort) != have.sort:
+            self.sql(f"ALTER TABLE {tbl} {want.sort_sql()}")
+        props = {k: v for k, v in want.properties.items() if have.properties.get(k) != v}
+        if want.format_pinned and want.format_version != have.format_version:
+            props["format-version"] = str(want.format_version)
+        if props:
+            self.sql(f"ALTER TABLE {tbl} SET TBLPROPERTIES ("
+                     + ", ".join(f"{lit(k)} = {lit(v)}" for k, v in props.items()) + ")")
+        log.warning("table %s: layout changed in place to match [target.spark]: %s", name, "; ".join(diffs))
 
     def _ensure_table(self, schema: TableSchema) -> Layout:
         """Create the table, or add the columns the schema has and the table
@@ -395,6 +487,7 @@ class SparkTarget(StatefulTarget):
         if layout is None:
             self.create_table(schema.database, schema.table, schema.columns, schema.key)
         else:
+            self.check_layout(*ident)
             missing = [c for c in schema.columns if not layout.has(c.name)]
             if missing:
                 self.sql(f"ALTER TABLE {self.qualified(*ident)} ADD COLUMNS ("
@@ -570,6 +663,12 @@ class SparkTarget(StatefulTarget):
             first = schema.key[0]
             prune = "" if first in null_safe or not self.prune_key_range else key_range(
                 first, data.column(cols.names.index(first)))
+            # -- layout (issue #27): partitions of a key column pruned by the flush's keys
+            by = self._partition_key(schema)
+            if by is not None and by not in null_safe and self.prune_partition_keys:
+                prune = " AND ".join(c for c in (prune, key_values(
+                    by, data.column(cols.names.index(by)), self.prune_partition_keys)) if c)
+            # -- end layout
             sql = keyed_merge(name, written, match, null_safe, prune)
         elif tf.delete_rows:
             sql = keyless_merge(name, written)
@@ -890,11 +989,12 @@ class SparkTarget(StatefulTarget):
         """`cynomys verify`: only the key range read (spark/verify.py)."""
         return spark_verify.range_rows(self, schema, rng)
 
-    def show_sql(self, statement: str, limit: int) -> None:
-        """``cynomys sql`` (base.SqlConsole): Spark SQL with this target's catalog as the default one."""
-        with self.edge(f"running `cynomys sql` on {self.where}"):
-            self.spark.sql(f"USE {q(self.catalog)}")
-            self.spark.sql(statement).show(limit, truncate=False)
+    #: ``cynomys sql`` engines (base.SqlConsoles; console.py): read-only, no warm-up.
+    console_engines: ClassVar[tuple[str, ...]] = spark_console.ENGINES
+
+    @classmethod
+    def open_console(cls, cfg: Config, engine: str) -> SqlConsole:
+        return spark_console.open_console(cfg, engine)
 
     def fetch_rows(self, database: str, table: str, where: str = "", args: dict[str, Any] | None = None) -> list[Row]:
         """``where``/``args``: a condition with named parameters (``:p0``)."""

@@ -61,11 +61,15 @@ def warm_up(target: SparkTarget) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from cynomys.applier.targets.spark.layout import TableLayout
     from cynomys.applier.targets.spark.merge import lit
 
     spark = target.spark
     name = target.qualified(target.state_namespace, WARM_TABLE)
-    props = ", ".join(f"{lit(k)} = {lit(v)}" for k, v in target.table_properties.items())
+    # The default format version (its delete path is the one to warm); no
+    # partition spec or sort order: those name the replicated tables' columns.
+    default = TableLayout(format_version=target.settings.format_version)
+    props = ", ".join(f"{lit(k)} = {lit(v)}" for k, v in target.properties_for(default).items())
     target.sql(f"DROP TABLE IF EXISTS {name} PURGE")
     target.sql(f"CREATE TABLE {name} (id BIGINT, v STRING, d DECIMAL(14,2), at TIMESTAMP) USING iceberg "
                f"COMMENT 'Cynomys: warms the JVM at connect; safe to drop' TBLPROPERTIES ({props})")
