@@ -1,8 +1,11 @@
 """The producer's loop: binlog -> folded batches -> sink, checkpoint after accept.
 
-A reader thread pulls SourceEvents into a bounded queue (so a slow sink
-stops the binlog read: bounded memory); the main loop assembles
-transactions, folds changes per batch and hands batches to the sink.
+A reader thread pulls SourceEvents into a bounded queue, a batch of them
+per queue item (so a slow sink stops the binlog read: bounded memory); the
+main loop assembles transactions, folds changes per batch and hands
+batches to the sink.  The compiled reader (parser/creader.py) reads with
+the GIL released, so the thread reads and frames the next events while
+the loop folds and seals.
 
 Checkpoint discipline (Databus): the local checkpoint is a transaction
 boundary; it advances only over transactions whose changes the sink has
@@ -45,6 +48,7 @@ from cynomys.core.errors import CynomysError, TerminalError
 from cynomys.core.model import Batch, EnvelopeMeta, Position
 from cynomys.metrics.events import ProducerTurn
 from cynomys.metrics.monitor import ProducerMonitor
+from cynomys.parser import creader
 from cynomys.parser.files import ArchiveInspector
 from cynomys.parser.stream import BinlogSource, SourceInspector, TableFilter, open_inspector
 from cynomys.parser.txn import Assembler
@@ -81,8 +85,14 @@ class BatchSink(Protocol):
 _EOF = object()
 
 
-# Events handled per turn of the producer's loop at most (see _loop).
+# Events handled per turn of the producer's loop at most (see _loop): a
+# turn takes queued batches until it holds this many.
 _EVENTS_PER_TURN = 256
+# Batches the reader may read ahead.  A batch holds up to
+# creader.MAX_EVENTS events and MAX_ROWS rows (the library's reader: one
+# event), so this bounds the memory of what was read and not yet folded.
+_QUEUED_BATCHES = 16
+_QUEUED_EVENTS = 256
 # How long the loop blocks on the log with no task plugged in.
 _IDLE_WAIT_S = 0.5
 
@@ -277,7 +287,8 @@ class Producer:
         table_filter = TableFilter(self.cfg.source.include_tables, self.cfg.source.exclude_tables)
         source = BinlogSource(self.cfg.source, start, blocking=self.blocking, is_mariadb=mariadb,
                               table_filter=widen_filter(self.tasks, table_filter))
-        events: queue.Queue[Any] = queue.Queue(maxsize=256)
+        events: queue.Queue[Any] = queue.Queue(
+            maxsize=_QUEUED_BATCHES if creader_batches(source) else _QUEUED_EVENTS)
         # Ends the reader with this run.  Not self.stop: that is the daemon's,
         # and run_with_retry reads it after a transient error (setting it here
         # made the daemon exit 0 on a source restart instead of retrying).
@@ -295,10 +306,10 @@ class Producer:
 
     def _read(self, source: BinlogSource, events: queue.Queue[Any], halt: threading.Event) -> None:
         try:
-            for ev in source:
+            for batch in source.batches():
                 while not halt.is_set():
                     try:
-                        events.put(ev, timeout=0.2)
+                        events.put(batch, timeout=0.2)
                         break
                     except queue.Full:
                         continue
@@ -347,7 +358,7 @@ class Producer:
             if run.at_boundary(asm):
                 timeout = min(timeout, max(0.0, run.started + self.max_delay - time.monotonic()))
             try:
-                items = [events.get(timeout=timeout)]
+                batches = [events.get(timeout=timeout)]
             except queue.Empty:
                 run.flush_if_idle(asm)
                 if time.monotonic() - last_save > 1.0:  # idle: keep `cynomys status` current
@@ -358,33 +369,35 @@ class Producer:
             # the polls above (stop, snapshot, verify, the delay timer) cost
             # more than an event of a small transaction, and a few hundred
             # events delay them by a millisecond or two.
-            while len(items) < _EVENTS_PER_TURN:
+            held = _size(batches[0])
+            while held < _EVENTS_PER_TURN:
                 try:
-                    items.append(events.get_nowait())
+                    batches.append(events.get_nowait())
                 except queue.Empty:
                     break
-            for item in items:
-                if item is _EOF:
+                held += _size(batches[-1])
+            for batch in batches:
+                if batch is _EOF:
                     run.flush_if_idle(asm)
                     self.save()
                     return
-                if isinstance(item, BaseException):
-                    raise item
-                ev = item
-                self.state.read = ev.end
-                if ev.timestamp:
-                    self.state.last_event_ts = ev.timestamp
-                for out in asm.feed(ev):
-                    seen = observe_in_order(self.tasks, out)  # None: a task dropped it (the watermark table's)
-                    if seen is not None:
-                        run.handle(seen, asm)
-                if run.txn_in_batch >= self.max_events and asm.begin is not None:
-                    # A large transaction: ship what we have and keep reading, so
-                    # memory stays bounded; the checkpoint waits for its commit.
-                    # (Only the open transaction's own size cuts it: many small
-                    # transactions wait for the next commit, so envelopes end on
-                    # commits and the applier can flush after each of them.)
-                    run.flush(False, ev.end, asm)
+                if isinstance(batch, BaseException):
+                    raise batch
+                for ev in batch:
+                    self.state.read = ev.end
+                    if ev.timestamp:
+                        self.state.last_event_ts = ev.timestamp
+                    for out in asm.feed(ev):
+                        seen = observe_in_order(self.tasks, out)  # None: a task dropped it (the watermark table's)
+                        if seen is not None:
+                            run.handle(seen, asm)
+                    if run.txn_in_batch >= self.max_events and asm.begin is not None:
+                        # A large transaction: ship what we have and keep reading, so
+                        # memory stays bounded; the checkpoint waits for its commit.
+                        # (Only the open transaction's own size cuts it: many small
+                        # transactions wait for the next commit, so envelopes end on
+                        # commits and the applier can flush after each of them.)
+                        run.flush(False, ev.end, asm)
             if time.monotonic() - last_save > 1.0:
                 self.save()
                 last_save = time.monotonic()
@@ -392,6 +405,17 @@ class Producer:
     def save(self) -> None:
         self.state.stats = dict(self.stats)
         self.store.save(self.state)
+
+
+def _size(batch: Any) -> int:
+    """Events in a queue item (a batch; 1 for the end or an error)."""
+    return len(batch) if type(batch) is list else 1
+
+
+def creader_batches(source: BinlogSource) -> bool:
+    """Whether ``source`` reads in batches of many events (the compiled
+    reader), which the queue then counts in batches."""
+    return creader.available() and source.compiled
 
 
 def run_with_retry(make: Any, stop: threading.Event, *, max_backoff: float = 30.0,
