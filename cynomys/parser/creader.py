@@ -33,6 +33,7 @@ now checks them on both paths).
 """
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import socket
@@ -124,47 +125,88 @@ def new_reader(source: Any, mode: str, *, checksums: bool, seq: int, start: Posi
 
 
 class _Driver:
-    """What both drivers share: the reader's items -> batches of SourceEvents."""
+    """What both drivers share: the reader's items -> batches of SourceEvents,
+    pulled one at a time (``next_batch``) by whoever reads: the producer's
+    loop itself (no reader thread: producer/loop.py) or ``batches()``."""
 
     def __init__(self, source: BinlogSource) -> None:
         self.source = source
         self.reader: Any = None
         self.closed = False
+        self._ready: collections.deque[list[SourceEvent]] = collections.deque()
+        self._ended = False
+        # An error met after events that are still to be handed on: raised
+        # once they are (the Python path raises at the event, after them).
+        self._error: BaseException | None = None
 
     def close(self) -> None:
         self.closed = True
         if self.reader is not None:
             self.reader.close()
 
+    def next_batch(self, timeout: float | None) -> list[SourceEvent] | None:
+        """The next events, in binlog order: a batch; [] when nothing came
+        within ``timeout`` seconds (None: wait as long as it takes); None at
+        the end of the input (a non-blocking dump's or the files' end) or
+        once closed."""
+        while True:
+            if self._ready:
+                return self._ready.popleft()
+            if self._error is not None:
+                raise self._error
+            if self._ended or self.closed:
+                return None
+            if not self._step(timeout):
+                return []
+
+    def batches(self) -> Iterator[list[SourceEvent]]:
+        while True:
+            batch = self.next_batch(None)
+            if batch is None:
+                return
+            if batch:
+                yield batch
+
+    def _step(self, timeout: float | None) -> bool:
+        """Read once; False when nothing came within ``timeout``."""
+        raise NotImplementedError
+
     def _ctx(self) -> LibraryContext:
         raise NotImplementedError
 
-    def _error(self, what: str, detail: int, offset: int) -> Exception:
+    def _error_for(self, what: str, detail: int, offset: int) -> Exception:
         raise NotImplementedError
 
-    def _read(self) -> Iterator[list[SourceEvent]]:
-        """The reader's batches until the end of its input; handoffs and
-        errors handled in order."""
+    def _end_of_file(self) -> None:
+        self._ended = True
+
+    def _read(self, timeout: float | None) -> bool:
+        """One read of the reader: its batches queued, a handoff done, an
+        error kept for after the events before it.  False: nothing came."""
         reader, src = self.reader, self.source
-        while True:
-            items = reader.read(MAX_EVENTS, MAX_ROWS)
-            src.file, src.pos = reader.file, reader.pos
-            if not items:
-                return  # closing
-            last = items[-1]
-            if type(last) is not tuple:
-                yield items
-                continue
-            if len(items) > 1:
-                yield items[:-1]
-            tag = last[0]
+        items = reader.read(MAX_EVENTS, MAX_ROWS, timeout)
+        src.file, src.pos = reader.file, reader.pos
+        if not items:
+            if self.closed:
+                self._ended = True
+            return False
+        last = items[-1]
+        if type(last) is not tuple:
+            self._ready.append(items)
+            return True
+        if len(items) > 1:
+            self._ready.append(items[:-1])
+        tag = last[0]
+        try:
             if tag == "handoff":
                 out = self._handoff(last[1], last[2], last[3], last[4])
                 src.file, src.pos = reader.file, reader.pos
                 if out:
-                    yield out
-            elif tag in ("eof", "file_end"):
-                return
+                    self._ready.append(out)
+            elif tag == "eof":
+                self._ended = True
+            elif tag == "file_end":
+                self._end_of_file()
             elif tag == "server_error":
                 try:
                     pymysql.err.raise_mysql_exception(last[1])
@@ -174,7 +216,10 @@ class _Driver:
                     raise _translate(exc, src.cfg, f"the binlog from {src.file}:{src.pos}") from None
                 raise AssertionError("raise_mysql_exception returned")
             else:
-                raise self._error(last[1], last[2], last[3])
+                raise self._error_for(last[1], last[2], last[3])
+        except Exception as exc:  # after the events read before it
+            self._error = exc
+        return True
 
     def _handoff(self, code: int, event: bytes, start: Position, end: Position) -> list[SourceEvent]:
         """One event for the Python path, placed at start/end by the reader."""
@@ -244,20 +289,21 @@ class Stream(_Driver):
         self.reader = new_reader(arg, mode, checksums=checksums, seq=conn._next_seq_id, table_map=self.table_map,
                                  start=Position(self.source.file, self.source.pos), decoders=self.source.decoders)
 
-    def batches(self) -> Iterator[list[SourceEvent]]:
-        src = self.source
-        try:
-            self._connect()
-        except pymysql.err.MySQLError as exc:
-            from cynomys.parser.stream import _translate
+    def _step(self, timeout: float | None) -> bool:
+        if self.reader is None:
+            src = self.source
+            try:
+                self._connect()
+            except pymysql.err.MySQLError as exc:
+                from cynomys.parser.stream import _translate
 
-            raise _translate(exc, src.cfg, f"the binlog from {src.file}:{src.pos}") from None
-        except (OSError, EOFError) as exc:
-            raise SourceUnavailableError(f"lost the binlog connection to {src.cfg.host}:{src.cfg.port}: {exc}") \
-                from None
-        if self.closed:
-            self.reader.close()
-        yield from self._read()
+                raise _translate(exc, src.cfg, f"the binlog from {src.file}:{src.pos}") from None
+            except (OSError, EOFError) as exc:
+                raise SourceUnavailableError(f"lost the binlog connection to {src.cfg.host}:{src.cfg.port}: "
+                                             f"{exc}") from None
+            if self.closed:  # closed while connecting: the read returns at once
+                self.close()
+        return self._read(timeout)
 
     def _ctx(self) -> LibraryContext:
         from cynomys.parser.stream import LibraryContext
@@ -271,7 +317,7 @@ class Stream(_Driver):
         self.post_header_lengths = lib.post_header_len
         self.reader.post_header = bytes(lib.post_header_len)
 
-    def _error(self, what: str, detail: int, offset: int) -> Exception:
+    def _error_for(self, what: str, detail: int, offset: int) -> Exception:
         src = self.source
         where = f"{src.cfg.host}:{src.cfg.port}"
         at = f"{src.file}:{src.pos}"
@@ -303,32 +349,48 @@ class Files(_Driver):
     def __init__(self, source: BinlogSource, files: FileReader) -> None:
         super().__init__(source)
         self.files = files
+        self.open = False  # a file is being read
 
-    def batches(self) -> Iterator[list[SourceEvent]]:
+    def _step(self, timeout: float | None) -> bool:
+        """Files never wait: a step opens the next file, or reads on."""
         fr = self.files
-        self.reader = new_reader(None, "file", checksums=True, seq=0, table_map=fr.table_map,
-                                 start=Position(self.source.file, self.source.pos), decoders=self.source.decoders)
-        while not self.closed:
-            opened = fr._open_next()
-            if not opened:
-                return
-            fmt, f = fr.format, fr._file
-            assert fmt is not None and f is not None
-            rotate, fde = opened
-            out = []
-            for event, checksummed in ((rotate, True), (fde, fmt.checksums)):
-                for item in self.reader.feed(event, checksummed):
-                    if type(item) is tuple:  # the FORMAT_DESCRIPTION
-                        out.extend(self._handoff(item[1], item[2], item[3], item[4]))
-                    else:
-                        out.append(item)
-            self.source.file, self.source.pos = self.reader.file, self.reader.pos
-            if out:
-                yield out
-            self.reader.post_header = bytes(fmt.post_header_lengths)
-            self.reader.set_file(f.fileno(), fr._off, fr._stop_at, fmt.checksums)
-            yield from self._read()
-            fr._next_name = self.reader.last_rotate
+        if self.reader is None:
+            self.reader = new_reader(None, "file", checksums=True, seq=0, table_map=fr.table_map,
+                                     start=Position(self.source.file, self.source.pos), decoders=self.source.decoders)
+        if not self.open:
+            self._open()
+            return True
+        return self._read(None)
+
+    def _open(self) -> None:
+        """The next file: the ROTATE made up for it and its FORMAT_DESCRIPTION
+        through the reader, then its events from where reading starts."""
+        fr = self.files
+        opened = fr._open_next()
+        if not opened:
+            self._ended = True
+            return
+        fmt, f = fr.format, fr._file
+        assert fmt is not None and f is not None
+        rotate, fde = opened
+        out: list[SourceEvent] = []
+        for event, checksummed in ((rotate, True), (fde, fmt.checksums)):
+            for item in self.reader.feed(event, checksummed):
+                if type(item) is tuple:  # the FORMAT_DESCRIPTION
+                    out.extend(self._handoff(item[1], item[2], item[3], item[4]))
+                else:
+                    out.append(item)
+        self.source.file, self.source.pos = self.reader.file, self.reader.pos
+        if out:
+            self._ready.append(out)
+        self.reader.post_header = bytes(fmt.post_header_lengths)
+        self.reader.set_file(f.fileno(), fr._off, fr._stop_at, fmt.checksums)
+        self.open = True
+
+    def _end_of_file(self) -> None:
+        # What the file's last ROTATE named: the next file must be that one.
+        self.files._next_name = self.reader.last_rotate
+        self.open = False
 
     def _ctx(self) -> LibraryContext:
         from cynomys.parser.stream import LibraryContext
@@ -336,7 +398,7 @@ class Files(_Driver):
         fr = self.files
         return LibraryContext(fr.table_map, fr._ctl_connection, fr.mysql_version, fr.post_header_lengths)
 
-    def _error(self, what: str, detail: int, offset: int) -> Exception:
+    def _error_for(self, what: str, detail: int, offset: int) -> Exception:
         if what == "io":
             src = self.source
             return SourceUnavailableError(f"lost the binlog connection to {src.cfg.host}:{src.cfg.port}: "

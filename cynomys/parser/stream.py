@@ -396,11 +396,20 @@ class BinlogSource:
             for ev in self._library_events():
                 yield [ev]
             return
-        if isinstance(self.reader, FileReader):
-            self._driver = creader.Files(self, self.reader)
-        else:
-            self._driver = creader.Stream(self, self.reader)
-        yield from self._driver.batches()
+        yield from self._compiled_driver().batches()
+
+    def next_batch(self, timeout: float | None) -> list[SourceEvent] | None:
+        """The compiled reader's next batch, read on the caller's thread: []
+        when nothing came within ``timeout`` seconds (None: as long as it
+        takes), None at the end (of a non-blocking read, or of the files)."""
+        return self._compiled_driver().next_batch(timeout)
+
+    def _compiled_driver(self) -> creader.Stream | creader.Files:
+        assert self._compiled, "the compiled reader is not selected for this source"
+        if self._driver is None:
+            self._driver = creader.Files(self, self.reader) if isinstance(self.reader, FileReader) else \
+                creader.Stream(self, self.reader)
+        return self._driver
 
     def _library_events(self) -> Iterator[SourceEvent]:
         """The reference: mysql-replication's events, sorted here."""

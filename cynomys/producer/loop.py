@@ -1,11 +1,15 @@
 """The producer's loop: binlog -> folded batches -> sink, checkpoint after accept.
 
-A reader thread pulls SourceEvents into a bounded queue, a batch of them
-per queue item (so a slow sink stops the binlog read: bounded memory); the
-main loop assembles transactions, folds changes per batch and hands
-batches to the sink.  The compiled reader (parser/creader.py) reads with
-the GIL released, so the thread reads and frames the next events while
-the loop folds and seals.
+The loop pulls batches of SourceEvents from the binlog, assembles
+transactions, folds changes per batch and hands batches to the sink; while
+it folds and seals, nothing is read (a slow sink stops the binlog read:
+bounded memory).  The compiled reader (parser/creader.py) is read from the
+loop's own thread, waiting at most until the loop's next poll; the
+library's reader (the pure-Python path), which blocks without a timeout,
+runs in a reader thread feeding a bounded queue, one event per item.  (A
+reader thread for the compiled reader overlapped little -- making the
+Python objects holds the GIL -- and on one core its hand-offs cost 12% of
+the daemon's CPU on an OLTP binlog, measured with cynomys produce --once.)
 
 Checkpoint discipline (Databus): the local checkpoint is a transaction
 boundary; it advances only over transactions whose changes the sink has
@@ -48,7 +52,6 @@ from cynomys.core.errors import CynomysError, TerminalError
 from cynomys.core.model import Batch, EnvelopeMeta, Position
 from cynomys.metrics.events import ProducerTurn
 from cynomys.metrics.monitor import ProducerMonitor
-from cynomys.parser import creader
 from cynomys.parser.files import ArchiveInspector
 from cynomys.parser.stream import BinlogSource, SourceInspector, TableFilter, open_inspector
 from cynomys.parser.txn import Assembler
@@ -86,12 +89,9 @@ _EOF = object()
 
 
 # Events handled per turn of the producer's loop at most (see _loop): a
-# turn takes queued batches until it holds this many.
+# turn takes batches until it holds this many.
 _EVENTS_PER_TURN = 256
-# Batches the reader may read ahead.  A batch holds up to
-# creader.MAX_EVENTS events and MAX_ROWS rows (the library's reader: one
-# event), so this bounds the memory of what was read and not yet folded.
-_QUEUED_BATCHES = 16
+# Events the library's reader thread may read ahead (one per queue item).
 _QUEUED_EVENTS = 256
 # How long the loop blocks on the log with no task plugged in.
 _IDLE_WAIT_S = 0.5
@@ -287,8 +287,15 @@ class Producer:
         table_filter = TableFilter(self.cfg.source.include_tables, self.cfg.source.exclude_tables)
         source = BinlogSource(self.cfg.source, start, blocking=self.blocking, is_mariadb=mariadb,
                               table_filter=widen_filter(self.tasks, table_filter))
-        events: queue.Queue[Any] = queue.Queue(
-            maxsize=_QUEUED_BATCHES if creader_batches(source) else _QUEUED_EVENTS)
+        if source.compiled:
+            try:
+                self._loop(_Direct(source), start)
+            finally:
+                source.close()
+                for task in self.tasks:
+                    task.close()
+            return
+        events: queue.Queue[Any] = queue.Queue(maxsize=_QUEUED_EVENTS)
         # Ends the reader with this run.  Not self.stop: that is the daemon's,
         # and run_with_retry reads it after a transient error (setting it here
         # made the daemon exit 0 on a source restart instead of retrying).
@@ -339,7 +346,7 @@ class Producer:
             if work and task.flush_after:
                 run.flush_if_idle(asm)
 
-    def _loop(self, events: queue.Queue[Any], start: Position) -> None:
+    def _loop(self, events: queue.Queue[Any] | _Direct, start: Position) -> None:
         asm = Assembler(start.gtid)
         run = Batching(self, start)
         last_save = 0.0
@@ -370,7 +377,7 @@ class Producer:
             # more than an event of a small transaction, and a few hundred
             # events delay them by a millisecond or two.
             held = _size(batches[0])
-            while held < _EVENTS_PER_TURN:
+            while held < _EVENTS_PER_TURN and type(batches[-1]) is list:  # nothing after the end or an error
                 try:
                     batches.append(events.get_nowait())
                 except queue.Empty:
@@ -412,10 +419,27 @@ def _size(batch: Any) -> int:
     return len(batch) if type(batch) is list else 1
 
 
-def creader_batches(source: BinlogSource) -> bool:
-    """Whether ``source`` reads in batches of many events (the compiled
-    reader), which the queue then counts in batches."""
-    return creader.available() and source.compiled
+class _Direct:
+    """The compiled reader as the loop's queue: ``get`` reads on the loop's
+    thread, waiting at most ``timeout`` (queue.Empty: nothing came);
+    _EOF at the end of a non-blocking read; an error as an item."""
+
+    def __init__(self, source: BinlogSource) -> None:
+        self.source = source
+
+    def get(self, timeout: float | None = None) -> Any:
+        try:
+            batch = self.source.next_batch(timeout)
+        except Exception as exc:  # noqa: BLE001 -- an item, like the reader thread's: the loop raises it after
+            return exc            # the batches it took before it in this turn (their events come first)
+        if batch is None:
+            return _EOF
+        if not batch:
+            raise queue.Empty
+        return batch
+
+    def get_nowait(self) -> Any:
+        return self.get(0.0)
 
 
 def run_with_retry(make: Any, stop: threading.Event, *, max_backoff: float = 30.0,
