@@ -47,4 +47,6 @@ KINDS=$(PYTHONPATH=. python3 -c 'from cynomys.core.targets import TARGET_KINDS; 
 # rather than let a slow producer be the first sign.
 .venv/bin/python -c 'import cynomys._speedups' 2>/dev/null \
   || echo "setup: WARNING: the compiled hot path (cynomys._speedups) did not build; Cynomys runs pure Python (slower)" >&2
+.venv/bin/python -c 'import cynomys._reader' 2>/dev/null \
+  || echo "setup: WARNING: the compiled binlog reader (cynomys._reader) did not build; the library's reader runs (slower)" >&2
 echo "setup: ready (.venv)"

@@ -3,7 +3,9 @@
 ``cynomys._speedups`` (a C extension built by ``pip install``) decodes ROWS
 events and writes Avro batches; ``parser/rows.py`` and ``schemas/codec.py``
 keep the pure-Python code as the specification and the fallback, and both
-produce the same values and the same bytes.
+produce the same values and the same bytes.  ``cynomys._reader`` (another
+one) reads the binlog itself -- packets, events, SourceEvents in batches --
+where ``parser/stream.py`` reads with mysql-replication (parser/creader.py).
 
 - ``CYNOMYS_PURE_PYTHON=1`` forces the pure-Python path (CI runs the suite
   both ways).
@@ -28,11 +30,20 @@ try:
     from cynomys import _speedups as _loaded  # type: ignore[attr-defined, no-redef]
 except ImportError as exc:  # not built (no compiler at install time) or built for another Python
     _import_error = str(exc)
+_reader_loaded: ModuleType | None = None
+_reader_error = ""
+try:
+    from cynomys import _reader as _reader_loaded  # type: ignore[attr-defined, no-redef]
+except ImportError as exc:
+    _reader_error = str(exc)
 
 #: The compiled module the hot paths call, or None for pure Python.  Read
 #: at each call (one attribute lookup per event/batch), so ``use_compiled``
 #: switches paths at run time.
 ext: ModuleType | None = None
+#: The compiled binlog reader (cynomys._reader), or None: the library's.
+#: Selected with ``ext`` (BinlogSource reads it when it starts reading).
+reader: ModuleType | None = None
 _reason = ""
 _announced = False
 #: Calls the compiled code handed back to the reference (``Fallback``):
@@ -43,13 +54,17 @@ fallbacks: dict[str, int] = {"decode": 0, "encode": 0, "decode_columns": 0}
 def use_compiled(flag: bool) -> bool:
     """Select the path; returns whether the compiled one is now active
     (False when asked for it but it is not importable)."""
-    global ext, _reason, _announced
+    global ext, reader, _reason, _announced
     if not flag:
         ext, _reason = None, f"{ENV} is set" if os.environ.get(ENV, "") not in ("", "0") else "pure Python requested"
     elif _loaded is None:
         ext, _reason = None, f"the compiled extension cynomys._speedups is not importable ({_import_error})"
     else:
         ext, _reason = _loaded, ""
+    reader = _reader_loaded if flag else None
+    if flag and _reader_loaded is None:
+        _reason = (_reason + "; " if _reason else "") + \
+            f"the compiled reader cynomys._reader is not importable ({_reader_error})"
     _announced = False
     return ext is not None
 
@@ -65,6 +80,11 @@ def available() -> bool:
     return _loaded is not None
 
 
+def reader_available() -> bool:
+    """Whether cynomys._reader was built and imports (whatever is selected)."""
+    return _reader_loaded is not None
+
+
 def announce() -> None:
     """Log once which path runs: a WARNING when it is pure Python."""
     global _announced
@@ -73,14 +93,19 @@ def announce() -> None:
     _announced = True
     if ext is None:
         log.warning("hot path: pure Python (%s); the producer decodes and encodes several times slower", _reason)
+    elif reader is None:
+        log.warning("hot path: compiled (cynomys._speedups), but the binlog is read by mysql-replication (%s)",
+                    _reason)
     else:
-        log.info("hot path: compiled (cynomys._speedups)")
+        log.info("hot path: compiled (cynomys._speedups, cynomys._reader)")
 
 
 def status() -> dict[str, str]:
-    """For ``cynomys status``: {"hot_path": "compiled" | "pure-python", "reason": why pure,
-    "fallbacks": how often the compiled code handed a call back to the reference}."""
-    return {"hot_path": "compiled" if ext is not None else "pure-python", "reason": _reason,
+    """For ``cynomys status``: {"hot_path": "compiled" | "pure-python", "reader":
+    "compiled" | "mysql-replication", "reason": why pure, "fallbacks": how often the
+    compiled code handed a call back to the reference}."""
+    return {"hot_path": "compiled" if ext is not None else "pure-python",
+            "reader": "compiled" if reader is not None else "mysql-replication", "reason": _reason,
             "fallbacks": ", ".join(f"{k} {v}" for k, v in fallbacks.items())}
 
 

@@ -25,7 +25,6 @@ import glob
 import logging
 import os
 import struct
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator, Sequence
@@ -76,7 +75,7 @@ class Format:
         lengths = tuple(body[fixed:len(body) - tail])
         alg = body[len(body) - 5] if aware else 0
         checksums = alg == _ALG_CRC32
-        if checksums and zlib.crc32(event[:-4]) != int.from_bytes(event[-4:], "little"):
+        if checksums and not R.crc_ok(event):
             raise _damaged(path, FIRST_EVENT, "the FORMAT_DESCRIPTION's CRC32 does not match")
         return cls(text, version, mariadb, lengths, checksums, h.server_id)
 
@@ -197,11 +196,27 @@ class FileReader:
         fmt = self.format
         assert fmt is not None and self._path is not None
         if fmt.checksums:
-            if zlib.crc32(event[:-4]) != int.from_bytes(event[-4:], "little"):
+            if not R.crc_ok(event):
                 raise _damaged(self._path, self._off - len(event), "the event's CRC32 does not match")
             return event, len(event)
         h = R.header(event)
         return R.build(h, event[R.HEADER_LEN:]), h.size
+
+    def explain(self, off: int) -> Exception:
+        """What is wrong with the event at ``off`` of the open file: the
+        error reading it here raises (the compiled reader, parser/creader.py,
+        found it damaged and leaves the words to this reader)."""
+        f = self._file
+        assert f is not None and self._path is not None
+        f.seek(off)
+        self._off = off
+        try:
+            event = self._read_event()
+            if event is not None:
+                self._for_library(event)
+        except (UnsupportedEventError, PositionLostError) as exc:
+            return exc
+        return _damaged(self._path, off, "the event cannot be read")
 
     def _open_next(self) -> list[bytes]:
         """Open the next file: a made-up ROTATE naming it (as a server

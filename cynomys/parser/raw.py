@@ -25,6 +25,10 @@ HEADER_LEN = HEADER.size  # 19
 CHECKSUM_LEN = 4
 FORMAT_DESCRIPTION = 0x0F
 ROTATE = 0x04
+FLAGS_OFFSET = 17
+#: LOG_EVENT_BINLOG_IN_USE_F: a FORMAT_DESCRIPTION's flag while its file is
+#: being written, set after its CRC32 was computed (log_event.cc).
+BINLOG_IN_USE = 0x1
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,21 @@ def header(raw: bytes) -> Header:
     if len(raw) < HEADER_LEN:
         raise UnsupportedEventError(f"a binlog event of {len(raw)} bytes is shorter than its 19-byte header")
     return Header(*HEADER.unpack_from(raw, 0))
+
+
+def crc_ok(event: bytes) -> bool:
+    """An event's CRC32 trailer matches.  A FORMAT_DESCRIPTION of a file
+    still being written carries LOG_EVENT_BINLOG_IN_USE_F, set after its
+    checksum was computed: the server's own reader clears it before
+    checking (log_event.cc, event_checksum_test), and so does this."""
+    want = int.from_bytes(event[-CHECKSUM_LEN:], "little")
+    if zlib.crc32(event[:-CHECKSUM_LEN]) == want:
+        return True
+    if len(event) > FLAGS_OFFSET + CHECKSUM_LEN and event[4] == FORMAT_DESCRIPTION and event[FLAGS_OFFSET] & BINLOG_IN_USE:
+        flag = bytes([event[FLAGS_OFFSET] & ~BINLOG_IN_USE & 0xFF])
+        crc = zlib.crc32(event[FLAGS_OFFSET + 1:-CHECKSUM_LEN], zlib.crc32(flag, zlib.crc32(event[:FLAGS_OFFSET])))
+        return crc == want
+    return False
 
 
 def build(h: Header, body: bytes, *, checksum: bool = True) -> bytes:

@@ -377,12 +377,23 @@ def _enum(values: Sequence[str], size: int) -> Decoder:
     return dec
 
 
+# Distinct SET values kept per column (the compiled decoder calls this one
+# for every SET value, and tables use few combinations of their members).
+_SET_CACHE = 256
+
+
 def _set(values: Sequence[str], size: int) -> Decoder:
     members = list(values)
+    seen: dict[int, str] = {}
 
     def dec(buf: bytes, off: int) -> tuple[Value, int]:
         mask = int.from_bytes(buf[off:off + size], "little")
-        return ",".join(m for i, m in enumerate(members) if mask >> i & 1), off + size
+        text = seen.get(mask)
+        if text is None:
+            text = ",".join(m for i, m in enumerate(members) if mask >> i & 1)
+            if len(seen) < _SET_CACHE:
+                seen[mask] = text
+        return text, off + size
 
     return dec
 

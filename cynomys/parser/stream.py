@@ -1,8 +1,14 @@
 """BinlogSource: the binlog as a stream of basic-typed events.
 
-The only module that imports pymysqlreplication.  It checks the source's
+The only module that reads with pymysqlreplication.  It checks the source's
 settings, resolves where to start, refuses a purged position loudly, and
 turns every raw event into a ``SourceEvent`` through the kinds table.
+
+Two readers give the same SourceEvents: the compiled one (parser/creader.py,
+cynomys._reader: the protocol's packets and the events read in C, in
+batches) when the compiled hot path is selected, and the library's reader,
+event by event (the reference, ``CYNOMYS_PURE_PYTHON=1``), which the
+compiled one also hands what it does not read itself.
 """
 from __future__ import annotations
 
@@ -28,7 +34,7 @@ from cynomys.core.errors import (
 from cynomys.core.flavour import Flavour, flavour_of
 from cynomys.core.model import Position, Row, TableSchema
 from cynomys.core.tls import source_connect_args, source_tls_error
-from cynomys.parser import containers, mysql8
+from cynomys.parser import containers, creader, mysql8
 from cynomys.parser import raw as R
 from cynomys.parser.files import ArchiveInspector, FileReader, expand
 from cynomys.parser.kinds import (
@@ -335,6 +341,9 @@ class BinlogSource:
         self.positional_names = positional_names
         self.file = start.file
         self.pos = start.pos
+        # The compiled reader's driver (parser/creader.py), when it reads.
+        self._driver: creader.Stream | creader.Files | None = None
+        self._compiled = creader.available()  # chosen once: the path selected now
         if reader is None and cfg.binlog_files:
             reader = FileReader(expand(cfg.binlog_files), start)
         self.reader: Any
@@ -359,7 +368,14 @@ class BinlogSource:
             kwargs.update(auto_position=start.gtid, log_file=None, log_pos=None)
         self.reader = BinLogStreamReader(**kwargs)
 
+    @property
+    def compiled(self) -> bool:
+        """Whether this source reads with the compiled reader (in batches)."""
+        return self._compiled
+
     def close(self) -> None:
+        if self._driver is not None:
+            self._driver.close()  # a read blocked on the socket returns
         try:
             self.reader.close()
         except pymysql.err.Error as exc:
@@ -369,6 +385,35 @@ class BinlogSource:
             log.debug("binlog stream already closed: %s", exc)
 
     def __iter__(self) -> Iterator[SourceEvent]:
+        for batch in self.batches():
+            yield from batch
+
+    def batches(self) -> Iterator[list[SourceEvent]]:
+        """The events in batches, in binlog order: the compiled reader's as
+        it reads them (as many as have arrived, up to creader.MAX_EVENTS),
+        the library's one by one."""
+        if not self._compiled:
+            for ev in self._library_events():
+                yield [ev]
+            return
+        yield from self._compiled_driver().batches()
+
+    def next_batch(self, timeout: float | None) -> list[SourceEvent] | None:
+        """The compiled reader's next batch, read on the caller's thread: []
+        when nothing came within ``timeout`` seconds (None: as long as it
+        takes), None at the end (of a non-blocking read, or of the files)."""
+        return self._compiled_driver().next_batch(timeout)
+
+    def _compiled_driver(self) -> creader.Stream | creader.Files:
+        assert self._compiled, "the compiled reader is not selected for this source"
+        if self._driver is None:
+            self._driver = creader.Files(self, self.reader) if isinstance(self.reader, FileReader) else \
+                creader.Stream(self, self.reader)
+        return self._driver
+
+    def _library_events(self) -> Iterator[SourceEvent]:
+        """The reference: mysql-replication's events, sorted here."""
+        live = not isinstance(self.reader, FileReader)
         while True:
             try:
                 ev = self.reader.fetchone()
@@ -378,6 +423,8 @@ class BinlogSource:
                 raise SourceUnavailableError(f"lost the binlog connection to {self.cfg.host}:{self.cfg.port}: {exc}") from None
             if ev is None:
                 return
+            if live:
+                self._check_crc(ev)  # (FileReader checks the files' own)
             kind = kind_of(ev.event_type)
             if kind.decoder:
                 yield from self._own(ev, kind.decoder, None)
@@ -386,7 +433,17 @@ class BinlogSource:
             if out is not None:
                 yield out
 
+    def _check_crc(self, ev: Any) -> None:
+        """A live event's CRC32 trailer, checked as the server's own reader
+        checks it (a FORMAT_DESCRIPTION's in-use flag is set after its
+        checksum was computed; parser/files.py)."""
+        data, checksum = event_bytes(ev)
+        if checksum and not R.crc_ok(data):
+            raise creader.event_error("crc", 0, f"{self.file}:{self.pos}", f"{self.cfg.host}:{self.cfg.port}")
+
     def _context(self, ev: Any) -> LibraryContext:
+        if self._driver is not None:
+            return self._driver._ctx()
         reader = self.reader
         return LibraryContext(reader.table_map, reader._ctl_connection, reader.mysql_version,
                               getattr(ev, "_post_header_lengths", None))
@@ -487,13 +544,17 @@ class BinlogSource:
             return self._rows(ev, kind.name, basic, start, end)
         return SourceEvent(basic, kind.name, start, end, ev.timestamp, why=kind.why)
 
-    def _remember_table(self, ev: Any) -> None:
+    def _remember_table(self, ev: Any) -> tuple[Any, TableDecoder, TableSchema] | None:
+        """The table's decoder for the rows that follow (None: filtered out)."""
         if not self.filter(ev.schema, ev.table):
-            return
+            # Not another table's decoder left under this id (ids are reused
+            # after a server restart): its rows are skipped.
+            self.decoders.pop(ev.table_id, None)
+            return None
         body = getattr(ev, "body", None)
         cached = self.decoders.get(ev.table_id)
         if body is not None and cached is not None and cached[0] == body:
-            return  # the same TABLE_MAP as last time (every transaction repeats it)
+            return cached  # the same TABLE_MAP as last time (every transaction repeats it)
         meta = getattr(ev, "optional_metadata", None)
         pk = list(getattr(meta, "simple_primary_key_list", []) or [])
         if not pk and meta is not None and getattr(meta, "primary_keys_with_prefix", None):
@@ -513,7 +574,8 @@ class BinlogSource:
                                        for c in ev.columns), tuple(pk))
         if cached is None or cached[0] != sig:
             dec = TableDecoder.from_table_map(ev.columns, pk)
-            self.decoders[ev.table_id] = (sig, dec, TableSchema(ev.schema, ev.table, dec.columns, dec.key))
+            cached = self.decoders[ev.table_id] = (sig, dec, TableSchema(ev.schema, ev.table, dec.columns, dec.key))
+        return cached
 
     def _rows(self, ev: Any, kind: str, basic: Basic, start: Position, end: Position) -> SourceEvent | None:
         entry = self.decoders.get(ev.table_id)

@@ -1,8 +1,15 @@
 """The producer's loop: binlog -> folded batches -> sink, checkpoint after accept.
 
-A reader thread pulls SourceEvents into a bounded queue (so a slow sink
-stops the binlog read: bounded memory); the main loop assembles
-transactions, folds changes per batch and hands batches to the sink.
+The loop pulls batches of SourceEvents from the binlog, assembles
+transactions, folds changes per batch and hands batches to the sink; while
+it folds and seals, nothing is read (a slow sink stops the binlog read:
+bounded memory).  The compiled reader (parser/creader.py) is read from the
+loop's own thread, waiting at most until the loop's next poll; the
+library's reader (the pure-Python path), which blocks without a timeout,
+runs in a reader thread feeding a bounded queue, one event per item.  (A
+reader thread for the compiled reader overlapped little -- making the
+Python objects holds the GIL -- and on one core its hand-offs cost 12% of
+the daemon's CPU on an OLTP binlog, measured with cynomys produce --once.)
 
 Checkpoint discipline (Databus): the local checkpoint is a transaction
 boundary; it advances only over transactions whose changes the sink has
@@ -81,8 +88,11 @@ class BatchSink(Protocol):
 _EOF = object()
 
 
-# Events handled per turn of the producer's loop at most (see _loop).
+# Events handled per turn of the producer's loop at most (see _loop): a
+# turn takes batches until it holds this many.
 _EVENTS_PER_TURN = 256
+# Events the library's reader thread may read ahead (one per queue item).
+_QUEUED_EVENTS = 256
 # How long the loop blocks on the log with no task plugged in.
 _IDLE_WAIT_S = 0.5
 
@@ -281,7 +291,15 @@ class Producer:
         table_filter = TableFilter(self.cfg.source.include_tables, self.cfg.source.exclude_tables)
         source = BinlogSource(self.cfg.source, start, blocking=self.blocking, is_mariadb=mariadb,
                               table_filter=widen_filter(self.tasks, table_filter))
-        events: queue.Queue[Any] = queue.Queue(maxsize=256)
+        if source.compiled:
+            try:
+                self._loop(_Direct(source), start)
+            finally:
+                source.close()
+                for task in self.tasks:
+                    task.close()
+            return
+        events: queue.Queue[Any] = queue.Queue(maxsize=_QUEUED_EVENTS)
         # Ends the reader with this run.  Not self.stop: that is the daemon's,
         # and run_with_retry reads it after a transient error (setting it here
         # made the daemon exit 0 on a source restart instead of retrying).
@@ -299,10 +317,10 @@ class Producer:
 
     def _read(self, source: BinlogSource, events: queue.Queue[Any], halt: threading.Event) -> None:
         try:
-            for ev in source:
+            for batch in source.batches():
                 while not halt.is_set():
                     try:
-                        events.put(ev, timeout=0.2)
+                        events.put(batch, timeout=0.2)
                         break
                     except queue.Full:
                         continue
@@ -332,7 +350,7 @@ class Producer:
             if work and task.flush_after:
                 run.flush_if_idle(asm)
 
-    def _loop(self, events: queue.Queue[Any], start: Position) -> None:
+    def _loop(self, events: queue.Queue[Any] | _Direct, start: Position) -> None:
         asm = Assembler(start.gtid)
         run = Batching(self, start)
         last_save = 0.0
@@ -351,7 +369,7 @@ class Producer:
             if run.at_boundary(asm):
                 timeout = min(timeout, max(0.0, run.started + self.max_delay - time.monotonic()))
             try:
-                items = [events.get(timeout=timeout)]
+                batches = [events.get(timeout=timeout)]
             except queue.Empty:
                 run.flush_if_idle(asm)
                 if time.monotonic() - last_save > 1.0:  # idle: keep `cynomys status` current
@@ -362,33 +380,35 @@ class Producer:
             # the polls above (stop, snapshot, verify, the delay timer) cost
             # more than an event of a small transaction, and a few hundred
             # events delay them by a millisecond or two.
-            while len(items) < _EVENTS_PER_TURN:
+            held = _size(batches[0])
+            while held < _EVENTS_PER_TURN and type(batches[-1]) is list:  # nothing after the end or an error
                 try:
-                    items.append(events.get_nowait())
+                    batches.append(events.get_nowait())
                 except queue.Empty:
                     break
-            for item in items:
-                if item is _EOF:
+                held += _size(batches[-1])
+            for batch in batches:
+                if batch is _EOF:
                     run.flush_if_idle(asm)
                     self.save()
                     return
-                if isinstance(item, BaseException):
-                    raise item
-                ev = item
-                self.state.read = ev.end
-                if ev.timestamp:
-                    self.state.last_event_ts = ev.timestamp
-                for out in asm.feed(ev):
-                    seen = observe_in_order(self.tasks, out)  # None: a task dropped it (the watermark table's)
-                    if seen is not None:
-                        run.handle(seen, asm)
-                if run.txn_in_batch >= self.max_events and asm.begin is not None:
-                    # A large transaction: ship what we have and keep reading, so
-                    # memory stays bounded; the checkpoint waits for its commit.
-                    # (Only the open transaction's own size cuts it: many small
-                    # transactions wait for the next commit, so envelopes end on
-                    # commits and the applier can flush after each of them.)
-                    run.flush(False, ev.end, asm)
+                if isinstance(batch, BaseException):
+                    raise batch
+                for ev in batch:
+                    self.state.read = ev.end
+                    if ev.timestamp:
+                        self.state.last_event_ts = ev.timestamp
+                    for out in asm.feed(ev):
+                        seen = observe_in_order(self.tasks, out)  # None: a task dropped it (the watermark table's)
+                        if seen is not None:
+                            run.handle(seen, asm)
+                    if run.txn_in_batch >= self.max_events and asm.begin is not None:
+                        # A large transaction: ship what we have and keep reading, so
+                        # memory stays bounded; the checkpoint waits for its commit.
+                        # (Only the open transaction's own size cuts it: many small
+                        # transactions wait for the next commit, so envelopes end on
+                        # commits and the applier can flush after each of them.)
+                        run.flush(False, ev.end, asm)
             if time.monotonic() - last_save > 1.0:
                 self.save()
                 last_save = time.monotonic()
@@ -396,6 +416,34 @@ class Producer:
     def save(self) -> None:
         self.state.stats = dict(self.stats)
         self.store.save(self.state)
+
+
+def _size(batch: Any) -> int:
+    """Events in a queue item (a batch; 1 for the end or an error)."""
+    return len(batch) if type(batch) is list else 1
+
+
+class _Direct:
+    """The compiled reader as the loop's queue: ``get`` reads on the loop's
+    thread, waiting at most ``timeout`` (queue.Empty: nothing came);
+    _EOF at the end of a non-blocking read; an error as an item."""
+
+    def __init__(self, source: BinlogSource) -> None:
+        self.source = source
+
+    def get(self, timeout: float | None = None) -> Any:
+        try:
+            batch = self.source.next_batch(timeout)
+        except Exception as exc:  # noqa: BLE001 -- an item, like the reader thread's: the loop raises it after
+            return exc            # the batches it took before it in this turn (their events come first)
+        if batch is None:
+            return _EOF
+        if not batch:
+            raise queue.Empty
+        return batch
+
+    def get_nowait(self) -> Any:
+        return self.get(0.0)
 
 
 def run_with_retry(make: Any, stop: threading.Event, *, max_backoff: float = 30.0,
