@@ -117,6 +117,14 @@ class Producer:
         self.max_delay = cfg.producer.batch_max_delay_ms / 1000.0
         self.stats = {"batches": 0, "changes_in": 0, "changes_out": 0, "transactions": 0}
         self.tasks: tuple[ProducerTask, ...] = ()  # plugged in by run (producer/tasks.py)
+        # While a task's items are being batched (_poll_tasks), checkpoints
+        # are not reported to the tasks: the batching may ship what came
+        # before those items first (a snapshot chunk starts an envelope of
+        # its own) and move the checkpoint to the very position the items
+        # were handed over at, while they are still unshipped.  Reported
+        # then, the chunk would be recorded done, and lost by a crash
+        # before its envelope.  The next report comes from a later flush.
+        self._handing = False
 
     # ------------------------------------------------------------------
     def _start_position(self, inspector: SourceInspector | ArchiveInspector) -> Position:
@@ -334,6 +342,8 @@ class Producer:
     # ------------------------------------------------------------------
     def set_checkpoint(self, pos: Position) -> None:
         self.state.checkpoint = pos
+        if self._handing:
+            return  # not yet: see __init__
         for task in self.tasks:
             task.checkpointed(pos)
 
@@ -345,8 +355,12 @@ class Producer:
             if isinstance(work, KeylessRead):
                 run.stream(work, asm)  # a keyless table's whole read, in fragments (snapshot/keyless.py)
                 continue
-            for out in work:
-                run.handle(out, asm)
+            self._handing = True
+            try:
+                for out in work:
+                    run.handle(out, asm)
+            finally:
+                self._handing = False
             if work and task.flush_after:
                 run.flush_if_idle(asm)
 
