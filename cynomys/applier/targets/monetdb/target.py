@@ -58,6 +58,7 @@ from cynomys.applier.targets.monetdb.types import (
     string_literal,
 )
 from cynomys.applier.targets.sql import SqlTarget
+from cynomys.core.columnar import InsertRun
 from cynomys.core.config import Config
 from cynomys.core.dialect import MONETDB, Dialect
 from cynomys.core.errors import ConfigError, TargetRejectedError
@@ -116,7 +117,8 @@ class MonetDBTarget(SqlTarget):
     dialect: ClassVar[Dialect] = MONETDB
 
     capabilities: ClassVar[Capabilities] = Capabilities(
-        transactional_ddl=True, max_statement_rows=1000, supports_keys=True, applies_parts=True)
+        transactional_ddl=True, max_statement_rows=1000, supports_keys=True, columnar_inserts=True,
+        applies_parts=True)
     driver_errors: ClassVar[tuple[type[BaseException], ...]] = (pymonetdb.Error,)
     ddl_handlers = monetdb_ddl.HANDLERS
     unavailable_hint: ClassVar[str] = "check that the MonetDB server is running and reachable; Cynomys retries"
@@ -455,6 +457,12 @@ class MonetDBTarget(SqlTarget):
                 self._copy(cur, schema, codecs, inserts)
             else:
                 self._insert_rows(cur, schema, codecs, inserts)
+        if tf.runs:
+            # Column-wise (InsertRuns; READ runs' keys are in delete_keys).
+            if self.use_copy:
+                self._copy_runs(cur, schema, codecs, tf.runs)
+            else:
+                self._insert_rows(cur, schema, codecs, [r for run in tf.runs for r in run.images()])
 
     def _literal(self, schema: TableSchema, c: Codec, v: Value, row: Row | None = None) -> str:
         if v is None:
@@ -511,11 +519,8 @@ class MonetDBTarget(SqlTarget):
         return [row] * max(int(present) - n, 0)
 
     # -- bulk insert -------------------------------------------------------
-    def _copy(self, cur: Cursor, schema: TableSchema, codecs: list[Codec], rows: list[Row]) -> None:
-        """COPY n RECORDS INTO ... FROM STDIN: the records follow the
-        statement in the same request.  Fields end at '|', records at a
-        newline, text is quoted with '"' (there is no default quote), NULL
-        is the unquoted default marker null."""
+    def _copy_into(self, schema: TableSchema) -> str:
+        """What follows 'COPY n' for ``schema``'s records from STDIN."""
         # The newline is written '\n': read as an escape by the scanner where
         # '...' reads escapes, and by the COPY code (GDKstrFromStr) in old
         # releases that kept literals raw; E'\n' where the server runs with
@@ -530,6 +535,14 @@ class MonetDBTarget(SqlTarget):
         names = "(" + ", ".join(quote_ident(c) for c in schema.column_names) + ")"
         into = (f" RECORDS INTO {qualified(schema.database, schema.table)} {names} FROM STDIN {names} "
                 f"USING DELIMITERS '|', {newline}, '\"';\n")
+        return into
+
+    def _copy(self, cur: Cursor, schema: TableSchema, codecs: list[Codec], rows: list[Row]) -> None:
+        """COPY n RECORDS INTO ... FROM STDIN: the records follow the
+        statement in the same request.  Fields end at '|', records at a
+        newline, text is quoted with '"' (there is no default quote), NULL
+        is the unquoted default marker null."""
+        into = self._copy_into(schema)
         fields = [c.field for c in codecs]
         join = "|".join
         step = self.copy_rows
@@ -551,6 +564,29 @@ class MonetDBTarget(SqlTarget):
             if is_transient(exc):
                 raise
             raise self.rejected(schema, rows[start:start + len(lines)], _message(exc)) from exc
+
+    def _copy_runs(self, cur: Cursor, schema: TableSchema, codecs: list[Codec], runs: list[InsertRun]) -> None:
+        """The runs' rows by the same COPY, their records written column-wise
+        (monetdb/runs.py: pyarrow kernels, the codecs' checks on whole columns)."""
+        from cynomys.applier.targets.monetdb.runs import buffer_of, copy_lines
+
+        into = self._copy_into(schema)
+        try:
+            for n, lines in copy_lines(codecs, self.features, runs, self.copy_rows):
+                self._run_copy_bytes(cur, schema, into, n, buffer_of(lines), runs)
+        except Unstorable:
+            # Name the row and column: the reference finds them.
+            raise self._unstorable_in(schema, codecs, [r for run in runs for r in run.images()],
+                                      Unstorable("a value cannot be stored", "")) from None
+
+    def _run_copy_bytes(self, cur: Cursor, schema: TableSchema, into: str, n: int, data: memoryview,
+                        runs: list[InsertRun]) -> None:
+        try:
+            cur.execute("COPY " + str(n) + into + bytes(data).decode("utf-8"))
+        except pymonetdb.Error as exc:
+            if is_transient(exc):
+                raise
+            raise self.rejected(schema, [r for run in runs for r in run.images()], _message(exc)) from exc
 
     def _insert_rows(self, cur: Cursor, schema: TableSchema, codecs: list[Codec], rows: list[Row]) -> None:
         head = (f"INSERT INTO {qualified(schema.database, schema.table)} ("
