@@ -167,6 +167,8 @@ def test_server_features_are_probed(target: MonetDBTarget) -> None:
     major, minor = (int(x) for x in f.version.split(".")[:2])
     if (major, minor) >= (11, 49):
         assert f.timestamp_micro and not f.float_min_is_null and not f.json_keeps_text
+    if (major, minor) >= (11, 41):
+        assert f.copy_on_client
 
 
 def test_catalog_types_keys_and_comments(target: MonetDBTarget, db: str) -> None:
@@ -385,6 +387,30 @@ def test_failure_mid_flush_applies_nothing(url: str, target: MonetDBTarget, db: 
     bad.close()
 
 
+def test_failure_after_runs_applies_nothing(url: str, target: MonetDBTarget, db: str) -> None:
+    """Runs loaded by COPY (ON CLIENT where the server has it) are part of
+    the flush's transaction: a failure before the state leaves none of them,
+    nor the READ runs' deletions."""
+    from cynomys.applier.targets.base import build_flush
+
+    producer = f"midruns-{db}"
+    schema = TableSchema(db, "t", (ColumnDef("id", "int"), ColumnDef("v", "varchar(5)")), ("id",))
+    st1 = contract.state(seq=1, producer=producer)
+    target.apply(contract.flush([contract.change(Op.INSERT, schema, after=(1, "a"))], st1))
+    bad = RaisingTarget(make_config(url))
+    bad.connect()
+    with contract.compiled_path():
+        changes = contract.column_wise([contract.change(Op.READ, schema, after=(1, "b")),
+                                        contract.change(Op.INSERT, schema, after=(2, "c"))])
+        flush = build_flush(changes, contract.state(seq=2, producer=producer), bad.capabilities.columnar_inserts)
+    assert [len(tf.runs) for tf in flush.tables] == [2]
+    with pytest.raises(RuntimeError):
+        bad.apply(flush)
+    contract.assert_rows(target, schema, [(1, "a")])
+    assert target.applied(producer) == st1
+    bad.close()
+
+
 def test_bad_credentials_are_terminal(url: str) -> None:
     from urllib.parse import urlsplit
     parts = urlsplit(url)
@@ -414,11 +440,25 @@ def test_concurrency_conflict_is_transient(url: str, target: MonetDBTarget) -> N
     other.close()
 
 
-def test_runs_load_what_rows_load(target: MonetDBTarget, db: str) -> None:
+class StdinTarget(MonetDBTarget):
+    """Sends COPY records in the request (FROM STDIN), as on releases
+    without COPY ... ON CLIENT."""
+
+    def _open(self) -> Any:
+        conn = super()._open()
+        self.features = dataclasses.replace(self.features, copy_on_client=False)
+        return conn
+
+
+@pytest.mark.parametrize("kind", [MonetDBTarget, StdinTarget], ids=["on_client", "stdin"])
+def test_runs_load_what_rows_load(url: str, kind: type[MonetDBTarget], db: str) -> None:
     """InsertRuns (column-wise, monetdb/runs.py) and row images (the
     reference) of the same rows make the same table, value for value (a
     DECIMAL's scale and a TIMESTAMP's microseconds included): inserts, then
     snapshot reads (READ runs) over keys the table holds."""
+    target = kind(make_config(url))
+    target.connect()
+    assert kind is MonetDBTarget or not target.features.copy_on_client
     from cynomys.applier.targets.base import build_flush
     from cynomys.core.model import Batch, Change, Position
     from cynomys.schemas import codec as wire
@@ -458,3 +498,4 @@ def test_runs_load_what_rows_load(target: MonetDBTarget, db: str) -> None:
     got = {how: sorted(map(repr, target.fetch_rows(db, how))) for how in schemas}
     assert len(got["runs"]) == len(rows)
     assert got["runs"] == got["rows"]
+    target.close()
