@@ -9,7 +9,9 @@ One flush is one MonetDB transaction: deletes by key (``IN`` lists of up to
 1000 keys; composite keys through a temporary table and one semijoin),
 keyless deletes (no DELETE ... LIMIT: count the copies, delete them all,
 insert the surplus back), a bulk ``COPY n RECORDS INTO ... FROM STDIN`` of
-the final images (or multi-row INSERTs with ``?bulk=insert``), and the
+the final images (or multi-row INSERTs with ``?bulk=insert``), the
+column-wise runs' records by the same COPY (``runs.py``; streamed ``FROM
+'...' ON CLIENT`` by the upload handler where the server has it), and the
 applier state row.  A missing table is created just before, in a
 transaction of its own.  A DDL statement and its state row commit together
 (MonetDB DDL is transactional: ``transactional_ddl``), so a crash never
