@@ -56,7 +56,13 @@ class ColumnBlock:
 
     def values(self, col: int, start: int, count: int) -> list[Value]:
         """Python values of column ``col``, rows [start, start + count)."""
-        raw = self.arrays[col].slice(start, count).to_pylist()
+        return self.python_values(col, self.arrays[col].slice(start, count))
+
+    def python_values(self, col: int, arr: Any) -> list[Value]:
+        """Python values of ``arr``, an array of column ``col``'s wire kind
+        (from this block or another block of the same kinds: the conversion
+        depends on the kind only)."""
+        raw = arr.to_pylist()
         conv = self._to_python[col]
         if conv is None:
             return raw  # type: ignore[no-any-return]

@@ -167,6 +167,8 @@ def test_server_features_are_probed(target: MonetDBTarget) -> None:
     major, minor = (int(x) for x in f.version.split(".")[:2])
     if (major, minor) >= (11, 49):
         assert f.timestamp_micro and not f.float_min_is_null and not f.json_keeps_text
+    if (major, minor) >= (11, 41):
+        assert f.copy_on_client
 
 
 def test_catalog_types_keys_and_comments(target: MonetDBTarget, db: str) -> None:
@@ -385,6 +387,30 @@ def test_failure_mid_flush_applies_nothing(url: str, target: MonetDBTarget, db: 
     bad.close()
 
 
+def test_failure_after_runs_applies_nothing(url: str, target: MonetDBTarget, db: str) -> None:
+    """Runs loaded by COPY (ON CLIENT where the server has it) are part of
+    the flush's transaction: a failure before the state leaves none of them,
+    nor the READ runs' deletions."""
+    from cynomys.applier.targets.base import build_flush
+
+    producer = f"midruns-{db}"
+    schema = TableSchema(db, "t", (ColumnDef("id", "int"), ColumnDef("v", "varchar(5)")), ("id",))
+    st1 = contract.state(seq=1, producer=producer)
+    target.apply(contract.flush([contract.change(Op.INSERT, schema, after=(1, "a"))], st1))
+    bad = RaisingTarget(make_config(url))
+    bad.connect()
+    with contract.compiled_path():
+        changes = contract.column_wise([contract.change(Op.READ, schema, after=(1, "b")),
+                                        contract.change(Op.INSERT, schema, after=(2, "c"))])
+        flush = build_flush(changes, contract.state(seq=2, producer=producer), bad.capabilities.columnar_inserts)
+    assert [len(tf.runs) for tf in flush.tables] == [2]
+    with pytest.raises(RuntimeError):
+        bad.apply(flush)
+    contract.assert_rows(target, schema, [(1, "a")])
+    assert target.applied(producer) == st1
+    bad.close()
+
+
 def test_bad_credentials_are_terminal(url: str) -> None:
     from urllib.parse import urlsplit
     parts = urlsplit(url)
@@ -412,3 +438,64 @@ def test_concurrency_conflict_is_transient(url: str, target: MonetDBTarget) -> N
     conn_a.rollback()
     conn_b.rollback()
     other.close()
+
+
+class StdinTarget(MonetDBTarget):
+    """Sends COPY records in the request (FROM STDIN), as on releases
+    without COPY ... ON CLIENT."""
+
+    def _open(self) -> Any:
+        conn = super()._open()
+        self.features = dataclasses.replace(self.features, copy_on_client=False)
+        return conn
+
+
+@pytest.mark.parametrize("kind", [MonetDBTarget, StdinTarget], ids=["on_client", "stdin"])
+def test_runs_load_what_rows_load(url: str, kind: type[MonetDBTarget], db: str) -> None:
+    """InsertRuns (column-wise, monetdb/runs.py) and row images (the
+    reference) of the same rows make the same table, value for value (a
+    DECIMAL's scale and a TIMESTAMP's microseconds included): inserts, then
+    snapshot reads (READ runs) over keys the table holds."""
+    target = kind(make_config(url))
+    target.connect()
+    assert kind is MonetDBTarget or not target.features.copy_on_client
+    from cynomys.applier.targets.base import build_flush
+    from cynomys.core.model import Batch, Change, Position
+    from cynomys.schemas import codec as wire
+
+    def column_wise(changes: list[Change]) -> list[Change]:
+        # One envelope, a source transaction per 300 rows: runs of many rows.
+        txns = [dataclasses.replace(c, txn=Position("b.000001", 100 + i // 300)) for i, c in enumerate(changes)]
+        return list(wire.decode_columnar(wire.encode(Batch("p", tuple(txns), Position("b.000001", 10**6)))).changes)
+
+    texts = ["", 'q"uote', "it's", "new\nline", "cr\rlf", "tab\there", "back\\slash", "\\N", "bar|bar", "null",
+             "caf\u00e9 \U0001F600", ' "|\\\n ', "x" * 100]
+    base = contract.all_types_schema(db, "rows")
+    extra = (ColumnDef("d2", "decimal(15,2)"), ColumnDef("d38", "decimal(38,10)"), ColumnDef("ts3", "timestamp(3)"))
+    schemas = {how: dataclasses.replace(base, table=how, columns=base.columns + extra) for how in ("rows", "runs")}
+    decimals = [(Decimal("25.00"), Decimal("1234567890123456789012345678.0000000001")), (Decimal("-0.50"), Decimal("0E-10")),
+                (Decimal("-0.00"), Decimal("-12.5000000000")), (None, None)]
+    rows = []
+    for i in range(2000):
+        r = list(monetdb_rows()[i % 4])
+        r[0] = i
+        if r[25] is not None:
+            r[25] = texts[i % len(texts)]
+            r[33] = texts[(i + 3) % len(texts)] * (i % 3)
+        ts = datetime.datetime(2020, 1, 1, 0, 0, i % 60, (i % 1000) * 1000, tzinfo=UTC) if i % 5 else None
+        rows.append(tuple(r) + decimals[i % 4] + (ts,))
+    reread = [(r[0],) + rows[(r[0] + 1) % len(rows)][1:] for r in rows[::3]]  # new values for held keys
+    with contract.compiled_path():
+        for how, schema in schemas.items():
+            inserts = [contract.change(Op.INSERT, schema, after=r) for r in rows]
+            reads = [contract.change(Op.READ, schema, after=r) for r in reread]
+            for step in (inserts, reads):
+                changes = column_wise(step) if how == "runs" else step
+                flush = build_flush(changes, contract.state(), target.capabilities.columnar_inserts)
+                if how == "runs":
+                    assert sum(len(tf.runs) for tf in flush.tables) and not any(tf.inserts for tf in flush.tables)
+                target.apply(flush)
+    got = {how: sorted(map(repr, target.fetch_rows(db, how))) for how in schemas}
+    assert len(got["runs"]) == len(rows)
+    assert got["runs"] == got["rows"]
+    target.close()

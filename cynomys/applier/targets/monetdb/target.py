@@ -9,7 +9,9 @@ One flush is one MonetDB transaction: deletes by key (``IN`` lists of up to
 1000 keys; composite keys through a temporary table and one semijoin),
 keyless deletes (no DELETE ... LIMIT: count the copies, delete them all,
 insert the surplus back), a bulk ``COPY n RECORDS INTO ... FROM STDIN`` of
-the final images (or multi-row INSERTs with ``?bulk=insert``), and the
+the final images (or multi-row INSERTs with ``?bulk=insert``), the
+column-wise runs' records by the same COPY (``runs.py``; streamed ``FROM
+'...' ON CLIENT`` by the upload handler where the server has it), and the
 applier state row.  A missing table is created just before, in a
 transaction of its own.  A DDL statement and its state row commit together
 (MonetDB DDL is transactional: ``transactional_ddl``), so a crash never
@@ -58,6 +60,7 @@ from cynomys.applier.targets.monetdb.types import (
     string_literal,
 )
 from cynomys.applier.targets.sql import SqlTarget
+from cynomys.core.columnar import InsertRun
 from cynomys.core.config import Config
 from cynomys.core.dialect import MONETDB, Dialect
 from cynomys.core.errors import ConfigError, TargetRejectedError
@@ -110,13 +113,35 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
+class RecordUploader(pymonetdb.Uploader):
+    """Serves the records of the one ``COPY ... FROM '<name>' ON CLIENT`` in
+    flight on its connection, straight from Arrow's buffer (the request
+    body of ``FROM STDIN`` would be a str built from a decoded copy), and
+    nothing else: a request for another name is refused."""
+
+    def __init__(self) -> None:
+        self.name = ""
+        self.data = memoryview(b"")
+
+    def serve(self, name: str, data: memoryview) -> None:
+        self.name, self.data = name, data
+
+    def handle_upload(self, upload: Any, filename: str, text_mode: bool, skip_amount: int) -> None:
+        if not self.name or filename != self.name or skip_amount:
+            upload.send_error(f"cynomys serves no file {filename!r}")
+            return
+        data, self.name, self.data = self.data, "", memoryview(b"")
+        upload.binary_writer().write(data)
+
+
 class MonetDBTarget(SqlTarget):
     """MonetDB over pymonetdb; see the module docstring."""
 
     dialect: ClassVar[Dialect] = MONETDB
 
     capabilities: ClassVar[Capabilities] = Capabilities(
-        transactional_ddl=True, max_statement_rows=1000, supports_keys=True, applies_parts=True)
+        transactional_ddl=True, max_statement_rows=1000, supports_keys=True, columnar_inserts=True,
+        applies_parts=True)
     driver_errors: ClassVar[tuple[type[BaseException], ...]] = (pymonetdb.Error,)
     ddl_handlers = monetdb_ddl.HANDLERS
     unavailable_hint: ClassVar[str] = "check that the MonetDB server is running and reachable; Cynomys retries"
@@ -136,6 +161,8 @@ class MonetDBTarget(SqlTarget):
     url_options: ClassVar[dict[str, tuple[str, ...]]] = {"bulk": ("copy", "insert"), "integers": ("widen", "native")}
     #: Rows per COPY INTO statement (bounds the request held in memory).
     copy_rows: ClassVar[int] = 20_000
+    #: The name COPY ... ON CLIENT asks the upload handler for.
+    copy_file: ClassVar[str] = "cynomys-records"
     #: Session-local temporary table that holds composite keys to delete.
     key_table: ClassVar[str] = "cynomys_delete_keys"
 
@@ -148,6 +175,7 @@ class MonetDBTarget(SqlTarget):
         # self.schemas gives fetch_rows the column order; types come from
         # column comments.
         self._codecs: dict[TableSchema, list[Codec]] = {}
+        self._uploader = RecordUploader()
 
     # ------------------------------------------------------------------
     # Connection
@@ -203,6 +231,8 @@ class MonetDBTarget(SqlTarget):
             self._discard(conn)
             raise self.target_error(exc, f"cannot read the server's abilities on {self.where}") from exc
         self._codecs.clear()
+        self._uploader = RecordUploader()
+        conn.set_uploader(self._uploader)
         return conn
 
     def is_transient(self, exc: BaseException) -> bool:
@@ -238,9 +268,10 @@ class MonetDBTarget(SqlTarget):
             json_text = one("SELECT CAST(CAST('{\"a\": 1}' AS JSON) AS CLOB)", None) == '{"a": 1}'
             conn.rollback()
             alter = self._probe_alter_column(conn, cur)
+            on_client = self._probe_copy_on_client(conn, cur)
         finally:
             cur.close()
-        features = ServerFeatures(version, hugeint, micro, float_nil, backslash, json_text, alter)
+        features = ServerFeatures(version, hugeint, micro, float_nil, backslash, json_text, alter, on_client)
         log.info("%s runs MonetDB %s: %s", self.where, version, features)
         return features
 
@@ -261,6 +292,27 @@ class MonetDBTarget(SqlTarget):
             log.debug("ALTER COLUMN <type> is not supported here: %s", exc)
             return False
         finally:
+            conn.rollback()
+
+    @staticmethod
+    def _probe_copy_on_client(conn: Any, cur: Cursor) -> bool:
+        """Whether COPY INTO ... ON CLIENT works: one record into a
+        temporary table, in a transaction that is rolled back."""
+        uploader = RecordUploader()
+        conn.set_uploader(uploader)
+        try:
+            cur.execute('CREATE LOCAL TEMPORARY TABLE "cynomys_probe_copy" ("c" INT) ON COMMIT DROP')
+            uploader.serve("cynomys-probe", memoryview(b"7\n"))
+            cur.execute('COPY 1 RECORDS INTO "cynomys_probe_copy" FROM \'cynomys-probe\' ON CLIENT')
+            cur.execute('SELECT "c" FROM "cynomys_probe_copy"')
+            return bool(cur.fetchall() == [(7,)])
+        except pymonetdb.Error as exc:
+            if is_transient(exc):
+                raise
+            log.debug("COPY ... ON CLIENT is not supported here: %s", exc)
+            return False
+        finally:
+            conn.set_uploader(None)
             conn.rollback()
 
     def connect_note(self) -> str:
@@ -455,6 +507,12 @@ class MonetDBTarget(SqlTarget):
                 self._copy(cur, schema, codecs, inserts)
             else:
                 self._insert_rows(cur, schema, codecs, inserts)
+        if tf.runs:
+            # Column-wise (InsertRuns; READ runs' keys are in delete_keys).
+            if self.use_copy:
+                self._copy_runs(cur, schema, codecs, tf.runs)
+            else:
+                self._insert_rows(cur, schema, codecs, [r for run in tf.runs for r in run.images()])
 
     def _literal(self, schema: TableSchema, c: Codec, v: Value, row: Row | None = None) -> str:
         if v is None:
@@ -511,11 +569,9 @@ class MonetDBTarget(SqlTarget):
         return [row] * max(int(present) - n, 0)
 
     # -- bulk insert -------------------------------------------------------
-    def _copy(self, cur: Cursor, schema: TableSchema, codecs: list[Codec], rows: list[Row]) -> None:
-        """COPY n RECORDS INTO ... FROM STDIN: the records follow the
-        statement in the same request.  Fields end at '|', records at a
-        newline, text is quoted with '"' (there is no default quote), NULL
-        is the unquoted default marker null."""
+    def _copy_into(self, schema: TableSchema, on_client: bool = False) -> str:
+        """What follows 'COPY n' for ``schema``'s records from STDIN (the
+        records follow), or ``on_client`` from the upload handler's file."""
         # The newline is written '\n': read as an escape by the scanner where
         # '...' reads escapes, and by the COPY code (GDKstrFromStr) in old
         # releases that kept literals raw; E'\n' where the server runs with
@@ -528,8 +584,16 @@ class MonetDBTarget(SqlTarget):
         # the table, and rows narrower than it -- a column kept by [shape]
         # schema_changes, a DROP COLUMN skipped -- were refused).
         names = "(" + ", ".join(quote_ident(c) for c in schema.column_names) + ")"
-        into = (f" RECORDS INTO {qualified(schema.database, schema.table)} {names} FROM STDIN {names} "
-                f"USING DELIMITERS '|', {newline}, '\"';\n")
+        source = f"{self.lit(self.copy_file)} {names} ON CLIENT" if on_client else f"STDIN {names}"
+        return (f" RECORDS INTO {qualified(schema.database, schema.table)} {names} FROM {source} "
+                f"USING DELIMITERS '|', {newline}, '\"'" + ("" if on_client else ";\n"))
+
+    def _copy(self, cur: Cursor, schema: TableSchema, codecs: list[Codec], rows: list[Row]) -> None:
+        """COPY n RECORDS INTO ... FROM STDIN: the records follow the
+        statement in the same request.  Fields end at '|', records at a
+        newline, text is quoted with '"' (there is no default quote), NULL
+        is the unquoted default marker null."""
+        into = self._copy_into(schema)
         fields = [c.field for c in codecs]
         join = "|".join
         step = self.copy_rows
@@ -551,6 +615,35 @@ class MonetDBTarget(SqlTarget):
             if is_transient(exc):
                 raise
             raise self.rejected(schema, rows[start:start + len(lines)], _message(exc)) from exc
+
+    def _copy_runs(self, cur: Cursor, schema: TableSchema, codecs: list[Codec], runs: list[InsertRun]) -> None:
+        """The runs' rows by the same COPY, their records written column-wise
+        (monetdb/runs.py: pyarrow kernels, the codecs' checks on whole columns)."""
+        from cynomys.applier.targets.monetdb.runs import buffer_of, copy_lines
+
+        into = self._copy_into(schema, on_client=self.features.copy_on_client)
+        try:
+            for n, lines in copy_lines(codecs, self.features, runs, self.copy_rows):
+                self._run_copy_bytes(cur, schema, into, n, buffer_of(lines), runs)
+        except Unstorable:
+            # Name the row and column: the reference finds them.
+            raise self._unstorable_in(schema, codecs, [r for run in runs for r in run.images()],
+                                      Unstorable("a value cannot be stored", "")) from None
+
+    def _run_copy_bytes(self, cur: Cursor, schema: TableSchema, into: str, n: int, data: memoryview,
+                        runs: list[InsertRun]) -> None:
+        try:
+            if self.features.copy_on_client:
+                # Measured on lineitem (200,000 rows, tests' box): 0.68-0.75 s
+                # to load, against 0.76-0.95 s with the records in the request.
+                self._uploader.serve(self.copy_file, data)
+                cur.execute("COPY " + str(n) + into)
+            else:
+                cur.execute("COPY " + str(n) + into + bytes(data).decode("utf-8"))
+        except pymonetdb.Error as exc:
+            if is_transient(exc):
+                raise
+            raise self.rejected(schema, [r for run in runs for r in run.images()], _message(exc)) from exc
 
     def _insert_rows(self, cur: Cursor, schema: TableSchema, codecs: list[Codec], rows: list[Row]) -> None:
         head = (f"INSERT INTO {qualified(schema.database, schema.table)} ("

@@ -105,6 +105,9 @@ class ServerFeatures:
     json_keeps_text: bool = False
     #: ALTER TABLE t ALTER COLUMN c <type> changes a type in place.
     alter_column_type: bool = False
+    #: COPY INTO ... FROM '<name>' ON CLIENT: the client streams the
+    #: records from its upload handler (11.41 Jan2022 and later).
+    copy_on_client: bool = False
 
     @property
     def max_decimal(self) -> int:
