@@ -50,10 +50,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import RESULTS, daemon, write_result  # noqa: E402
+from bench.common import RESULTS, daemon, security_toml, tear_down, write_result  # noqa: E402
 from bench.lineitem import TARGET_SECTIONS  # noqa: E402
 from bench.tpch import LINEITEM_DDL, _extension  # noqa: E402
-from cynomys.sandbox.mariadb import REPL_PASSWORD, REPL_USER, MariaDBServer  # noqa: E402
+from cynomys.sandbox.mariadb import MariaDBServer  # noqa: E402
 from cynomys.sandbox.redis import RedisProcess  # noqa: E402
 
 COLUMNS = ("l_orderkey, l_partkey, l_suppkey, l_linenumber, l_quantity, l_extendedprice, l_discount, l_tax, "
@@ -167,22 +167,14 @@ class Writers:
 
 def config(work: Path, src: MariaDBServer, redis_url: str, target: str, keys: dict[str, Path],
            snapshot: str = "") -> Path:
-    text = f"""[source]
-host = "127.0.0.1"
-port = {src.port}
-user = "{REPL_USER}"
-password = "{REPL_PASSWORD}"
-include_tables = ["tpch.*"]
-start = "current"
-heartbeat_s = 0.5
+    text = f"""{src.source_toml("tpch.*", "current", heartbeat_s=0.5)}
 [producer]
 id = "bench"
 state_dir = "{work / 'producer'}"
 [transport]
 url = "{redis_url}"
 stream = "bench"
-[security]
-{chr(10).join(f'{k} = "{v}"' for k, v in keys.items())}
+{security_toml(keys)}
 [applier]
 state_dir = "{work / 'applier'}"
 {snapshot}
@@ -344,19 +336,7 @@ def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, 
         keep = True
         raise
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        redis.stop()
-        src.destroy()
-        if tgt is not None:
-            tgt.destroy()
-        if copy_tgt is not tgt:
-            copy_tgt.destroy()
-        if keep:
-            print(f"[{kind}] work folder kept (logs, state): {work}", flush=True)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        tear_down(kind, work, keep, procs, redis, src, tgt, copy_tgt if copy_tgt is not tgt else None)
 
 
 def plot(results: list[dict[str, Any]], out: Path, title: str) -> None:

@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -34,9 +33,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import RESULTS, daemon, write_result  # noqa: E402
+from bench.common import RESULTS, daemon, security_toml, tear_down, write_result  # noqa: E402
 from bench.tpch import LINEITEM_DDL, insert_lineitem, lineitem  # noqa: E402
-from cynomys.sandbox.mariadb import REPL_PASSWORD, REPL_USER, MariaDBServer  # noqa: E402
+from cynomys.sandbox.mariadb import MariaDBServer  # noqa: E402
 from cynomys.sandbox.redis import RedisProcess  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,15 +77,7 @@ def target_section(kind: str, work: Path, monetdb_url: str) -> tuple[str, Any]:
 
 
 def config(work: Path, src: MariaDBServer, redis_url: str, target: str, keys: dict[str, Path]) -> Path:
-    start = "{}:{}".format(*src.execute("SHOW MASTER STATUS")[0][:2])
-    text = f"""[source]
-host = "127.0.0.1"
-port = {src.port}
-user = "{REPL_USER}"
-password = "{REPL_PASSWORD}"
-include_tables = ["tpch.*"]
-start = "{start}"
-heartbeat_s = 0.5
+    text = f"""{src.source_toml("tpch.*", src.binlog_end(), heartbeat_s=0.5)}
 [producer]
 id = "bench"
 state_dir = "{work / 'producer'}"
@@ -95,8 +86,7 @@ batch_max_delay_ms = 100
 [transport]
 url = "{redis_url}"
 stream = "bench"
-[security]
-{chr(10).join(f'{k} = "{v}"' for k, v in keys.items())}
+{security_toml(keys)}
 [applier]
 buffer_rows = 50000
 max_delay_ms = 200
@@ -198,17 +188,7 @@ def run(kind: str, rows: list[tuple[Any, ...]], monetdb_url: str, keep: bool = F
         keep = True
         raise
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        redis.stop()
-        src.destroy()
-        if tgt is not None:
-            tgt.destroy()
-        if keep:
-            print(f"[{kind}] work folder kept (logs, state): {work}", flush=True)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        tear_down(kind, work, keep, procs, redis, src, tgt)
 
 
 def plot(results: list[dict[str, Any]], out: Path) -> None:

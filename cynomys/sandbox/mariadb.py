@@ -261,6 +261,18 @@ class MariaDBServer:
         """[source] keys for a Cynomys config pointing at this server."""
         return {"host": "127.0.0.1", "port": self.port, "user": REPL_USER, "password": REPL_PASSWORD}
 
+    def binlog_end(self) -> str:
+        """The binlog's end as a config ``start`` ("file:pos"): a config
+        starting here sees only what is written after this call."""
+        return "{}:{}".format(*self.execute("SHOW MASTER STATUS")[0][:2])
+
+    def source_toml(self, include_tables: str, start: str, heartbeat_s: float | None = None) -> str:
+        """The [source] section of a Cynomys config file replicating this
+        server's ``include_tables`` (one pattern) from ``start``."""
+        beat = "" if heartbeat_s is None else f"\nheartbeat_s = {heartbeat_s}"
+        return (f'[source]\nhost = "127.0.0.1"\nport = {self.port}\nuser = "{REPL_USER}"\n'
+                f'password = "{REPL_PASSWORD}"\ninclude_tables = ["{include_tables}"]\nstart = "{start}"{beat}')
+
     @property
     def url(self) -> str:
         return f"mysql://root:{ROOT_PASSWORD}@127.0.0.1:{self.port}/"
