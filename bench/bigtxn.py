@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import RESULTS, daemon, security_toml, write_result  # noqa: E402
+from bench.common import RESULTS, daemon, redis_config, write_result  # noqa: E402
 from bench.lineitem import applied_position, target_section  # noqa: E402
 from bench.tpch import LINEITEM_DDL, _extension  # noqa: E402
 from cynomys.sandbox.mariadb import MariaDBServer  # noqa: E402
@@ -140,21 +140,8 @@ class Sampler(threading.Thread):
 # --------------------------------------------------------------------------
 def config(work: Path, src: MariaDBServer, redis_url: str, target: str, keys: dict[str, Path],
            max_memory_mb: int) -> Path:
-    text = f"""{src.source_toml("tpch.*", src.binlog_end())}
-[producer]
-id = "bench"
-state_dir = "{work / 'producer'}"
-[transport]
-url = "{redis_url}"
-stream = "bench"
-{security_toml(keys)}
-[applier]
-max_memory_mb = {max_memory_mb}
-state_dir = "{work / 'applier'}"
-{target}"""
-    path = work / "cynomys.toml"
-    path.write_text(text)
-    return path
+    return redis_config(work, src, redis_url, keys, include="tpch.*", start=src.binlog_end(),
+                        applier=f"max_memory_mb = {max_memory_mb}\n", tail=target)
 
 
 def applied_gtid(work: Path) -> str | None:

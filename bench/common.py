@@ -13,6 +13,8 @@ if TYPE_CHECKING:
     import subprocess
     from collections.abc import Iterable
 
+    from cynomys.sandbox.mariadb import MariaDBServer
+
 RESULTS = Path(__file__).parent / "results"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -88,3 +90,25 @@ def tear_down(label: str, work: Path, keep: bool, procs: Iterable[subprocess.Pop
         print(f"[{label}] work folder kept (logs, state): {work}", flush=True)
     else:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def redis_config(work: Path, src: MariaDBServer, redis_url: str, keys: dict[str, Path], *, include: str, start: str,
+                 heartbeat_s: float | None = None, producer: str = "", applier: str = "", tail: str = "",
+                 producer_id: str = "bench", stream: str = "bench") -> Path:
+    """work/cynomys.toml of a bench run through Redis: producer and applier
+    state under ``work``; ``producer`` and ``applier`` are extra lines of
+    those sections, ``tail`` the sections after them ([target], [snapshot])."""
+    text = f"""{src.source_toml(include, start, heartbeat_s)}
+[producer]
+id = "{producer_id}"
+state_dir = "{work / 'producer'}"
+{producer}[transport]
+url = "{redis_url}"
+stream = "{stream}"
+{security_toml(keys)}
+[applier]
+{applier}state_dir = "{work / 'applier'}"
+{tail}"""
+    path = work / "cynomys.toml"
+    path.write_text(text)
+    return path

@@ -50,8 +50,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import RESULTS, daemon, security_toml, tear_down, write_result  # noqa: E402
-from bench.lineitem import TARGET_SECTIONS  # noqa: E402
+from bench.common import RESULTS, daemon, redis_config, tear_down, write_result  # noqa: E402
+from bench.lineitem import TARGET_SECTIONS, applied_position  # noqa: E402
 from bench.tpch import LINEITEM_DDL, _extension  # noqa: E402
 from cynomys.sandbox.mariadb import MariaDBServer  # noqa: E402
 from cynomys.sandbox.redis import RedisProcess  # noqa: E402
@@ -167,21 +167,8 @@ class Writers:
 
 def config(work: Path, src: MariaDBServer, redis_url: str, target: str, keys: dict[str, Path],
            snapshot: str = "") -> Path:
-    text = f"""{src.source_toml("tpch.*", "current", heartbeat_s=0.5)}
-[producer]
-id = "bench"
-state_dir = "{work / 'producer'}"
-[transport]
-url = "{redis_url}"
-stream = "bench"
-{security_toml(keys)}
-[applier]
-state_dir = "{work / 'applier'}"
-{snapshot}
-{target}"""
-    path = work / "cynomys.toml"
-    path.write_text(text)
-    return path
+    return redis_config(work, src, redis_url, keys, include="tpch.*", start="current", heartbeat_s=0.5,
+                        tail=f"{snapshot}\n{target}")
 
 
 def vm_hwm_mb(pid: int) -> float | None:
@@ -192,12 +179,6 @@ def vm_hwm_mb(pid: int) -> float | None:
         return None
 
 
-def applied_position(work: Path) -> tuple[str, int] | None:
-    try:
-        d = json.loads((work / "applier" / "applier.json").read_text())
-        return d["position"]["file"], int(d["position"]["pos"])
-    except (OSError, ValueError, KeyError):
-        return None
 
 
 def snapshot_job(work: Path) -> dict[str, Any] | None:

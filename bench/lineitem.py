@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import RESULTS, daemon, security_toml, tear_down, write_result  # noqa: E402
+from bench.common import RESULTS, daemon, redis_config, tear_down, write_result  # noqa: E402
 from bench.tpch import LINEITEM_DDL, insert_lineitem, lineitem  # noqa: E402
 from cynomys.sandbox.mariadb import MariaDBServer  # noqa: E402
 from cynomys.sandbox.redis import RedisProcess  # noqa: E402
@@ -77,24 +77,9 @@ def target_section(kind: str, work: Path, monetdb_url: str) -> tuple[str, Any]:
 
 
 def config(work: Path, src: MariaDBServer, redis_url: str, target: str, keys: dict[str, Path]) -> Path:
-    text = f"""{src.source_toml("tpch.*", src.binlog_end(), heartbeat_s=0.5)}
-[producer]
-id = "bench"
-state_dir = "{work / 'producer'}"
-batch_max_events = 10000
-batch_max_delay_ms = 100
-[transport]
-url = "{redis_url}"
-stream = "bench"
-{security_toml(keys)}
-[applier]
-buffer_rows = 50000
-max_delay_ms = 200
-state_dir = "{work / 'applier'}"
-{target}"""
-    path = work / "cynomys.toml"
-    path.write_text(text)
-    return path
+    return redis_config(work, src, redis_url, keys, include="tpch.*", start=src.binlog_end(), heartbeat_s=0.5,
+                        producer="batch_max_events = 10000\nbatch_max_delay_ms = 100\n",
+                        applier="buffer_rows = 50000\nmax_delay_ms = 200\n", tail=target)
 
 
 def applied_position(work: Path) -> tuple[str, int] | None:

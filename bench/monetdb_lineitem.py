@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import RESULTS, daemon, security_toml, write_result  # noqa: E402
+from bench.common import RESULTS, daemon, redis_config, write_result  # noqa: E402
 from bench.tpch import LINEITEM_DDL, insert_lineitem, lineitem  # noqa: E402
 from cynomys.sandbox.mariadb import MariaDBServer  # noqa: E402
 from cynomys.sandbox.redis import RedisProcess  # noqa: E402
@@ -49,27 +49,11 @@ def config(work: Path, src: MariaDBServer, redis_url: str, monetdb_url: str, dat
            keys: dict[str, Path]) -> Path:
     # Start at the source's current position: the CREATE TABLE comes after
     # it, so MonetDB gets the table through the DDL path.
-    text = f"""{src.source_toml(f"{database}.*", src.binlog_end(), heartbeat_s=0.5)}
-[producer]
-id = "bench-monetdb-{uuid.uuid4().hex[:8]}"
-state_dir = "{work / 'producer'}"
-batch_max_events = 10000
-batch_max_delay_ms = 100
-[transport]
-url = "{redis_url}"
-stream = "bench-monetdb"
-{security_toml(keys)}
-[applier]
-buffer_rows = 50000
-max_delay_ms = 200
-state_dir = "{work / 'applier'}"
-[target]
-kind = "monetdb"
-url = "{monetdb_url}"
-"""
-    path = work / "cynomys.toml"
-    path.write_text(text)
-    return path
+    return redis_config(work, src, redis_url, keys, include=f"{database}.*", start=src.binlog_end(), heartbeat_s=0.5,
+                        producer_id=f"bench-monetdb-{uuid.uuid4().hex[:8]}", stream="bench-monetdb",
+                        producer="batch_max_events = 10000\nbatch_max_delay_ms = 100\n",
+                        applier="buffer_rows = 50000\nmax_delay_ms = 200\n",
+                        tail=f'[target]\nkind = "monetdb"\nurl = "{monetdb_url}"\n')
 
 
 def monetdb_count(conn: Any, database: str) -> int | None:

@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import RESULTS, security_toml, write_result  # noqa: E402
@@ -115,6 +115,40 @@ def _wait_started(proc: subprocess.Popen[bytes], state: Path, log: Path) -> None
         time.sleep(0.1)
 
 
+def _time_job(proc: subprocess.Popen[bytes], lat: Latency, find: Callable[[], Any | None],
+              over: Callable[[Any], dict[str, Any] | None]) -> tuple[dict[str, Any], list[float]]:
+    """A producer-side job (already submitted) timed while ``lat`` writes:
+    seconds from the job being picked up (``find`` first returns it) until
+    ``over`` returns its numbers (with "status"), or the producer exits.
+    Returns those numbers with "seconds", and the write latencies."""
+    done = threading.Event()
+    info: dict[str, Any] = {}
+
+    def watch() -> None:
+        t_pick = None
+        while True:
+            job = find()
+            if job is not None and t_pick is None:
+                t_pick = time.monotonic()
+            numbers = over(job) if job is not None else None
+            if numbers is not None:
+                info.update(status=numbers["status"], seconds=round(time.monotonic() - (t_pick or 0), 3))
+                info.update(numbers)
+                done.set()
+                return
+            if proc.poll() is not None:
+                info["status"] = f"producer exited {proc.returncode}"
+                done.set()
+                return
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    samples = lat.run_until(done, 0)
+    watcher.join()
+    return info, samples
+
+
 def _plot_latency(ax: Any, samples: dict[str, list[float]], during: str) -> None:
     """The source's write latency CDF of each phase (``during``: what the
     phases without it lack)."""
@@ -150,32 +184,15 @@ def _snapshot_phase(cfg_path: Path, srv: MariaDBServer, lat: Latency, rows: int)
         _wait_started(proc, state, cfg_path.parent / "producer.log")
         store = SnapshotStore(state)
         ident = new_job_id()
-        done = threading.Event()
-        info: dict[str, Any] = {}
 
-        def watch() -> None:
-            t_pick = None
-            while True:
-                job = next((j for j in store.load() if j.id == ident), None)
-                if job is not None and t_pick is None:
-                    t_pick = time.monotonic()
-                if job is not None and job.status in JOB_OVER:
-                    info.update(status=job.status, seconds=round(time.monotonic() - (t_pick or 0), 3),
-                                chunks=job.tables[0].chunks, rows=job.tables[0].scanned,
-                                left_to_log=job.tables[0].dropped)
-                    done.set()
-                    return
-                if proc.poll() is not None:
-                    info["status"] = f"producer exited {proc.returncode}"
-                    done.set()
-                    return
-                time.sleep(0.02)
+        def over(job: Any) -> dict[str, Any] | None:
+            if job.status not in JOB_OVER:
+                return None
+            return {"status": job.status, "chunks": job.tables[0].chunks, "rows": job.tables[0].scanned,
+                    "left_to_log": job.tables[0].dropped}
 
         store.submit({"action": "start", "id": ident, "tables": ["bench.t"], "where": ""})
-        watcher = threading.Thread(target=watch)
-        watcher.start()
-        samples = lat.run_until(done, 0)
-        watcher.join()
+        info, samples = _time_job(proc, lat, lambda: next((j for j in store.load() if j.id == ident), None), over)
         if info.get("status") != FINISHED:
             raise RuntimeError(f"snapshot ended {info}; see {cfg_path.parent / 'producer.log'}")
         info["rows_per_s"] = round(info["rows"] / info["seconds"], 1)

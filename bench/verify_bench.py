@@ -36,22 +36,21 @@ Writes bench/results/verify.json and verify.png.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import RESULTS, daemon, security_toml, write_result  # noqa: E402
-from bench.snapshot import Latency, _load, _plot_latency, _stats, _wait_started  # noqa: E402
+from bench.snapshot import Latency, _load, _plot_latency, _stats, _time_job, _wait_started  # noqa: E402
 from cynomys.sandbox.mariadb import MariaDBServer  # noqa: E402
 from cynomys.transport.keys import generate_keys  # noqa: E402
+from tests.helpers import transport_batches  # noqa: E402
 
 # The snapshot bench's table with e DECIMAL (not DOUBLE): the SQL aggregate
 # checksum applies to it (FLOAT/DOUBLE tables take the read-back path).
@@ -115,26 +114,14 @@ def _producer_checksums(cfg_path: Path) -> dict[str, dict[str, Any]]:
     """chunk id -> the CHECKSUM record's payload, read from the file transport."""
     from cynomys.core.config import load_config
     from cynomys.core.model import Op
-    from cynomys.schemas import codec
-    from cynomys.transport.bus import open_subscriber
-    from cynomys.transport.channel import make_opener
 
-    cfg = load_config(cfg_path, env={})
-    opener = make_opener(cfg)
-    sub = open_subscriber(dataclasses.replace(cfg.transport, path=str(cfg.resolve(cfg.transport.path))), "bench")
     out: dict[str, dict[str, Any]] = {}
-    try:
-        while True:
-            got = sub.read(500, 200)
-            if not got:
-                return out
-            for d in got:
-                for c in codec.decode(opener.open(d.envelope).payload).changes:
-                    if c.op is Op.CHECKSUM:
-                        p = json.loads(c.sql or "{}")
-                        out[p["chunk"]] = p
-    finally:
-        sub.close()
+    for _, batch in transport_batches(load_config(cfg_path, env={})):
+        for c in batch.changes:
+            if c.op is Op.CHECKSUM:
+                p = json.loads(c.sql or "{}")
+                out[p["chunk"]] = p
+    return out
 
 
 def _producer_side(cfg: Path, lat: Latency) -> tuple[dict[str, Any], list[float], Any]:
@@ -148,31 +135,14 @@ def _producer_side(cfg: Path, lat: Latency) -> tuple[dict[str, Any], list[float]
     try:
         _wait_started(proc, cfg.parent / "state", log)
         ident = "bench-verify"
-        done = threading.Event()
-        info: dict[str, Any] = {}
 
-        def watch() -> None:
-            t_pick = None
-            while True:
-                job = next((j for j in store.load() if j.id == ident), None)
-                if job is not None and t_pick is None:
-                    t_pick = time.monotonic()
-                if job is not None and job.status != RUNNING:
-                    info.update(status=job.status, seconds=round(time.monotonic() - (t_pick or 0), 3),
-                                chunks=len(job.chunks), rows=job.tasks[0].rows, job=job)
-                    done.set()
-                    return
-                if proc.poll() is not None:
-                    info["status"] = f"producer exited {proc.returncode}"
-                    done.set()
-                    return
-                time.sleep(0.02)
+        def over(job: Any) -> dict[str, Any] | None:
+            if job.status == RUNNING:
+                return None
+            return {"status": job.status, "chunks": len(job.chunks), "rows": job.tasks[0].rows, "job": job}
 
         store.submit({"action": "start", "id": ident, "tables": ["bench.t"], "chunk_size": 0})
-        watcher = threading.Thread(target=watch)
-        watcher.start()
-        samples = lat.run_until(done, 0)
-        watcher.join()
+        info, samples = _time_job(proc, lat, lambda: next((j for j in store.load() if j.id == ident), None), over)
         if info.get("status") != DONE:
             raise RuntimeError(f"verify ended {info}; see {log}")
         job = info.pop("job")
