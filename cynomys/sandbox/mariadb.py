@@ -18,6 +18,8 @@ from typing import Any
 
 import pymysql
 
+from cynomys.sandbox.daemons import stop_daemons
+
 log = logging.getLogger(__name__)
 
 ROOT_PASSWORD = "root-secret"
@@ -144,13 +146,8 @@ class MariaDBServer:
         return p.read_text(errors="replace") if p.exists() else ""
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc:
+            stop_daemons([self.proc], 30)
         self.proc = None
 
     def kill(self) -> None:
