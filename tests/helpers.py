@@ -97,6 +97,15 @@ def source_rows(server: MariaDBServer, db: str, table: str, cols: tuple[ColumnDe
     return [tuple(normalize(c, v) for c, v in zip(cols, row)) for row in raw]
 
 
+def sorted_source_rows(server: MariaDBServer, db: str, table: str) -> list[Row]:
+    """Every row of ``db.table`` on the source (columns as the source
+    describes them now), in the core.model value domain, sorted by repr."""
+    cols = tuple(ColumnDef(n, ty, nl == "YES") for n, ty, nl in server.execute(
+        "SELECT column_name, column_type, is_nullable FROM information_schema.columns "
+        f"WHERE table_schema = '{db}' AND table_name = '{table}' ORDER BY ordinal_position"))
+    return sorted(source_rows(server, db, table, cols, "1"), key=repr)
+
+
 def wait_for(cond: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
