@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import io
-import json
 import os
 import platform
 import random
@@ -29,7 +28,7 @@ import fastavro
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import cpu_model  # noqa: E402
+from bench.common import cpu_model, write_json  # noqa: E402
 from cynomys.transport.envelope import Opener, Sealer  # noqa: E402
 from cynomys.transport.keys import (  # noqa: E402
     PrivateKey,
@@ -197,10 +196,7 @@ def main() -> None:
         "results": rows,
         "cold_open_ms": round(unwrap_ms, 2),
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_json(Path(args.out), result)
 
 
 if __name__ == "__main__":

@@ -507,10 +507,7 @@ def main() -> None:
         "copy_on_write": cow,
         "large_table": {"base_rows": args.compare_rows, **large} if large else None,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    common.write_json(Path(args.out), result)
 
 
 if __name__ == "__main__":

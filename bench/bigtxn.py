@@ -39,10 +39,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import RESULTS, daemon, write_result  # noqa: E402
+from bench.common import RESULTS, daemon, redis_config, write_result  # noqa: E402
 from bench.lineitem import applied_position, target_section  # noqa: E402
 from bench.tpch import LINEITEM_DDL, _extension  # noqa: E402
-from cynomys.sandbox.mariadb import REPL_PASSWORD, REPL_USER, MariaDBServer  # noqa: E402
+from cynomys.sandbox.mariadb import MariaDBServer  # noqa: E402
 from cynomys.sandbox.redis import RedisProcess  # noqa: E402
 
 CHUNK = 250_000
@@ -140,29 +140,8 @@ class Sampler(threading.Thread):
 # --------------------------------------------------------------------------
 def config(work: Path, src: MariaDBServer, redis_url: str, target: str, keys: dict[str, Path],
            max_memory_mb: int) -> Path:
-    start = "{}:{}".format(*src.execute("SHOW MASTER STATUS")[0][:2])
-    text = f"""[source]
-host = "127.0.0.1"
-port = {src.port}
-user = "{REPL_USER}"
-password = "{REPL_PASSWORD}"
-include_tables = ["tpch.*"]
-start = "{start}"
-[producer]
-id = "bench"
-state_dir = "{work / 'producer'}"
-[transport]
-url = "{redis_url}"
-stream = "bench"
-[security]
-{chr(10).join(f'{k} = "{v}"' for k, v in keys.items())}
-[applier]
-max_memory_mb = {max_memory_mb}
-state_dir = "{work / 'applier'}"
-{target}"""
-    path = work / "cynomys.toml"
-    path.write_text(text)
-    return path
+    return redis_config(work, src, redis_url, keys, include="tpch.*", start=src.binlog_end(),
+                        applier=f"max_memory_mb = {max_memory_mb}\n", tail=target)
 
 
 def applied_gtid(work: Path) -> str | None:

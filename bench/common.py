@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import subprocess
+    from collections.abc import Iterable
+
+    from cynomys.sandbox.mariadb import MariaDBServer
 
 RESULTS = Path(__file__).parent / "results"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -55,3 +58,57 @@ def daemon(cfg: Path, cmd: str, log: Path) -> subprocess.Popen[bytes]:
 
     return subprocess.Popen([sys.executable, "-m", "cynomys.cli", "--log-level", "INFO", cmd, "-c", str(cfg)],
                             cwd=Path(__file__).resolve().parents[1], stdout=log.open("wb"), stderr=subprocess.STDOUT)
+
+
+def security_toml(keys: dict[str, Path]) -> str:
+    """The [security] section of a config: the key files ``generate_keys`` wrote."""
+    return "[security]\n" + "\n".join(f'{k} = "{v}"' for k, v in keys.items())
+
+
+def write_json(out: Path, data: dict[str, Any]) -> None:
+    """A result to the path the user named (benches with an ``--out``)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+def tear_down(label: str, work: Path, keep: bool, procs: Iterable[subprocess.Popen[bytes]], redis: Any,
+              *servers: Any) -> None:
+    """The end of one run, however it ended: daemons still running killed,
+    Redis stopped, the servers (None: not started) destroyed, and the work
+    folder removed unless ``keep`` (a failed run keeps it for its logs)."""
+    import shutil
+
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    redis.stop()
+    for s in servers:
+        if s is not None:
+            s.destroy()
+    if keep:
+        print(f"[{label}] work folder kept (logs, state): {work}", flush=True)
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def redis_config(work: Path, src: MariaDBServer, redis_url: str, keys: dict[str, Path], *, include: str, start: str,
+                 heartbeat_s: float | None = None, producer: str = "", applier: str = "", tail: str = "",
+                 producer_id: str = "bench", stream: str = "bench") -> Path:
+    """work/cynomys.toml of a bench run through Redis: producer and applier
+    state under ``work``; ``producer`` and ``applier`` are extra lines of
+    those sections, ``tail`` the sections after them ([target], [snapshot])."""
+    text = f"""{src.source_toml(include, start, heartbeat_s)}
+[producer]
+id = "{producer_id}"
+state_dir = "{work / 'producer'}"
+{producer}[transport]
+url = "{redis_url}"
+stream = "{stream}"
+{security_toml(keys)}
+[applier]
+{applier}state_dir = "{work / 'applier'}"
+{tail}"""
+    path = work / "cynomys.toml"
+    path.write_text(text)
+    return path

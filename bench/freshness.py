@@ -41,8 +41,6 @@ import dataclasses
 import json
 import os
 import random
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -54,8 +52,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import RESULTS, write_result  # noqa: E402
+from bench.common import RESULTS, tear_down, write_result  # noqa: E402
 from cynomys.metrics.freshness import bucket_quantile  # noqa: E402
+from cynomys.sandbox.daemons import stop_daemons  # noqa: E402
 from cynomys.sandbox.mariadb import MariaDBServer, free_port  # noqa: E402
 from cynomys.sandbox.redis import RedisProcess  # noqa: E402
 
@@ -511,21 +510,9 @@ def run(kind: str, settings: list[str], args: argparse.Namespace) -> dict[str, A
             writers.close()
         if poller is not None:
             poller.stop.set()
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(120)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_daemons(procs)
         side.close()
-        redis.stop()
-        src.destroy()
-        if keep:
-            print(f"[{kind}] work folder kept (logs, state): {work}", flush=True)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        tear_down(kind, work, keep, procs, redis, src)
 
 
 def plot(results: list[dict[str, Any]], out: Path) -> None:

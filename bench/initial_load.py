@@ -50,10 +50,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import RESULTS, daemon, write_result  # noqa: E402
-from bench.lineitem import TARGET_SECTIONS  # noqa: E402
+from bench.common import RESULTS, daemon, redis_config, tear_down, write_result  # noqa: E402
+from bench.lineitem import TARGET_SECTIONS, applied_position  # noqa: E402
 from bench.tpch import LINEITEM_DDL, _extension  # noqa: E402
-from cynomys.sandbox.mariadb import REPL_PASSWORD, REPL_USER, MariaDBServer  # noqa: E402
+from cynomys.sandbox.mariadb import MariaDBServer  # noqa: E402
 from cynomys.sandbox.redis import RedisProcess  # noqa: E402
 
 COLUMNS = ("l_orderkey, l_partkey, l_suppkey, l_linenumber, l_quantity, l_extendedprice, l_discount, l_tax, "
@@ -167,29 +167,8 @@ class Writers:
 
 def config(work: Path, src: MariaDBServer, redis_url: str, target: str, keys: dict[str, Path],
            snapshot: str = "") -> Path:
-    text = f"""[source]
-host = "127.0.0.1"
-port = {src.port}
-user = "{REPL_USER}"
-password = "{REPL_PASSWORD}"
-include_tables = ["tpch.*"]
-start = "current"
-heartbeat_s = 0.5
-[producer]
-id = "bench"
-state_dir = "{work / 'producer'}"
-[transport]
-url = "{redis_url}"
-stream = "bench"
-[security]
-{chr(10).join(f'{k} = "{v}"' for k, v in keys.items())}
-[applier]
-state_dir = "{work / 'applier'}"
-{snapshot}
-{target}"""
-    path = work / "cynomys.toml"
-    path.write_text(text)
-    return path
+    return redis_config(work, src, redis_url, keys, include="tpch.*", start="current", heartbeat_s=0.5,
+                        tail=f"{snapshot}\n{target}")
 
 
 def vm_hwm_mb(pid: int) -> float | None:
@@ -200,12 +179,6 @@ def vm_hwm_mb(pid: int) -> float | None:
         return None
 
 
-def applied_position(work: Path) -> tuple[str, int] | None:
-    try:
-        d = json.loads((work / "applier" / "applier.json").read_text())
-        return d["position"]["file"], int(d["position"]["pos"])
-    except (OSError, ValueError, KeyError):
-        return None
 
 
 def snapshot_job(work: Path) -> dict[str, Any] | None:
@@ -344,19 +317,7 @@ def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, 
         keep = True
         raise
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        redis.stop()
-        src.destroy()
-        if tgt is not None:
-            tgt.destroy()
-        if copy_tgt is not tgt:
-            copy_tgt.destroy()
-        if keep:
-            print(f"[{kind}] work folder kept (logs, state): {work}", flush=True)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        tear_down(kind, work, keep, procs, redis, src, tgt, copy_tgt if copy_tgt is not tgt else None)
 
 
 def plot(results: list[dict[str, Any]], out: Path, title: str) -> None:

@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -34,9 +33,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import RESULTS, daemon, write_result  # noqa: E402
+from bench.common import RESULTS, daemon, redis_config, tear_down, write_result  # noqa: E402
 from bench.tpch import LINEITEM_DDL, insert_lineitem, lineitem  # noqa: E402
-from cynomys.sandbox.mariadb import REPL_PASSWORD, REPL_USER, MariaDBServer  # noqa: E402
+from cynomys.sandbox.mariadb import MariaDBServer  # noqa: E402
 from cynomys.sandbox.redis import RedisProcess  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,33 +77,9 @@ def target_section(kind: str, work: Path, monetdb_url: str) -> tuple[str, Any]:
 
 
 def config(work: Path, src: MariaDBServer, redis_url: str, target: str, keys: dict[str, Path]) -> Path:
-    start = "{}:{}".format(*src.execute("SHOW MASTER STATUS")[0][:2])
-    text = f"""[source]
-host = "127.0.0.1"
-port = {src.port}
-user = "{REPL_USER}"
-password = "{REPL_PASSWORD}"
-include_tables = ["tpch.*"]
-start = "{start}"
-heartbeat_s = 0.5
-[producer]
-id = "bench"
-state_dir = "{work / 'producer'}"
-batch_max_events = 10000
-batch_max_delay_ms = 100
-[transport]
-url = "{redis_url}"
-stream = "bench"
-[security]
-{chr(10).join(f'{k} = "{v}"' for k, v in keys.items())}
-[applier]
-buffer_rows = 50000
-max_delay_ms = 200
-state_dir = "{work / 'applier'}"
-{target}"""
-    path = work / "cynomys.toml"
-    path.write_text(text)
-    return path
+    return redis_config(work, src, redis_url, keys, include="tpch.*", start=src.binlog_end(), heartbeat_s=0.5,
+                        producer="batch_max_events = 10000\nbatch_max_delay_ms = 100\n",
+                        applier="buffer_rows = 50000\nmax_delay_ms = 200\n", tail=target)
 
 
 def applied_position(work: Path) -> tuple[str, int] | None:
@@ -198,17 +173,7 @@ def run(kind: str, rows: list[tuple[Any, ...]], monetdb_url: str, keep: bool = F
         keep = True
         raise
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        redis.stop()
-        src.destroy()
-        if tgt is not None:
-            tgt.destroy()
-        if keep:
-            print(f"[{kind}] work folder kept (logs, state): {work}", flush=True)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        tear_down(kind, work, keep, procs, redis, src, tgt)
 
 
 def plot(results: list[dict[str, Any]], out: Path) -> None:

@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import RESULTS, daemon, write_result  # noqa: E402
+from bench.common import RESULTS, daemon, redis_config, write_result  # noqa: E402
 from bench.tpch import LINEITEM_DDL, insert_lineitem, lineitem  # noqa: E402
-from cynomys.sandbox.mariadb import REPL_PASSWORD, REPL_USER, MariaDBServer  # noqa: E402
+from cynomys.sandbox.mariadb import MariaDBServer  # noqa: E402
 from cynomys.sandbox.redis import RedisProcess  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,36 +49,11 @@ def config(work: Path, src: MariaDBServer, redis_url: str, monetdb_url: str, dat
            keys: dict[str, Path]) -> Path:
     # Start at the source's current position: the CREATE TABLE comes after
     # it, so MonetDB gets the table through the DDL path.
-    start = "{}:{}".format(*src.execute("SHOW MASTER STATUS")[0][:2])
-    text = f"""[source]
-host = "127.0.0.1"
-port = {src.port}
-user = "{REPL_USER}"
-password = "{REPL_PASSWORD}"
-include_tables = ["{database}.*"]
-start = "{start}"
-heartbeat_s = 0.5
-[producer]
-id = "bench-monetdb-{uuid.uuid4().hex[:8]}"
-state_dir = "{work / 'producer'}"
-batch_max_events = 10000
-batch_max_delay_ms = 100
-[transport]
-url = "{redis_url}"
-stream = "bench-monetdb"
-[security]
-{chr(10).join(f'{k} = "{v}"' for k, v in keys.items())}
-[applier]
-buffer_rows = 50000
-max_delay_ms = 200
-state_dir = "{work / 'applier'}"
-[target]
-kind = "monetdb"
-url = "{monetdb_url}"
-"""
-    path = work / "cynomys.toml"
-    path.write_text(text)
-    return path
+    return redis_config(work, src, redis_url, keys, include=f"{database}.*", start=src.binlog_end(), heartbeat_s=0.5,
+                        producer_id=f"bench-monetdb-{uuid.uuid4().hex[:8]}", stream="bench-monetdb",
+                        producer="batch_max_events = 10000\nbatch_max_delay_ms = 100\n",
+                        applier="buffer_rows = 50000\nmax_delay_ms = 200\n",
+                        tail=f'[target]\nkind = "monetdb"\nurl = "{monetdb_url}"\n')
 
 
 def monetdb_count(conn: Any, database: str) -> int | None:

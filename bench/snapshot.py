@@ -30,12 +30,12 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import RESULTS, write_result  # noqa: E402
+from bench.common import RESULTS, security_toml, write_result  # noqa: E402
 from cynomys.core.checkpoint import read_json  # noqa: E402
-from cynomys.sandbox.mariadb import REPL_PASSWORD, REPL_USER, MariaDBServer  # noqa: E402
+from cynomys.sandbox.mariadb import MariaDBServer  # noqa: E402
 from cynomys.snapshot.state import FINISHED, JOB_OVER, SnapshotStore, new_job_id  # noqa: E402
 from cynomys.transport.keys import generate_keys  # noqa: E402
 
@@ -43,25 +43,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _config(path: Path, srv: MariaDBServer, keys: dict[str, Path], chunk: int, read_only: bool) -> Path:
-    f, p = srv.execute("SHOW MASTER STATUS")[0][:2]
-    sec = "\n".join(f'{k} = "{v}"' for k, v in keys.items())
     path.write_text(f"""
-[source]
-host = "127.0.0.1"
-port = {srv.port}
-user = "{REPL_USER}"
-password = "{REPL_PASSWORD}"
-include_tables = ["bench.*"]
-start = "{f}:{p}"
-heartbeat_s = 1.0
+{srv.source_toml("bench.*", srv.binlog_end(), heartbeat_s=1.0)}
 [producer]
 id = "bench"
 state_dir = "{path.parent / 'state'}"
 [transport]
 kind = "file"
 path = "{path.parent / 'transport.bin'}"
-[security]
-{sec}
+{security_toml(keys)}
 [snapshot]
 chunk_size = {chunk}
 read_only = {"true" if read_only else "false"}
@@ -70,11 +60,15 @@ initial = false
     return path
 
 
-def _load(srv: MariaDBServer, rows: int) -> None:
-    srv.execute("CREATE DATABASE bench",
-                "CREATE TABLE bench.t (id BIGINT PRIMARY KEY, a INT, b VARCHAR(40), c DECIMAL(12,2), "
-                "d DATETIME(6), e DOUBLE, f TEXT, g INT UNSIGNED)",
-                "CREATE TABLE bench.lat (id BIGINT AUTO_INCREMENT PRIMARY KEY, v INT, pad VARCHAR(20))")
+DDL = ("CREATE TABLE bench.t (id BIGINT PRIMARY KEY, a INT, b VARCHAR(40), c DECIMAL(12,2), d DATETIME(6), "
+       "e DOUBLE, f TEXT, g INT UNSIGNED)")
+
+
+def _load(srv: MariaDBServer, rows: int, ddl: str = DDL) -> None:
+    """bench.t (``ddl``: its 8 columns) with ``rows`` generated rows, and the
+    latency client's table bench.lat."""
+    srv.execute("CREATE DATABASE IF NOT EXISTS bench", ddl,
+                "CREATE TABLE IF NOT EXISTS bench.lat (id BIGINT AUTO_INCREMENT PRIMARY KEY, v INT, pad VARCHAR(20))")
     step = 100_000
     for lo in range(0, rows, step):
         hi = min(rows, lo + step) - 1
@@ -112,6 +106,65 @@ class Latency:
         return out
 
 
+def _wait_started(proc: subprocess.Popen[bytes], state: Path, log: Path) -> None:
+    """Until the producer has written its first checkpoint (``state``/producer.json)."""
+    deadline = time.monotonic() + 60
+    while not (state / "producer.json").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the producer did not start; see {log}")
+        time.sleep(0.1)
+
+
+def _time_job(proc: subprocess.Popen[bytes], lat: Latency, find: Callable[[], Any | None],
+              over: Callable[[Any], dict[str, Any] | None]) -> tuple[dict[str, Any], list[float]]:
+    """A producer-side job (already submitted) timed while ``lat`` writes:
+    seconds from the job being picked up (``find`` first returns it) until
+    ``over`` returns its numbers (with "status"), or the producer exits.
+    Returns those numbers with "seconds", and the write latencies."""
+    done = threading.Event()
+    info: dict[str, Any] = {}
+
+    def watch() -> None:
+        t_pick = None
+        while True:
+            job = find()
+            if job is not None and t_pick is None:
+                t_pick = time.monotonic()
+            numbers = over(job) if job is not None else None
+            if numbers is not None:
+                info.update(status=numbers["status"], seconds=round(time.monotonic() - (t_pick or 0), 3))
+                info.update(numbers)
+                done.set()
+                return
+            if proc.poll() is not None:
+                info["status"] = f"producer exited {proc.returncode}"
+                done.set()
+                return
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    samples = lat.run_until(done, 0)
+    watcher.join()
+    return info, samples
+
+
+def _plot_latency(ax: Any, samples: dict[str, list[float]], during: str) -> None:
+    """The source's write latency CDF of each phase (``during``: what the
+    phases without it lack)."""
+    for name, ms in samples.items():
+        s = sorted(ms)
+        st = _stats(ms)
+        ax.plot(s, [i / len(s) for i in range(1, len(s) + 1)],
+                label=f"{name} (p50 {st['p50_ms']:.2f}, p99 {st['p99_ms']:.2f} ms)")
+    ax.set_xscale("log")
+    ax.set_xlabel("single-row INSERT latency on the source (ms, log scale)")
+    ax.set_ylabel("fraction of writes")
+    ax.set_title(f"source write latency with and without {during}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+
+
 def _stats(ms: list[float]) -> dict[str, float]:
     s = sorted(ms)
 
@@ -128,39 +181,18 @@ def _snapshot_phase(cfg_path: Path, srv: MariaDBServer, lat: Latency, rows: int)
     proc = subprocess.Popen([sys.executable, "-m", "cynomys.cli", "--log-level", "INFO", "produce", "-c", str(cfg_path)],
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 60
-        while not (state / "producer.json").exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the producer did not start; see " + str(cfg_path.parent / "producer.log"))
-            time.sleep(0.1)
+        _wait_started(proc, state, cfg_path.parent / "producer.log")
         store = SnapshotStore(state)
         ident = new_job_id()
-        done = threading.Event()
-        info: dict[str, Any] = {}
 
-        def watch() -> None:
-            t_pick = None
-            while True:
-                job = next((j for j in store.load() if j.id == ident), None)
-                if job is not None and t_pick is None:
-                    t_pick = time.monotonic()
-                if job is not None and job.status in JOB_OVER:
-                    info.update(status=job.status, seconds=round(time.monotonic() - (t_pick or 0), 3),
-                                chunks=job.tables[0].chunks, rows=job.tables[0].scanned,
-                                left_to_log=job.tables[0].dropped)
-                    done.set()
-                    return
-                if proc.poll() is not None:
-                    info["status"] = f"producer exited {proc.returncode}"
-                    done.set()
-                    return
-                time.sleep(0.02)
+        def over(job: Any) -> dict[str, Any] | None:
+            if job.status not in JOB_OVER:
+                return None
+            return {"status": job.status, "chunks": job.tables[0].chunks, "rows": job.tables[0].scanned,
+                    "left_to_log": job.tables[0].dropped}
 
         store.submit({"action": "start", "id": ident, "tables": ["bench.t"], "where": ""})
-        watcher = threading.Thread(target=watch)
-        watcher.start()
-        samples = lat.run_until(done, 0)
-        watcher.join()
+        info, samples = _time_job(proc, lat, lambda: next((j for j in store.load() if j.id == ident), None), over)
         if info.get("status") != FINISHED:
             raise RuntimeError(f"snapshot ended {info}; see {cfg_path.parent / 'producer.log'}")
         info["rows_per_s"] = round(info["rows"] / info["seconds"], 1)
@@ -236,16 +268,7 @@ def _plot(samples: dict[str, list[float]], phases: dict[str, Any], path: Path) -
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [2, 1]})
-    for name, ms in samples.items():
-        s = sorted(ms)
-        ax1.plot(s, [i / len(s) for i in range(1, len(s) + 1)], label=f"{name} (p50 {_stats(ms)['p50_ms']:.2f}, "
-                 f"p99 {_stats(ms)['p99_ms']:.2f} ms)")
-    ax1.set_xscale("log")
-    ax1.set_xlabel("single-row INSERT latency on the source (ms, log scale)")
-    ax1.set_ylabel("fraction of writes")
-    ax1.set_title("source write latency with and without a snapshot")
-    ax1.grid(True, which="both", alpha=0.3)
-    ax1.legend(fontsize=8)
+    _plot_latency(ax1, samples, "a snapshot")
     names = list(phases)
     ax2.bar(names, [phases[n]["rows_per_s"] for n in names], color=["tab:orange", "tab:green"][:len(names)])
     for i, n in enumerate(names):

@@ -36,23 +36,24 @@ Writes bench/results/verify.json and verify.png.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import RESULTS, daemon, write_result  # noqa: E402
-from bench.snapshot import Latency, _stats  # noqa: E402
-from cynomys.sandbox.mariadb import REPL_PASSWORD, REPL_USER, MariaDBServer  # noqa: E402
+from bench.common import RESULTS, daemon, security_toml, write_result  # noqa: E402
+from bench.snapshot import Latency, _load, _plot_latency, _stats, _time_job, _wait_started  # noqa: E402
+from cynomys.sandbox.mariadb import MariaDBServer  # noqa: E402
 from cynomys.transport.keys import generate_keys  # noqa: E402
+from tests.helpers import transport_batches  # noqa: E402
 
+# The snapshot bench's table with e DECIMAL (not DOUBLE): the SQL aggregate
+# checksum applies to it (FLOAT/DOUBLE tables take the read-back path).
 DDL = ("CREATE TABLE bench.t (id BIGINT PRIMARY KEY, a INT, b VARCHAR(40), c DECIMAL(12,2), d DATETIME(6), "
        "e DECIMAL(16,1), f TEXT, g INT UNSIGNED)")
 
@@ -66,17 +67,8 @@ def _target_section(tgt: MariaDBServer | None, duckdb_path: Path | None) -> str:
 
 def _config(path: Path, srv: MariaDBServer, tgt: MariaDBServer | None, keys: dict[str, Path], chunk: int,
             duckdb_path: Path | None = None) -> Path:
-    f, p = srv.execute("SHOW MASTER STATUS")[0][:2]
-    sec = "\n".join(f'{k} = "{v}"' for k, v in keys.items())
     path.write_text(f"""
-[source]
-host = "127.0.0.1"
-port = {srv.port}
-user = "{REPL_USER}"
-password = "{REPL_PASSWORD}"
-include_tables = ["bench.*"]
-start = "{f}:{p}"
-heartbeat_s = 1.0
+{srv.source_toml("bench.*", srv.binlog_end(), heartbeat_s=1.0)}
 [producer]
 id = "bench"
 state_dir = "{path.parent / 'state'}"
@@ -86,25 +78,12 @@ state_dir = "{path.parent / 'applier-state'}"
 kind = "file"
 path = "{path.parent / 'transport.bin'}"
 {_target_section(tgt, duckdb_path)}
-[security]
-{sec}
+{security_toml(keys)}
 [snapshot]
 chunk_size = {chunk}
 initial = false
 """)
     return path
-
-
-def _load(srv: MariaDBServer, rows: int) -> None:
-    srv.execute("CREATE DATABASE IF NOT EXISTS bench", DDL,
-                "CREATE TABLE IF NOT EXISTS bench.lat (id BIGINT AUTO_INCREMENT PRIMARY KEY, v INT, pad VARCHAR(20))")
-    step = 100_000
-    for lo in range(0, rows, step):
-        hi = min(rows, lo + step) - 1
-        srv.execute(f"INSERT INTO bench.t SELECT seq, seq % 1000, CONCAT('name-', seq), seq / 100, "
-                    f"'2024-01-01' + INTERVAL seq SECOND, seq * 0.5, REPEAT('x', seq % 50), seq * 7 "
-                    f"FROM bench.seq_{lo}_to_{hi}")
-    srv.execute("ANALYZE TABLE bench.t")
 
 
 def _load_duckdb(path: Path, cfg_path: Path, rows: int) -> None:
@@ -135,26 +114,14 @@ def _producer_checksums(cfg_path: Path) -> dict[str, dict[str, Any]]:
     """chunk id -> the CHECKSUM record's payload, read from the file transport."""
     from cynomys.core.config import load_config
     from cynomys.core.model import Op
-    from cynomys.schemas import codec
-    from cynomys.transport.bus import open_subscriber
-    from cynomys.transport.channel import make_opener
 
-    cfg = load_config(cfg_path, env={})
-    opener = make_opener(cfg)
-    sub = open_subscriber(dataclasses.replace(cfg.transport, path=str(cfg.resolve(cfg.transport.path))), "bench")
     out: dict[str, dict[str, Any]] = {}
-    try:
-        while True:
-            got = sub.read(500, 200)
-            if not got:
-                return out
-            for d in got:
-                for c in codec.decode(opener.open(d.envelope).payload).changes:
-                    if c.op is Op.CHECKSUM:
-                        p = json.loads(c.sql or "{}")
-                        out[p["chunk"]] = p
-    finally:
-        sub.close()
+    for _, batch in transport_batches(load_config(cfg_path, env={})):
+        for c in batch.changes:
+            if c.op is Op.CHECKSUM:
+                p = json.loads(c.sql or "{}")
+                out[p["chunk"]] = p
+    return out
 
 
 def _producer_side(cfg: Path, lat: Latency) -> tuple[dict[str, Any], list[float], Any]:
@@ -166,37 +133,16 @@ def _producer_side(cfg: Path, lat: Latency) -> tuple[dict[str, Any], list[float]
     log = cfg.parent / "producer.log"
     proc = daemon(cfg, "produce", log)
     try:
-        deadline = time.monotonic() + 60
-        while not (cfg.parent / "state" / "producer.json").exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the producer did not start; see {log}")
-            time.sleep(0.1)
+        _wait_started(proc, cfg.parent / "state", log)
         ident = "bench-verify"
-        done = threading.Event()
-        info: dict[str, Any] = {}
 
-        def watch() -> None:
-            t_pick = None
-            while True:
-                job = next((j for j in store.load() if j.id == ident), None)
-                if job is not None and t_pick is None:
-                    t_pick = time.monotonic()
-                if job is not None and job.status != RUNNING:
-                    info.update(status=job.status, seconds=round(time.monotonic() - (t_pick or 0), 3),
-                                chunks=len(job.chunks), rows=job.tasks[0].rows, job=job)
-                    done.set()
-                    return
-                if proc.poll() is not None:
-                    info["status"] = f"producer exited {proc.returncode}"
-                    done.set()
-                    return
-                time.sleep(0.02)
+        def over(job: Any) -> dict[str, Any] | None:
+            if job.status == RUNNING:
+                return None
+            return {"status": job.status, "chunks": len(job.chunks), "rows": job.tasks[0].rows, "job": job}
 
         store.submit({"action": "start", "id": ident, "tables": ["bench.t"], "chunk_size": 0})
-        watcher = threading.Thread(target=watch)
-        watcher.start()
-        samples = lat.run_until(done, 0)
-        watcher.join()
+        info, samples = _time_job(proc, lat, lambda: next((j for j in store.load() if j.id == ident), None), over)
         if info.get("status") != DONE:
             raise RuntimeError(f"verify ended {info}; see {log}")
         job = info.pop("job")
@@ -309,11 +255,11 @@ def main() -> int:
     tgt = MariaDBServer(server_id=2).start() if duck is None else None
     try:
         t0 = time.monotonic()
-        _load(srv, args.rows)
+        _load(srv, args.rows, DDL)
         keys = generate_keys(work / "keys", rsa_bits=2048)
         cfg = _config(work / "c.toml", srv, tgt, keys, args.chunk_size, duck)
         if tgt is not None:
-            _load(tgt, args.rows)
+            _load(tgt, args.rows, DDL)
         else:
             _load_duckdb(duck, cfg, args.rows)  # type: ignore[arg-type]
         print(f"loaded {args.rows} rows on both sides in {time.monotonic() - t0:.1f}s", flush=True)
@@ -370,17 +316,7 @@ def _plot(samples: dict[str, list[float]], producer: dict[str, Any], applier: di
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [2, 1]})
-    for name, ms in samples.items():
-        s = sorted(ms)
-        st = _stats(ms)
-        ax1.plot(s, [i / len(s) for i in range(1, len(s) + 1)],
-                 label=f"{name} (p50 {st['p50_ms']:.2f}, p99 {st['p99_ms']:.2f} ms)")
-    ax1.set_xscale("log")
-    ax1.set_xlabel("single-row INSERT latency on the source (ms, log scale)")
-    ax1.set_ylabel("fraction of writes")
-    ax1.set_title("source write latency with and without `cynomys verify`")
-    ax1.grid(True, which="both", alpha=0.3)
-    ax1.legend(fontsize=8)
+    _plot_latency(ax1, samples, "`cynomys verify`")
     bars = {"producer\n(source chunks)": producer["rows_per_s"]}
     if "sql" in applier:
         bars["applier\nSQL aggregate"] = applier["sql"]["rows_per_s"]

@@ -790,3 +790,27 @@ def cutter(seed: int, p: float) -> Callable[[], bool]:
     """A producer delay timer that fires at a commit with probability ``p``."""
     rng = random.Random(seed)
     return lambda: rng.random() < p
+
+
+def checked_store(source: FakeSource) -> FakeStore:
+    """A store that checks the guarantee after every commit: the target holds
+    exactly ``source`` as of the position it records."""
+    return FakeStore(on_commit=lambda store: assert_target_at(store, source))
+
+
+def run_until_settled(cfg: Config, store: FakeStore, stream: FakeStream, wire: Wire, *, per_read: int | None = None,
+                      budget: int | None = None, max_restarts: int | None = 200) -> int:
+    """Run applier processes until the stream is settled; each Crash is a
+    process death followed by a restart on the same store and stream
+    (at most ``max_restarts``; None: no limit).  Returns how many times it died."""
+    deaths = 0
+    while True:
+        app = make_applier(cfg, FakeTarget(cfg, store), stream, wire, per_read, budget=budget)
+        try:
+            app.run(until_idle_s=1e-6)
+        except Crash:
+            deaths += 1
+            assert max_restarts is None or deaths <= max_restarts
+            continue
+        if stream.settled():
+            return deaths

@@ -8,13 +8,14 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
+from cynomys.applier.batcher import Mark, Span
 from cynomys.core.config import Config
-from cynomys.core.model import Batch, ColumnDef, RawTemporal, Row, Value
+from cynomys.core.model import Batch, Change, ColumnDef, RawTemporal, Row, Value
 from cynomys.schemas import codec
 from cynomys.transport.bus import open_subscriber
-from cynomys.transport.envelope import Opener
+from cynomys.transport.envelope import Opened, Opener
 from cynomys.transport.keys import load_private_key, load_public_key
 from tests.servers.mariadb import REPL_PASSWORD, REPL_USER, MariaDBServer
 
@@ -96,6 +97,15 @@ def source_rows(server: MariaDBServer, db: str, table: str, cols: tuple[ColumnDe
     return [tuple(normalize(c, v) for c, v in zip(cols, row)) for row in raw]
 
 
+def sorted_source_rows(server: MariaDBServer, db: str, table: str) -> list[Row]:
+    """Every row of ``db.table`` on the source (columns as the source
+    describes them now), in the core.model value domain, sorted by repr."""
+    cols = tuple(ColumnDef(n, ty, nl == "YES") for n, ty, nl in server.execute(
+        "SELECT column_name, column_type, is_nullable FROM information_schema.columns "
+        f"WHERE table_schema = '{db}' AND table_name = '{table}' ORDER BY ordinal_position"))
+    return sorted(source_rows(server, db, table, cols, "1"), key=repr)
+
+
 def wait_for(cond: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -105,23 +115,48 @@ def wait_for(cond: Callable[[], bool], timeout: float = 60.0, what: str = "condi
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-def transport_batches(cfg: Config) -> list[tuple[int, Batch]]:
-    """Every batch on the configured transport, opened and decoded, in order
-    (a reader of its own, so the applier's position is not touched)."""
+def transport_envelopes(cfg: Config) -> list[Opened]:
+    """Every envelope on the configured transport, opened, in order (a
+    reader of its own, so the applier's position is not touched)."""
     opener = Opener(load_private_key(cfg.security.applier_private_key),
                     {cfg.producer.id: load_public_key(cfg.security.producer_public_key)}, cfg.transport.stream)
     # A consumer group of its own: in the applier's group the entries read
     # here would be pending for this reader instead of the applier.
     name = f"verifier-{uuid.uuid4().hex[:6]}"
     sub = open_subscriber(dataclasses.replace(cfg.transport, consumer_group=name), name)
-    out: list[tuple[int, Batch]] = []
+    out: list[Opened] = []
     try:
         while True:
             got = sub.read(500, 200)
             if not got:
                 return out
-            for d in got:
-                o = opener.open(d.envelope)
-                out.append((o.seq, codec.decode(o.payload)))
+            out += [opener.open(d.envelope) for d in got]
     finally:
         sub.close()
+
+
+def transport_batches(cfg: Config) -> list[tuple[int, Batch]]:
+    """Every batch on the configured transport, opened and decoded, in order."""
+    return [(o.seq, codec.decode(o.payload)) for o in transport_envelopes(cfg)]
+
+
+def whole_transactions(batches: list[tuple[int, Batch]]) -> Iterator[tuple[int, list[Change]]]:
+    """The changes of each complete source transaction in stream order, with
+    the sequence number of the envelope that completed it (a transaction in
+    fragments spans several).  Checks on the way that the sequence numbers
+    have no gap and that nothing is ever sent twice: each envelope starts
+    where the one before it stopped, or later (never a restarted attempt)."""
+    pending: list[Batch] = []
+    stop: Mark | None = None
+    last_seq = 0
+    for seq, b in batches:
+        assert seq == last_seq + 1, f"sequence jumps from {last_seq} to {seq}"
+        last_seq = seq
+        span = Span.of(b)
+        assert span is not None
+        assert stop is None or span.start >= stop, f"envelope {seq} sends again from {span.describe_start()}"
+        stop = span.stop
+        pending.append(b)
+        if b.complete:
+            yield seq, [c for part in pending for c in part.changes]
+            pending = []

@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cynomys.sandbox.mariadb import REPL_PASSWORD, REPL_USER, MariaDBServer
+from cynomys.sandbox.daemons import stop_daemons
+from cynomys.sandbox.mariadb import MariaDBServer
 from cynomys.sandbox.redis import RedisProcess
 
 log = logging.getLogger(__name__)
@@ -39,13 +40,7 @@ TABLES = {
 
 def _config_text(work: Path, src: MariaDBServer, redis_url: str) -> str:
     return f"""# Written by `cynomys demo`.
-[source]
-host = "127.0.0.1"
-port = {src.port}
-user = "{REPL_USER}"
-password = "{REPL_PASSWORD}"
-include_tables = ["shop.*"]
-start = "earliest"
+{src.source_toml("shop.*", "earliest")}
 
 [producer]
 id = "demo-producer"
@@ -194,14 +189,7 @@ def run_demo(work: Path, *, rows: int = 20000, keep: bool = False) -> int:
         print("== OK: every target table equals its source table" if ok else "== FAILED: see logs in " + str(work / "logs"))
         return 0 if ok else 1
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_daemons(procs, 60)
         if not keep:
             redis.stop()
             src.stop()

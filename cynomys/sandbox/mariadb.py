@@ -18,6 +18,8 @@ from typing import Any
 
 import pymysql
 
+from cynomys.sandbox.daemons import stop_daemons
+
 log = logging.getLogger(__name__)
 
 ROOT_PASSWORD = "root-secret"
@@ -144,13 +146,8 @@ class MariaDBServer:
         return p.read_text(errors="replace") if p.exists() else ""
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc:
+            stop_daemons([self.proc], 30)
         self.proc = None
 
     def kill(self) -> None:
@@ -260,6 +257,18 @@ class MariaDBServer:
     def source_settings(self) -> dict[str, Any]:
         """[source] keys for a Cynomys config pointing at this server."""
         return {"host": "127.0.0.1", "port": self.port, "user": REPL_USER, "password": REPL_PASSWORD}
+
+    def binlog_end(self) -> str:
+        """The binlog's end as a config ``start`` ("file:pos"): a config
+        starting here sees only what is written after this call."""
+        return "{}:{}".format(*self.execute("SHOW MASTER STATUS")[0][:2])
+
+    def source_toml(self, include_tables: str, start: str, heartbeat_s: float | None = None) -> str:
+        """The [source] section of a Cynomys config file replicating this
+        server's ``include_tables`` (one pattern) from ``start``."""
+        beat = "" if heartbeat_s is None else f"\nheartbeat_s = {heartbeat_s}"
+        return (f'[source]\nhost = "127.0.0.1"\nport = {self.port}\nuser = "{REPL_USER}"\n'
+                f'password = "{REPL_PASSWORD}"\ninclude_tables = ["{include_tables}"]\nstart = "{start}"{beat}')
 
     @property
     def url(self) -> str:

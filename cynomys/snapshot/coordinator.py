@@ -244,12 +244,8 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
         """This turn's work: requests; the readers' answers; more chunks to
         read; at a transaction boundary, the chunks that are ready (or a
         keyless table's read)."""
-        now = time.monotonic()
-        self._prepare()
-        if now >= self._next_request_check:
-            self._next_request_check = now + POLL_S
-            self._take_requests()
-        if not self.enabled:
+        now = self._begin_turn()
+        if now is None:
             return []
         self._collect()
         if self._keyless is None:

@@ -224,15 +224,22 @@ class ChunkedTask(Generic[J, F, E]):
             self._passed("", item.end)
         return item
 
-    def poll(self, at_boundary: bool) -> Sequence[Item] | KeylessRead:
-        """This turn's work: requests, starting a chunk, or a chunk's items
-        (only ``at_boundary``: between source transactions), in order."""
+    def _begin_turn(self) -> float | None:
+        """The start of every turn of ``poll``: the source session ready, new
+        requests taken (every POLL_S); the turn's time, or None when the task
+        is disabled (nothing to do this turn)."""
         now = time.monotonic()
         self._prepare()
         if now >= self._next_request_check:
             self._next_request_check = now + POLL_S
             self._take_requests()
-        if not self.enabled:
+        return now if self.enabled else None
+
+    def poll(self, at_boundary: bool) -> Sequence[Item] | KeylessRead:
+        """This turn's work: requests, starting a chunk, or a chunk's items
+        (only ``at_boundary``: between source transactions), in order."""
+        now = self._begin_turn()
+        if now is None:
             return []
         if self._idle() and (now < self._next_chunk_at or not self._start_next_chunk()):
             return []

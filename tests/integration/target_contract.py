@@ -128,6 +128,29 @@ ALL_TYPES_ROWS: list[Row] = [
     (4,) + (None,) * (len(ALL_TYPES) - 1),
 ]
 
+#: Targets whose DATE/TIMESTAMP cannot hold zero or partial dates (DuckDB,
+#: MonetDB: they refuse them) get real dates at the edges of the range in
+#: the contract rows instead.
+_REAL_DATES = {
+    RawTemporal("0000-00-00"): datetime.date(1, 1, 1),
+    RawTemporal("2020-02-31"): datetime.date(2020, 2, 28),
+    RawTemporal("2020-00-10 00:00:00.000000"): datetime.datetime(1, 1, 1, 0, 0, 0, 1),
+}
+
+
+def real_dated_rows() -> list[Row]:
+    """ALL_TYPES_ROWS with every zero or partial date replaced by a real one."""
+    rows = []
+    for r in ALL_TYPES_ROWS:
+        fixed = []
+        for (_, type_text), v in zip(ALL_TYPES, r):
+            if isinstance(v, RawTemporal):
+                v = _REAL_DATES.get(v) or (datetime.datetime(1970, 1, 1, 0, 0, 1, tzinfo=UTC) if type_text.startswith(
+                    "timestamp") else datetime.datetime(9999, 12, 31, 23, 59, 59, 999999))
+            fixed.append(v)
+        rows.append(tuple(fixed))
+    return rows
+
 
 def all_types_rows(factory: TargetFactory) -> list[Row]:
     """The rows a target is tested with: ALL_TYPES_ROWS unless its factory

@@ -52,12 +52,14 @@ def _start_applier(cfg: Path, name: str, logs: Path) -> subprocess.Popen[bytes]:
 
 
 def _write_loop(src: MariaDBServer, stop: threading.Event, seed: int, done: list[int],
-                errors: list[BaseException], txn: Callable[[Any, random.Random, int], None]) -> None:
+                errors: list[BaseException], txn: Callable[[Any, random.Random, int], None],
+                database: str | None = "app") -> None:
     """Run ``txn`` as one source transaction after another until ``stop``;
     deadlocks, lock waits and key clashes between writers are rolled back and
-    the next one goes on, anything else is handed to the test."""
+    the next one goes on, anything else is handed to the test.  ``database``:
+    the connection's default database (None: the transactions name theirs)."""
     rnd = random.Random(seed)
-    conn = src.connect("app")
+    conn = src.connect(database)
     try:
         with conn.cursor() as cur:
             while not stop.is_set():
@@ -230,6 +232,18 @@ class OneProducer:
         self.proc = _daemon(self.cfg, "produce", self.logs / "producer.log")
 
 
+def _kill(name: str, prods: Any, apps: dict[str, subprocess.Popen[bytes]], cfg: Path, logs: Path) -> None:
+    """One kill of the run: the producer (``prods`` restarts it), or applier
+    ``name`` with SIGKILL, started again at once."""
+    if name == "producer":
+        prods.kill()
+        return
+    assert apps[name].poll() is None, (logs / f"{name}.log").read_text()[-3000:]
+    apps[name].send_signal(signal.SIGKILL)
+    apps[name].wait()
+    apps[name] = _start_applier(cfg, name, logs)
+
+
 def _run(tmp_path: Path, redis_url: str, *, writer: Any, batch_max_events: int, kills: list[str],
          alter_at: int | None, target: Callable[[MariaDBServer], Any] = MariaDBSide, write_s: float = 0.0,
          catch_up_s: float = 180, applier: dict[str, Any] | None = None, producer: dict[str, Any] | None = None,
@@ -279,13 +293,7 @@ def _run(tmp_path: Path, redis_url: str, *, writer: Any, batch_max_events: int, 
                 if i == alter_at:  # schema change in the middle of the run
                     src.execute("ALTER TABLE app.acct ADD COLUMN region CHAR(2) NOT NULL DEFAULT 'eu'")
                 counted[name] += 1
-                if name == "producer":
-                    prods.kill()
-                    continue
-                assert apps[name].poll() is None, (logs / f"{name}.log").read_text()[-3000:]
-                apps[name].send_signal(signal.SIGKILL)
-                apps[name].wait()
-                apps[name] = _start_applier(cfg, name, logs)
+                _kill(name, prods, apps, cfg, logs)
             time.sleep(max(0.0, write_s - (time.monotonic() - started)))
         finally:
             stop.set()

@@ -34,8 +34,8 @@ import pytest
 from cynomys.core.config import load_config
 from cynomys.core.model import Change, Op
 from cynomys.transport.keys import generate_keys
-from tests.helpers import wait_for, write_config
-from tests.integration.test_e2e_columnstore import OneProducer, _reports_caught_up, _start_applier
+from tests.helpers import transport_envelopes, wait_for, write_config
+from tests.integration.test_e2e_columnstore import OneProducer, _kill, _reports_caught_up, _start_applier, _write_loop
 from tests.servers.mariadb import MariaDBServer
 
 duckdb = pytest.importorskip("duckdb", reason="the duckdb extra is not installed (pip install 'cynomys[duckdb]')")
@@ -105,31 +105,6 @@ def _shard_txn(plain: Plain) -> Any:
                 if rnd.random() < 0.3:
                     cur.execute(f"DELETE FROM {db}.events WHERE id = %s", (rnd.randrange(160),))
     return txn
-
-
-def _write_loop(src: MariaDBServer, stop: threading.Event, seed: int, done: list[int], errors: list[BaseException],
-                txn: Any) -> None:
-    """test_e2e_columnstore's writer, on a connection to no database in particular."""
-    import pymysql
-
-    rnd = random.Random(seed)
-    conn = src.connect()
-    try:
-        with conn.cursor() as cur:
-            while not stop.is_set():
-                try:
-                    cur.execute("BEGIN")
-                    txn(cur, rnd, seed)
-                    cur.execute("COMMIT")
-                    done[0] += 1
-                except (pymysql.err.OperationalError, pymysql.err.IntegrityError) as exc:
-                    if exc.args[0] not in (1213, 1205, 1062):  # deadlocks and key clashes between writers
-                        raise
-                    cur.execute("ROLLBACK")
-    except BaseException as exc:  # surfaced by the test
-        errors.append(exc)
-    finally:
-        conn.close()
 
 
 # --------------------------------------------------------------------------
@@ -253,27 +228,7 @@ def _changelog(log: tuple[list[str], list[tuple[Any, ...]]]) -> Counter[tuple[An
 
 def _payloads(cfg_path: Path) -> list[bytes]:
     """Every envelope's payload on the transport, decrypted (Avro bytes)."""
-    import dataclasses
-    import uuid
-
-    from cynomys.transport.bus import open_subscriber
-    from cynomys.transport.envelope import Opener
-    from cynomys.transport.keys import load_private_key, load_public_key
-
-    cfg = load_config(cfg_path, env={})
-    opener = Opener(load_private_key(cfg.security.applier_private_key),
-                    {cfg.producer.id: load_public_key(cfg.security.producer_public_key)}, cfg.transport.stream)
-    name = f"check-{uuid.uuid4().hex[:6]}"
-    sub = open_subscriber(dataclasses.replace(cfg.transport, consumer_group=name), name)
-    out: list[bytes] = []
-    try:
-        while True:
-            got = sub.read(500, 200)
-            if not got:
-                return out
-            out += [opener.open(d.envelope).payload for d in got]
-    finally:
-        sub.close()
+    return [o.payload for o in transport_envelopes(load_config(cfg_path, env={}))]
 
 
 # --------------------------------------------------------------------------
@@ -300,7 +255,7 @@ def test_sharded_sources_merged_masked_and_logged_through_sigkills(tmp_path: Pat
         for db in SHARDS:
             src.execute(f"CREATE DATABASE {db}", *[f"CREATE TABLE {db}.{t} ({c})" for t, c in TABLES.items()])
         plain, stop, done, errors = Plain(), threading.Event(), [0], []
-        writers = [threading.Thread(target=_write_loop, args=(src, stop, s, done, errors, _shard_txn(plain)))
+        writers = [threading.Thread(target=_write_loop, args=(src, stop, s, done, errors, _shard_txn(plain), None))
                    for s in range(4)]
         for w in writers:
             w.start()
@@ -313,13 +268,7 @@ def test_sharded_sources_merged_masked_and_logged_through_sigkills(tmp_path: Pat
                     for db in SHARDS:
                         src.execute(f"ALTER TABLE {db}.orders ADD COLUMN region CHAR(2) NOT NULL DEFAULT 'eu'")
                         time.sleep(0.5)
-                if name == "producer":
-                    prods.kill()
-                    continue
-                assert apps[name].poll() is None, (logs / f"{name}.log").read_text()[-3000:]
-                apps[name].send_signal(signal.SIGKILL)
-                apps[name].wait()
-                apps[name] = _start_applier(cfg, name, logs)
+                _kill(name, prods, apps, cfg, logs)
         finally:
             stop.set()
             for w in writers:

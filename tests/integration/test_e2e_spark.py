@@ -18,8 +18,7 @@ from cynomys.applier.targets.base import Target, open_target
 from cynomys.applier.targets.spark.config import SparkConfig
 from cynomys.core.config import load_config
 from cynomys.core.errors import CynomysError
-from cynomys.core.model import ColumnDef
-from tests.helpers import source_rows
+from tests.helpers import sorted_source_rows
 from tests.integration.test_e2e_columnstore import TABLES, _run, _writer
 from tests.servers.mariadb import MariaDBServer
 
@@ -72,10 +71,7 @@ class SparkSide:
     def diff(self, cfg: Path) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for t in TABLES:
-            cols = tuple(ColumnDef(n, ty, nl == "YES") for n, ty, nl in self.src.execute(
-                "SELECT column_name, column_type, is_nullable FROM information_schema.columns "
-                f"WHERE table_schema = 'app' AND table_name = '{t}' ORDER BY ordinal_position"))
-            want = sorted(source_rows(self.src, "app", t, cols, "1"), key=repr)
+            want = sorted_source_rows(self.src, "app", t)
             try:
                 got = sorted(self._target(cfg).fetch_rows("app", t), key=repr)
             except CynomysError as exc:

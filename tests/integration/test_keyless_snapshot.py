@@ -104,17 +104,13 @@ class DuckDBSide:
         from cynomys.applier.targets.base import open_target
         from cynomys.core.config import load_config
         from cynomys.core.errors import CynomysError
-        from cynomys.core.model import ColumnDef
-        from tests.helpers import source_rows
+        from tests.helpers import sorted_source_rows
 
         out: dict[str, Any] = {}
         target = open_target(load_config(cfg, env={}))
         try:
             for t in TABLES:
-                cols = tuple(ColumnDef(n, ty, nl == "YES") for n, ty, nl in self.src.execute(
-                    "SELECT column_name, column_type, is_nullable FROM information_schema.columns "
-                    f"WHERE table_schema = 'app' AND table_name = '{t}' ORDER BY ordinal_position"))
-                want = sorted(source_rows(self.src, "app", t, cols, "1"), key=repr)
+                want = sorted_source_rows(self.src, "app", t)
                 try:
                     got = sorted(target.fetch_rows("app", t), key=repr)
                 except CynomysError as exc:  # not created yet, or the file is held by a flush

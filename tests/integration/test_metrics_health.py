@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from cynomys.sandbox.daemons import stop_daemons
 from cynomys.transport.keys import generate_keys
 from tests.helpers import wait_for, write_config
 from tests.servers.mariadb import MariaDBServer, free_port
@@ -173,14 +173,6 @@ def test_metrics_healthz_and_status(redis_url: str, tmp_path: Path) -> None:
         for p in procs:
             assert p.poll() is None, logs_tail()
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_daemons(procs, 60)
         tgt.destroy()
         mariadb.destroy()

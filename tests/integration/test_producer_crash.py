@@ -20,11 +20,10 @@ from typing import Any
 import pymysql
 import pytest
 
-from cynomys.applier.batcher import Mark, Span
 from cynomys.core.config import load_config
 from cynomys.core.model import Batch, Op
 from cynomys.transport.keys import generate_keys
-from tests.helpers import transport_batches, write_config
+from tests.helpers import transport_batches, whole_transactions, write_config
 from tests.servers.mariadb import MariaDBServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -55,46 +54,30 @@ def _replay(batches: list[tuple[int, Batch]]) -> tuple[dict[tuple[Any, ...], tup
     keyed: dict[tuple[Any, ...], tuple[Any, ...]] = {}
     keyless: Counter[tuple[Any, ...]] = Counter()
     tids: list[str] = []
-    pending: list[Batch] = []
-    stop: Mark | None = None
-    last_seq = 0
-    for seq, b in batches:
-        assert seq == last_seq + 1, f"sequence jumps from {last_seq} to {seq}"
-        last_seq = seq
-        # Nothing is ever sent twice: each envelope starts where the one
-        # before it stopped, or later (never a restarted attempt).
-        span = Span.of(b)
-        assert span is not None
-        assert stop is None or span.start >= stop, f"envelope {seq} sends again from {span.describe_start()}"
-        stop = span.stop
-        pending.append(b)
-        if not b.complete:
-            continue
-        for part in pending:
-            for c in part.changes:
-                if c.op is Op.DDL:
-                    continue
-                assert c.schema is not None
-                if c.schema.key:
-                    if c.before is not None and c.op is not Op.INSERT:
-                        k = c.key(c.before)
-                        # The before image's key may be missing where the fold left a
-                        # tombstone (an insert, then a delete in a later transaction of
-                        # one envelope: reducer/fold.py) -- a DELETE, or an UPDATE when
-                        # the key came back: applied as the applier does (delete the
-                        # key if there, then insert), the final state is what counts.
-                        keyed.pop(k, None)
-                    if c.after is not None:
-                        k = c.key(c.after)
-                        assert k not in keyed, f"key {k} inserted twice (tid {c.tid})"
-                        keyed[k] = c.after
-                else:
-                    if c.before is not None:
-                        keyless[c.before] -= 1
-                    if c.after is not None:
-                        keyless[c.after] += 1
-                tids.append(c.tid)
-        pending = []
+    for _, changes in whole_transactions(batches):
+        for c in changes:
+            if c.op is Op.DDL:
+                continue
+            assert c.schema is not None
+            if c.schema.key:
+                if c.before is not None and c.op is not Op.INSERT:
+                    k = c.key(c.before)
+                    # The before image's key may be missing where the fold left a
+                    # tombstone (an insert, then a delete in a later transaction of
+                    # one envelope: reducer/fold.py) -- a DELETE, or an UPDATE when
+                    # the key came back: applied as the applier does (delete the
+                    # key if there, then insert), the final state is what counts.
+                    keyed.pop(k, None)
+                if c.after is not None:
+                    k = c.key(c.after)
+                    assert k not in keyed, f"key {k} inserted twice (tid {c.tid})"
+                    keyed[k] = c.after
+            else:
+                if c.before is not None:
+                    keyless[c.before] -= 1
+                if c.after is not None:
+                    keyless[c.after] += 1
+            tids.append(c.tid)
     return keyed, +keyless, tids
 
 

@@ -29,7 +29,6 @@ from typing import Any
 import pymysql
 import pytest
 
-from cynomys.applier.batcher import Mark, Span
 from cynomys.core.checkpoint import read_json
 from cynomys.core.config import Config, load_config
 from cynomys.core.model import Batch, Change, Op, Position
@@ -39,7 +38,7 @@ from cynomys.snapshot.errors import SnapshotRequestError
 from cynomys.snapshot.source import SnapshotConnection
 from cynomys.snapshot.state import CANCELLED, FINISHED, PAUSED, SnapshotJob, SnapshotStore, status_report
 from cynomys.transport.keys import generate_keys
-from tests.helpers import ListSink, transport_batches, wait_for, write_config
+from tests.helpers import ListSink, transport_batches, wait_for, whole_transactions, write_config
 from tests.integration.test_producer import ALL_TYPES, ROWS
 from tests.servers.mariadb import MariaDBServer
 
@@ -284,42 +283,26 @@ def _replay(batches: list[tuple[int, Batch]]) -> _Replayed:
     last: dict[int, float] = {}
     reads = 0
     first_read: dict[int, int] = {}
-    pending: list[Batch] = []
-    stop: Mark | None = None
-    prev = 0
-    for seq, b in batches:
-        assert seq == prev + 1, f"sequence jumps from {prev} to {seq}"
-        prev = seq
-        # Nothing is ever sent twice: each envelope starts where the one
-        # before it stopped, or later (never a restarted attempt).
-        span = Span.of(b)
-        assert span is not None
-        assert stop is None or span.start >= stop, f"envelope {seq} sends again from {span.describe_start()}"
-        stop = span.stop
-        pending.append(b)
-        if not b.complete:
-            continue
-        for part in pending:
-            for c in part.changes:
-                if c.op is Op.DDL or c.table != "t":
-                    continue
-                assert c.database == "w", c
-                _check_version(c, last)
-                before: tuple[Any, ...] | None = c.before
-                after: tuple[Any, ...] | None = c.after
-                if c.op is Op.READ:
-                    assert after is not None
-                    reads += 1
-                    first_read.setdefault(seq, after[0])
-                if c.op is Op.INSERT:
-                    assert after is not None and after[0] not in rows, f"key {after} inserted twice ({c.tid})"
-                else:
-                    image = before if before is not None else after
-                    assert image is not None
-                    rows.pop(image[0], None)
-                if after is not None:
-                    rows[after[0]] = after
-        pending = []
+    for seq, changes in whole_transactions(batches):
+        for c in changes:
+            if c.op is Op.DDL or c.table != "t":
+                continue
+            assert c.database == "w", c
+            _check_version(c, last)
+            before: tuple[Any, ...] | None = c.before
+            after: tuple[Any, ...] | None = c.after
+            if c.op is Op.READ:
+                assert after is not None
+                reads += 1
+                first_read.setdefault(seq, after[0])
+            if c.op is Op.INSERT:
+                assert after is not None and after[0] not in rows, f"key {after} inserted twice ({c.tid})"
+            else:
+                image = before if before is not None else after
+                assert image is not None
+                rows.pop(image[0], None)
+            if after is not None:
+                rows[after[0]] = after
     return _Replayed(rows, reads, first_read)
 
 

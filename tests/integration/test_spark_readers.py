@@ -20,8 +20,7 @@ import pytest
 
 from cynomys.applier.targets.spark import readers
 from cynomys.core.config import load_config
-from cynomys.core.model import ColumnDef
-from tests.helpers import source_rows
+from tests.helpers import sorted_source_rows
 from tests.integration.test_e2e_columnstore import TABLES, _run, _writer
 from tests.integration.test_e2e_spark import SparkSide
 from tests.lake import duckdb_rows, pyiceberg_rows
@@ -56,10 +55,7 @@ class ReadersSide(SparkSide):
         con = readers.duckdb_connection(c)
         try:
             for t in TABLES:
-                cols = tuple(ColumnDef(n, ty, nl == "YES") for n, ty, nl in self.src.execute(
-                    "SELECT column_name, column_type, is_nullable FROM information_schema.columns "
-                    f"WHERE table_schema = 'app' AND table_name = '{t}' ORDER BY ordinal_position"))
-                want = sorted(source_rows(self.src, "app", t, cols, "1"), key=repr)
+                want = sorted_source_rows(self.src, "app", t)
                 for name, read in (("pyiceberg", lambda: pyiceberg_rows(c, "app", t)),
                                    ("duckdb", lambda: duckdb_rows(c, "app", t, con))):
                     got = sorted(read(), key=repr)

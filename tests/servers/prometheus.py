@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 import pytest
 
+from cynomys.sandbox.daemons import stop_daemons
 from tests.servers.mariadb import free_port
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -79,11 +80,5 @@ class PrometheusServer:
         return list(data["result"])
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_daemons([self.proc], 30)
         shutil.rmtree(self.dir, ignore_errors=True)

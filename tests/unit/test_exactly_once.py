@@ -33,39 +33,22 @@ from tests.fakes import (
     Sent,
     Wire,
     assert_target_at,
+    checked_store,
     cutter,
     fake_config,
     make_applier,
     publish,
     random_workload,
+    run_until_settled,
 )
 
 SEEDS = range(6)
 MANY_SEEDS = range(24)  # the rollback cases: a mutation of the admit stage fails only a few seeds
 
 
-def _checked_store(source: FakeSource) -> FakeStore:
-    """A store that checks the guarantee after every commit."""
-    return FakeStore(on_commit=lambda store: assert_target_at(store, source))
-
-
 def _run_until_settled(tmp_path: Path, store: FakeStore, stream: FakeStream, wire: Wire, *,
                        per_read: int | None = None, max_restarts: int = 200) -> int:
-    """Run applier processes until the stream is settled; each Crash is a
-    process death followed by a restart on the same store and stream.
-    Returns how many times it died."""
-    cfg = fake_config(tmp_path)
-    deaths = 0
-    while True:
-        app = make_applier(cfg, FakeTarget(cfg, store), stream, wire, per_read)
-        try:
-            app.run(until_idle_s=1e-6)
-        except Crash:
-            deaths += 1
-            assert deaths <= max_restarts
-            continue
-        if stream.settled():
-            return deaths
+    return run_until_settled(fake_config(tmp_path), store, stream, wire, per_read=per_read, max_restarts=max_restarts)
 
 
 def _source(seed: int, **kw: int) -> FakeSource:
@@ -75,7 +58,7 @@ def _source(seed: int, **kw: int) -> FakeSource:
 @pytest.mark.parametrize("seed", SEEDS)
 def test_a_whole_stream_lands_exactly(tmp_path: Path, seed: int) -> None:
     source = _source(seed)
-    store, stream, wire = _checked_store(source), FakeStream(), Wire()
+    store, stream, wire = checked_store(source), FakeStream(), Wire()
     sent = FakeProducer(source, max_events=4, cut=cutter(seed, 0.3)).run()
     publish(stream, wire, sent)
     _run_until_settled(tmp_path, store, stream, wire, per_read=3)
@@ -95,7 +78,7 @@ def test_the_applier_dies_before_each_commit_in_turn(tmp_path: Path, seed: int) 
     publish(stream, wire, sent)
     _run_until_settled(tmp_path, clean, stream, wire, per_read=2)
     for k in range(1, clean.commits + 1):
-        store, stream = _checked_store(source), FakeStream()
+        store, stream = checked_store(source), FakeStream()
         store.crash_at = k
         publish(stream, wire, sent)
         assert _run_until_settled(tmp_path / str(k), store, stream, wire, per_read=2) == 1
@@ -108,7 +91,7 @@ def test_the_applier_dies_between_deliveries(tmp_path: Path, seed: int) -> None:
     lost with the process and delivered again)."""
     source = _source(seed, txns=40)
     sent = FakeProducer(source, max_events=3, cut=cutter(seed, 0.2)).run()
-    store, stream, wire = _checked_store(source), FakeStream(), Wire()
+    store, stream, wire = checked_store(source), FakeStream(), Wire()
     publish(stream, wire, sent)
     for read in (2, 5, 9, 14, 20, 27, 35):
         stream.crash_at_read = read if stream.reads < read else None
@@ -126,7 +109,7 @@ def test_the_applier_dies_between_deliveries(tmp_path: Path, seed: int) -> None:
 def test_envelopes_delivered_twice_are_applied_once(tmp_path: Path, seed: int) -> None:
     source = _source(seed)
     sent = FakeProducer(source, max_events=4, cut=cutter(seed, 0.5)).run()
-    store, stream, wire = _checked_store(source), FakeStream(), Wire()
+    store, stream, wire = checked_store(source), FakeStream(), Wire()
     publish(stream, wire, sent)
     _run_until_settled(tmp_path, store, stream, wire, per_read=4)
     publish(stream, wire, sent[len(sent) // 2:])  # the transport delivers a tail again
@@ -143,7 +126,7 @@ def test_a_producer_rolled_back_resends_under_old_numbers_batched_otherwise(tmp_
     applies exactly what the target lacks."""
     source = _source(seed, txns=40)
     first = FakeProducer(source, max_events=4, cut=cutter(seed, 0.4)).run()
-    store, stream, wire = _checked_store(source), FakeStream(), Wire()
+    store, stream, wire = checked_store(source), FakeStream(), Wire()
     # The applier takes everything up to three quarters of the stream (to
     # the end of a whole transaction: it waits for the rest of one cut short).
     upto = next(i for i in range(3 * len(first) // 4, len(first)) if first[i].batch.complete) + 1
@@ -165,7 +148,7 @@ def test_a_producer_rolled_back_into_a_transaction_cut_in_fragments(tmp_path: Pa
     first fragments shipped): it re-sends from inside that transaction."""
     source = _source(seed, txns=40, big=12, big_every=4)
     first = FakeProducer(source, max_events=4, cut=cutter(seed, 0.4)).run()
-    store, stream, wire = _checked_store(source), FakeStream(), Wire()
+    store, stream, wire = checked_store(source), FakeStream(), Wire()
     upto = next(i for i in range(3 * len(first) // 4, len(first)) if first[i].batch.complete) + 1
     publish(stream, wire, first[:upto])
     _run_until_settled(tmp_path, store, stream, wire, per_read=2)
@@ -194,7 +177,7 @@ def test_a_producer_restarting_inside_a_large_transaction_resumes_its_fragments(
         sent.append(out[0])  # only the first envelope got out before the stop
         state = out[0].state
     assert any(s.state.open is not None for s in sent), "no fragment in this workload"
-    store, stream, wire = _checked_store(source), FakeStream(), Wire()
+    store, stream, wire = checked_store(source), FakeStream(), Wire()
     publish(stream, wire, sent)
     _run_until_settled(tmp_path, store, stream, wire, per_read=1)
     assert store.states["p"].position == source.end
@@ -205,7 +188,7 @@ def test_a_gap_in_the_numbers_stops_the_applier(tmp_path: Path) -> None:
     source = _source(1)
     sent = FakeProducer(source, max_events=4, cut=cutter(1, 0.5)).run()
     assert len(sent) > 3
-    store, stream, wire = _checked_store(source), FakeStream(), Wire()
+    store, stream, wire = checked_store(source), FakeStream(), Wire()
     publish(stream, wire, sent[:2] + sent[3:])  # envelope 3 was lost
     cfg = fake_config(tmp_path)
     with pytest.raises(SequenceGapError):
@@ -221,7 +204,7 @@ def test_a_new_incarnation_past_what_the_target_holds_stops(tmp_path: Path) -> N
     silently; the applier stops naming both places."""
     source = _source(2)
     sent = FakeProducer(source, max_events=4).run()
-    store, stream, wire = _checked_store(source), FakeStream(), Wire()
+    store, stream, wire = checked_store(source), FakeStream(), Wire()
     publish(stream, wire, sent[:1])
     _run_until_settled(tmp_path, store, stream, wire)
     with source.txn() as t:
@@ -241,7 +224,7 @@ def test_a_new_incarnation_resuming_inside_what_the_target_holds_lands(tmp_path:
     (the operator's way out of the stop above): nothing lost, nothing twice."""
     source = _source(3)
     sent = FakeProducer(source, max_events=4, cut=cutter(3, 0.5)).run()
-    store, stream, wire = _checked_store(source), FakeStream(), Wire()
+    store, stream, wire = checked_store(source), FakeStream(), Wire()
     half = next(i for i in range(len(sent) // 2, len(sent)) if sent[i].batch.complete) + 1
     publish(stream, wire, sent[:half])
     _run_until_settled(tmp_path, store, stream, wire)

@@ -32,18 +32,16 @@ from cynomys.shape.policy import policy_ops
 from tests.fakes import (
     KEYED,
     KEYLESS,
-    Crash,
     FakeProducer,
     FakeSource,
     FakeStore,
     FakeStream,
-    FakeTarget,
     Wire,
     cutter,
     fake_config,
-    make_applier,
     publish,
     random_workload,
+    run_until_settled,
 )
 
 UTC = datetime.timezone.utc
@@ -114,15 +112,7 @@ def _config(tmp_path: Path, shape: ShapeConfig) -> Config:
 
 
 def _settle(cfg: Config, store: FakeStore, stream: FakeStream, wire: Wire, per_read: int) -> int:
-    deaths = 0
-    while True:
-        try:
-            make_applier(cfg, FakeTarget(cfg, store), stream, wire, per_read).run(until_idle_s=1e-6)
-        except Crash:
-            deaths += 1
-            continue
-        if stream.settled():
-            return deaths
+    return run_until_settled(cfg, store, stream, wire, per_read=per_read, max_restarts=None)
 
 
 def _producer(source: FakeSource, shape: ShapeConfig, seed: int, **kw: Any) -> FakeProducer:

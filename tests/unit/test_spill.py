@@ -30,36 +30,24 @@ from tests.fakes import (
     ProducerState,
     Wire,
     assert_target_at,
+    checked_store,
     cutter,
     fake_config,
     make_applier,
     publish,
     random_workload,
+    run_until_settled,
 )
 
 SEEDS = range(6)
 TINY = 1  # bytes: every envelope of an open transaction is a part
 
 
-def _checked_store(source: FakeSource) -> FakeStore:
-    return FakeStore(on_commit=lambda store: assert_target_at(store, source))
-
-
 def _settle(tmp_path: Path, store: FakeStore, stream: FakeStream, wire: Wire, *, per_read: int | None = None,
             budget: int | None = TINY, max_restarts: int = 200) -> int:
     """Applier processes until the stream is settled; returns the deaths."""
-    cfg = fake_config(tmp_path)
-    deaths = 0
-    while True:
-        app = make_applier(cfg, FakeTarget(cfg, store), stream, wire, per_read, budget=budget)
-        try:
-            app.run(until_idle_s=1e-6)
-        except Crash:
-            deaths += 1
-            assert deaths <= max_restarts
-            continue
-        if stream.settled():
-            return deaths
+    return run_until_settled(fake_config(tmp_path), store, stream, wire, per_read=per_read, budget=budget,
+                             max_restarts=max_restarts)
 
 
 def _big_source(seed: int) -> FakeSource:
@@ -69,7 +57,7 @@ def _big_source(seed: int) -> FakeSource:
 @pytest.mark.parametrize("seed", SEEDS)
 def test_large_transactions_land_in_parts_exactly(tmp_path: Path, seed: int) -> None:
     source = _big_source(seed)
-    store, stream, wire = _checked_store(source), FakeStream(), Wire()
+    store, stream, wire = checked_store(source), FakeStream(), Wire()
     publish(stream, wire, FakeProducer(source, max_events=4, cut=cutter(seed, 0.3)).run())
     _settle(tmp_path, store, stream, wire, per_read=3)
     assert store.parts >= 2 * 7, "every large transaction is applied in several parts"
@@ -84,7 +72,7 @@ def test_the_same_stream_lands_alike_with_and_without_parts(tmp_path: Path, seed
     (the sealed whole transactions before a large one commit on their own)."""
     source = _big_source(seed)
     sent = FakeProducer(source, max_events=4, cut=cutter(seed, 0.3)).run()
-    whole, parts, wire = _checked_store(source), _checked_store(source), Wire()
+    whole, parts, wire = checked_store(source), checked_store(source), Wire()
     for store, budget in ((whole, None), (parts, TINY)):
         stream = FakeStream()
         publish(stream, wire, sent)
@@ -106,7 +94,7 @@ def test_the_applier_dies_inside_the_open_transaction_at_every_point(tmp_path: P
     _settle(tmp_path, clean, stream, wire, per_read=2)
     points = [("part", k) for k in range(1, clean.parts + 1)] + [("commit", k) for k in range(1, clean.commits + 1)]
     for kind, k in points:
-        store, stream = _checked_store(source), FakeStream()
+        store, stream = checked_store(source), FakeStream()
         if kind == "part":
             store.crash_at_part = k
         else:
@@ -120,7 +108,7 @@ def test_the_applier_dies_inside_the_open_transaction_at_every_point(tmp_path: P
 @pytest.mark.parametrize("seed", SEEDS)
 def test_the_applier_dies_between_deliveries_with_parts_open(tmp_path: Path, seed: int) -> None:
     source = _big_source(seed)
-    store, stream, wire = _checked_store(source), FakeStream(), Wire()
+    store, stream, wire = checked_store(source), FakeStream(), Wire()
     publish(stream, wire, FakeProducer(source, max_events=3, cut=cutter(seed, 0.2)).run())
     cfg = fake_config(tmp_path)
     for read in (3, 6, 10, 15, 21, 28):
@@ -154,7 +142,7 @@ def test_a_producer_restarting_a_large_transaction_from_its_start_rolls_the_part
                                                incarnation=resume.incarnation),
                          max_events=4, cut=cutter(seed + 50, 0.3)).run()
     assert again[0].batch.meta.get("frag") == "0", "the transaction is sent again from its start"
-    store, stream, wire = _checked_store(source), FakeStream(), Wire()
+    store, stream, wire = checked_store(source), FakeStream(), Wire()
     publish(stream, wire, shipped + again)
     _settle(tmp_path, store, stream, wire, per_read=2)
     assert store.rollbacks >= 1, "the parts of the earlier attempt were applied, then rolled back"
@@ -189,7 +177,7 @@ def test_a_ddl_right_after_a_large_transaction(tmp_path: Path, per_read: int) ->
     with source.txn() as t:
         t.insert(WIDE, (11, "wide", 7))
         t.update(WIDE, (1, "c1", None), (1, "d1", 8))
-    store, stream, wire = _checked_store(source), FakeStream(), Wire()
+    store, stream, wire = checked_store(source), FakeStream(), Wire()
     publish(stream, wire, FakeProducer(source, max_events=4).run())
     _settle(tmp_path, store, stream, wire, per_read=per_read)
     assert store.parts >= 3

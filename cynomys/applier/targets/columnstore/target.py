@@ -401,17 +401,9 @@ class ColumnStoreTarget(SqlTarget):
             inserts.extend(self._delete_row(cur, schema, row, n))
         if inserts or runs:
             self._insert(cur, schema, inserts, runs)
-        if upserts:
-            try:
-                self._load_data(cur, schema, [], upserts, replace=True)
-            except pymysql.err.Error as exc:
-                if not (exc.args and exc.args[0] in LOCAL_INFILE_REFUSED):
-                    raise
-                log.warning("%s refuses LOAD DATA LOCAL INFILE (%s); using multi-row INSERT from now on "
-                            "(enable local_infile on the server for faster loads)", self.where, exc.args[1])
-                self.use_load_data = False
-                self._delete_keys(cur, schema, [k for run in upserts for k in run_keys(run)])
-                self._insert_values_of(cur, schema, [r for run in upserts for r in run.images()])
+        if upserts and not self._loaded(cur, schema, [], upserts, replace=True):
+            self._delete_keys(cur, schema, [k for run in upserts for k in run_keys(run)])
+            self._insert_values_of(cur, schema, [r for run in upserts for r in run.images()])
 
     def _replacing(self, cur: Cursor, tf: TableFlush) -> list[InsertRun]:
         """The flush's READ runs when the target table replaces rows by the
@@ -464,17 +456,25 @@ class ColumnStoreTarget(SqlTarget):
     # -- bulk insert -------------------------------------------------------
     def _insert(self, cur: Cursor, schema: TableSchema, rows: list[Row], runs: list[InsertRun] | None = None) -> None:
         runs = runs or []
-        if self.use_load_data:
-            try:
-                self._load_data(cur, schema, rows, runs)
-                return
-            except pymysql.err.Error as exc:
-                if not (exc.args and exc.args[0] in LOCAL_INFILE_REFUSED):
-                    raise
-                log.warning("%s refuses LOAD DATA LOCAL INFILE (%s); using multi-row INSERT from now on "
-                            "(enable local_infile on the server for faster loads)", self.where, exc.args[1])
-                self.use_load_data = False
+        if self.use_load_data and self._loaded(cur, schema, rows, runs):
+            return
         self._insert_values_of(cur, schema, rows + [r for run in runs for r in run.images()])
+
+    def _loaded(self, cur: Cursor, schema: TableSchema, rows: list[Row], runs: list[InsertRun],
+                replace: bool = False) -> bool:
+        """LOAD DATA of ``rows`` and ``runs``; False (nothing written) when
+        the server refuses LOAD DATA LOCAL INFILE, which turns it off for
+        good: the caller writes them with multi-row INSERTs instead."""
+        try:
+            self._load_data(cur, schema, rows, runs, replace=replace)
+            return True
+        except pymysql.err.Error as exc:
+            if not (exc.args and exc.args[0] in LOCAL_INFILE_REFUSED):
+                raise
+            log.warning("%s refuses LOAD DATA LOCAL INFILE (%s); using multi-row INSERT from now on "
+                        "(enable local_infile on the server for faster loads)", self.where, exc.args[1])
+            self.use_load_data = False
+            return False
 
     @staticmethod
     def write_load_data(out: IO[bytes], schema: TableSchema, rows: list[Row],
