@@ -13,6 +13,21 @@ from tests.servers.redis import redis_server, redis_url  # noqa: F401
 os.environ.setdefault("TZ", "UTC")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The test process has one JVM: pyspark starts it with the first Spark
+    session, from whichever module comes first, with that session's conf,
+    and a jar given to a running JVM comes too late for java.sql.DriverManager.
+    The Iceberg JDBC catalog's drivers go on its class path from the start,
+    so a JDBC-catalog module works after any other.  Daemons the tests start
+    inherit it, harmlessly: the product passes the driver as a session jar
+    of its own (the readers test's daemons passed without this)."""
+    from cynomys.applier.targets.spark.session import JDBC_DRIVERS
+
+    jars = [d.jar for d in dict.fromkeys(JDBC_DRIVERS.values()) if os.path.exists(d.jar)]
+    if jars and "PYSPARK_SUBMIT_ARGS" not in os.environ:
+        os.environ["PYSPARK_SUBMIT_ARGS"] = f"--driver-class-path {':'.join(jars)} pyspark-shell"
+
+
 @pytest.fixture(scope="session")
 def mariadb() -> Iterator[MariaDBServer]:
     """One source MariaDB for the session; tests use their own databases."""
