@@ -20,7 +20,6 @@ from cynomys.applier.targets.spark.target import SparkTarget
 from cynomys.core.config import Config, TargetConfig
 from cynomys.core.model import ColumnDef, Op, TableSchema
 from tests.integration import target_contract as contract
-from tests.integration.target_setups.spark import TEST_CONF
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.slow]
 
@@ -104,9 +103,6 @@ def target(cluster: StandaloneCluster, tmp_path_factory: pytest.TempPathFactory)
         "spark.executor.memory": "512m",
         "spark.executor.cores": "1",
         "spark.cores.max": "1",
-        # The test process has one JVM, started by whichever module is first:
-        # the JDBC catalog's drivers must be on its class path for later modules.
-        "spark.driver.extraClassPath": TEST_CONF["spark.driver.extraClassPath"],
     }
     warehouse = tmp_path_factory.mktemp("cluster-warehouse")
     cfg = Config(target=TargetConfig(kind="spark", options=(SparkConfig(master=cluster.url, warehouse=str(warehouse),
