@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import pytest
 
 from cynomys.applier.targets.spark.config import SparkConfig
-from cynomys.applier.targets.spark.session import JDBC_DRIVERS
 from cynomys.core.config import ApplierConfig, Config, TargetConfig
 from tests.integration.target_setups import Factory
 
@@ -25,19 +23,14 @@ if TYPE_CHECKING:
 
 MARKS: tuple[Any, ...] = (pytest.mark.spark,)
 
-#: Small and quick: 2 cores, no UI, few shuffle partitions.  The JDBC
-#: drivers of the Iceberg JDBC catalog on the JVM's own class path: whichever
-#: test module starts the process's one session, a later module's JDBC
-#: catalog finds its driver (a jar given to a running session comes too late
-#: for java.sql.DriverManager).
+#: Small and quick: 2 cores, no UI, few shuffle partitions.  (The JDBC
+#: catalog's drivers are on the test JVM's class path: tests/conftest.py.)
 TEST_CONF = {
     "spark.ui.enabled": "false",
     "spark.sql.shuffle.partitions": "2",
     "spark.default.parallelism": "2",
     "spark.driver.memory": "1g",
     "spark.sql.adaptive.coalescePartitions.initialPartitionNum": "2",
-    "spark.driver.extraClassPath": ":".join(
-        d.jar for d in dict.fromkeys(JDBC_DRIVERS.values()) if os.path.exists(d.jar)),
 }
 
 
