@@ -222,6 +222,7 @@ class Applier:
         self.stats.rows_out += row_count(changes)
         self.monitor.flushed(changes, time.monotonic() - t0)
         log.debug("flushed %d net changes in %.3fs up to %s", len(changes), time.monotonic() - t0, state.position)
+        self.target.after_commit()
 
     # ------------------------------------------------------------------
     def handle(self, d: Delivery) -> None:

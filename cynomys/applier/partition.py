@@ -265,6 +265,9 @@ class PartitionTarget(Target):
     def housekeeping(self) -> dict[str, Any]:
         return self.inner.housekeeping()
 
+    def after_commit(self) -> None:
+        self.inner.after_commit()
+
     def idle(self) -> None:
         self.inner.idle()
 

@@ -323,6 +323,13 @@ class Target(ABC):
         status``; called after every flush, so it must be cheap."""
         return {}
 
+    def after_commit(self) -> None:
+        """Called once a flush is readable and counted (freshness, flush
+        time): work the flush owes the target that readers need not wait
+        for (Spark: maintenance of a table overdue for it).  Kept out of
+        ``apply`` so the freshness metric is the moment rows became
+        readable, not that moment plus a compaction."""
+
     def idle(self) -> None:
         """The applier has nothing buffered and nothing arrived: a moment
         for housekeeping off the critical path (Spark: table maintenance).

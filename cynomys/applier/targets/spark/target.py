@@ -552,9 +552,13 @@ class SparkTarget(StatefulTarget):
         log.info("flush seq %d: %d net changes in %.2fs (plan %.2fs; %s; state %.2fs)", state.seq,
                  sum(p.rows for p in plans), end - t0, t_plan - t0, "; ".join(spent) or "no rows", end - t1)
         self._last_state = state
-        # Maintenance runs when the applier is idle (``idle``); an applier
-        # that is never idle still maintains a table once it is overdue.
-        self._maintain(state, self.maintenance.due(OVERDUE))
+
+    def after_commit(self) -> None:
+        """Maintenance runs when the applier is idle (``idle``); an applier
+        that is never idle still maintains a table once it is overdue, here,
+        after the flush was counted readable (base.Target.after_commit)."""
+        if self._last_state is not None and self._stage_pid is None:
+            self._maintain(self._last_state, self.maintenance.due(OVERDUE))
 
     def idle(self) -> None:
         """Nothing to flush: maintain one due table off the critical path."""
@@ -859,7 +863,6 @@ class SparkTarget(StatefulTarget):
         self._last_state = state
         log.info("published a source transaction staged in parts: %d table(s) fast-forwarded, flush seq %d, "
                  "%.2fs", len(tables), state.seq, time.monotonic() - t0)
-        self._maintain(state, self.maintenance.due(OVERDUE))
 
     def rollback_parts(self) -> None:
         if self._stage_pid is not None:

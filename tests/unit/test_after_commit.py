@@ -1,0 +1,59 @@
+"""The target's after-commit work (Spark: maintenance of an overdue table)
+runs after the flush is counted readable, never inside it: the freshness
+metric and the flush time are the moment rows became readable, not that
+moment plus a compaction (base.Target.after_commit)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from cynomys.applier.targets.base import Flush
+from tests.fakes import (
+    FakeProducer,
+    FakeSource,
+    FakeStream,
+    FakeTarget,
+    Wire,
+    assert_target_at,
+    checked_store,
+    cutter,
+    fake_config,
+    make_applier,
+    publish,
+    random_workload,
+)
+
+
+class _Recording(FakeTarget):
+    def __init__(self, *args: Any, calls: list[str], **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.calls = calls
+
+    def apply(self, flush: Flush) -> None:
+        self.calls.append("apply")
+        super().apply(flush)
+
+    def after_commit(self) -> None:
+        self.calls.append("after_commit")
+
+
+def test_after_commit_follows_each_flush_once_it_was_counted(tmp_path: Path) -> None:
+    source = random_workload(FakeSource(), 3, txns=20, big=3, big_every=50)
+    store, stream, wire = checked_store(source), FakeStream(), Wire()
+    publish(stream, wire, FakeProducer(source, max_events=4, cut=cutter(3, 0.5)).run())
+    cfg = fake_config(tmp_path)
+    calls: list[str] = []
+    app = make_applier(cfg, _Recording(cfg, store, calls=calls), stream, wire, per_read=2)
+    counted = app.monitor.flushed
+
+    def flushed(*args: Any, **kw: Any) -> None:
+        calls.append("counted")
+        counted(*args, **kw)
+
+    app.monitor.flushed = flushed  # type: ignore[method-assign]
+    app.run(until_idle_s=1e-6)
+    assert_target_at(store, source)
+    flushes = calls.count("apply")
+    assert flushes >= 2, calls
+    # Every flush: applied, counted readable, then the after-commit work.
+    assert calls == ["apply", "counted", "after_commit"] * flushes, calls
