@@ -226,6 +226,23 @@ def spark_sums(work: Path, cfg: Path) -> list[str]:
         t.close()
 
 
+def duckdb_sums(work: Path) -> list[str]:
+    """The same sums on the DuckDB replica file (daemons stopped: one writer at a time)."""
+    import duckdb
+
+    con = duckdb.connect(str(work / "replica.duckdb"), read_only=True)
+    try:
+        got = con.execute(f"SELECT {', '.join(_SUMS)} FROM tpch.lineitem").fetchone()
+        assert got is not None
+        return [str(v) for v in got]
+    finally:
+        con.close()
+
+
+#: Sums of the replica, for targets that are not a MariaDB server.
+TARGET_SUMS = {"spark": spark_sums, "duckdb": lambda work, cfg: duckdb_sums(work)}
+
+
 def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, Any]:
     from cynomys.transport.keys import generate_keys
 
@@ -295,7 +312,7 @@ def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, 
             check = {"source": list(s), "target": list(t), "equal": s == t}
         else:
             want = [str(v) for v in src.execute(f"SELECT {', '.join(_SUMS)} FROM tpch.lineitem")[0]]
-            got = spark_sums(work, cfg)
+            got = TARGET_SUMS[kind](work, cfg)
             norm = [lambda v: re.sub(r"\.0+$|(\.\d*?)0+$", r"\1", v)]  # 12.50 vs 12.5
             check = {"source": want, "target": got,
                      "equal": [norm[0](v) for v in want] == [norm[0](v) for v in got]}
