@@ -220,7 +220,7 @@ class Applier:
             self.target.apply(flush)
         self.stats.flushes += 1
         self.stats.rows_out += row_count(changes)
-        self.monitor.flushed(changes, time.monotonic() - t0)
+        self.monitor.flushed(changes, time.monotonic() - t0, self.target.visible_at())
         log.debug("flushed %d net changes in %.3fs up to %s", len(changes), time.monotonic() - t0, state.position)
         self.target.after_commit()
 

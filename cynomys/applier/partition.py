@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import zlib
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Mapping
 
 from cynomys.applier.targets.base import Flush, Target
 from cynomys.core.config import Config
@@ -264,6 +264,9 @@ class PartitionTarget(Target):
 
     def housekeeping(self) -> dict[str, Any]:
         return self.inner.housekeeping()
+
+    def visible_at(self) -> Mapping[str, float]:
+        return self.inner.visible_at()
 
     def after_commit(self) -> None:
         self.inner.after_commit()

@@ -38,7 +38,7 @@ import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import HistogramMetricFamily
@@ -98,7 +98,19 @@ class CommitEstimator:
 
     def estimate(self, batch: Batch, skew: Skew) -> list[tuple[float, int]]:
         """[(estimated commit time, transactions)] for ``batch``."""
-        commits = {c.tid: c.commit_ts for c in batch.changes if c.op in LIVE_OPS}
+        return [(t, n) for t, n, _ in self.estimate_tables(batch, skew)]
+
+    def estimate_tables(self, batch: Batch, skew: Skew) -> list[tuple[float, int, frozenset[str]]]:
+        """[(estimated commit time, transactions, their tables "db.table")]
+        for ``batch``: transactions of one second and one set of tables
+        share an entry (a target readable table by table, Spark/Iceberg,
+        makes each readable when the last of its tables is)."""
+        commits: dict[str, int] = {}
+        tables: dict[str, set[str]] = {}
+        for c in batch.changes:
+            if c.op in LIVE_OPS:
+                commits[c.tid] = c.commit_ts
+                tables.setdefault(c.tid, set()).add(f"{c.database}.{c.table}")
         if not batch.complete and commits:
             # The last transaction goes on in the next envelope: counted
             # there, where it ends (its first change is the latest to start).
@@ -108,8 +120,9 @@ class CommitEstimator:
         previous = self._sealed.get(batch.producer_id)
         if sealed is not None:
             self._sealed[batch.producer_id] = sealed
-        out: list[tuple[float, int]] = []
-        for second, n in Counter(commits.values()).items():
+        out: list[tuple[float, int, frozenset[str]]] = []
+        groups = Counter((second, frozenset(tables[tid])) for tid, second in commits.items())
+        for (second, where), n in groups.items():
             if not second:
                 continue  # no source time (not a binlog change)
             lo = second - skew.source_s
@@ -120,7 +133,7 @@ class CommitEstimator:
                 lo = previous
             if hi <= lo:  # the bounds disagree (a clock moved since it was measured): the second alone
                 lo, hi = second - skew.source_s, second - skew.source_s + 1.0
-            out.append(((lo + hi) / 2, n))
+            out.append(((lo + hi) / 2, n, where))
         return out
 
 
@@ -227,7 +240,7 @@ class Freshness:
                                       registry=registry)
         self.skew = Skew()
         self._estimator = CommitEstimator()
-        self._pending: list[tuple[float, int]] = []
+        self._pending: list[tuple[float, int, frozenset[str]]] = []
         self._recent: deque[tuple[float, float, int]] = deque()  # (monotonic time, freshness, weight)
         self._last_flush: float | None = None
         self.set_skew(self.skew)
@@ -240,7 +253,7 @@ class Freshness:
         self.skew_uncertainty.set(skew.uncertainty_s)
 
     def taken(self, batch: Batch) -> None:
-        self._pending.extend(self._estimator.estimate(batch, self.skew))
+        self._pending.extend(self._estimator.estimate_tables(batch, self.skew))
 
     def dropped(self) -> None:
         """The applier's loop failed and restarts: what it had taken is
@@ -248,18 +261,22 @@ class Freshness:
         self._pending.clear()
         self._estimator.forget()
 
-    def flushed(self, visible: float) -> None:
+    def flushed(self, visible: float, tables_at: Mapping[str, float] | None = None) -> None:
         """A flush committed at ``visible`` (applier clock, seconds since
-        the epoch): everything taken since the last one is readable."""
+        the epoch): everything taken since the last one is readable.
+        ``tables_at``: where tables became readable one by one (Spark/
+        Iceberg: a commit per table, base.Target.visible_at), the moment
+        each did; a transaction is readable once the last of its tables is."""
         if not self._pending:
             return
         mono = time.monotonic()
-        newest = max(t for t, _ in self._pending)
-        for committed, n in self._pending:
+        for committed, n, where in self._pending:
+            at = max((tables_at.get(t, visible) for t in where), default=visible) if tables_at else visible
             # Below 0 only by a clock error larger than its uncertainty.
-            age = max(0.0, visible - committed)
+            age = max(0.0, at - committed)
             self.histogram.observe(age, n)
             self._recent.append((mono, age, n))
+        newest = max(t for t, _, _ in self._pending)
         self._pending.clear()
         self._last_flush = max(0.0, visible - newest)
         self.last.set(self._last_flush)

@@ -38,7 +38,7 @@ import math
 import threading
 import time
 from collections import Counter as Tally
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
@@ -429,9 +429,11 @@ class ApplierMonitor(_Monitor):
         self._newest = batch.end
         self.freshness.taken(batch)
 
-    def flushed(self, changes: Iterable[Change], seconds: float) -> None:
-        """Called right after the flush's target transaction committed."""
-        self.freshness.flushed(time.time())
+    def flushed(self, changes: Iterable[Change], seconds: float, tables_at: Mapping[str, float] | None = None) -> None:
+        """Called right after the flush's target transaction committed;
+        ``tables_at``: the target's Target.visible_at (tables readable one
+        by one)."""
+        self.freshness.flushed(time.time(), tables_at)
         self.flush_s.observe(seconds)
         for table, n in _tally(c for c in changes if c.op is not Op.DDL).items():
             self.rows_out.labels(table).inc(n)

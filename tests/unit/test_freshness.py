@@ -100,6 +100,28 @@ def test_flush_observes_each_transaction_with_its_commit() -> None:
     assert f.summary()["transactions"] == 901
 
 
+def test_tables_readable_one_by_one_count_each_transaction_at_its_last_table() -> None:
+    """Spark/Iceberg commits table by table: a transaction is readable when
+    the last of its tables is; a table the target did not name is readable
+    at the flush's end."""
+    other = TableSchema("d", "u", (ColumnDef("id", "int", False),), ("id",))
+
+    def on(table: str, tid: int) -> Change:
+        c = _change(tid, T0)
+        return c if table == "t" else Change(c.op, "d", table, c.tid, c.txn, c.commit_ts, other, None, c.after)
+
+    f = Freshness(CollectorRegistry())
+    # Sealed at T0 + 0.2: every transaction committed at T0 + 0.1 (estimate).
+    f.taken(_batch([on("t", 1), on("t", 2), on("u", 3), on("t", 4), on("u", 4), on("v", 5)], T0 + 0.2))
+    f.flushed(T0 + 3.0, {"d.t": T0 + 1.0, "d.u": T0 + 2.0})
+    ages = sorted((round(age, 3), n) for _, age, n in f._recent)
+    # t alone (1, 2) at 1.0; u alone (3) and t+u (4) at 2.0; v, unnamed, at the flush's end 3.0.
+    assert ages == [(0.9, 2), (1.9, 1), (1.9, 1), (2.9, 1)]
+    f.taken(_batch([on("t", 6)], T0 + 0.2))
+    f.flushed(T0 + 3.0)  # no per-table moments: the flush's end for all
+    assert [round(age, 3) for _, age, _ in f._recent][-1] == 2.9
+
+
 def test_a_failed_loop_forgets_what_it_took() -> None:
     f = Freshness(CollectorRegistry())
     f.taken(_batch([_change(1, T0)], T0 + 0.2))

@@ -16,7 +16,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
+from typing import Any, Callable, ClassVar, Mapping, Protocol, runtime_checkable
 
 from cynomys.core.columnar import InsertRun
 from cynomys.core.config import Config
@@ -321,6 +321,14 @@ class Target(ABC):
         """What the target does to its tables on its own (Spark: maintenance
         settings and latest runs), for ``applier.json`` and ``cynomys
         status``; called after every flush, so it must be cheap."""
+        return {}
+
+    def visible_at(self) -> Mapping[str, float]:
+        """Where a flush's tables become readable one by one (Spark/Iceberg:
+        a commit per table, then the state), the moment (``time.time()``)
+        each of the last flush's tables did, by "db.table"; {} when the
+        whole flush became readable at once, at its commit.  Freshness
+        counts a transaction readable when the last of its tables is."""
         return {}
 
     def after_commit(self) -> None:

@@ -116,7 +116,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, ClassVar, ContextManager, Iterator, Sequence
+from typing import Any, ClassVar, ContextManager, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -235,6 +235,8 @@ class SparkTarget(StatefulTarget):
         self.maintenance = Maintenance(self.settings)
         self._housekeeping: dict[str, Any] | None = None
         self._last_state: AppliedState | None = None  # what the last flush committed (maintenance checks it)
+        # "db.table" -> when the last flush's commit of it ended (readable): base.Target.visible_at
+        self._visible: dict[str, float] = {}
         self._spool_dir: Path | None = None
         self._warming: threading.Thread | None = None  # warmup.py, started by connect
         # A transaction staged in parts: its producer, the state recorded when
@@ -523,9 +525,13 @@ class SparkTarget(StatefulTarget):
     # ------------------------------------------------------------------
     # Flush
     # ------------------------------------------------------------------
+    def visible_at(self) -> Mapping[str, float]:
+        return self._visible
+
     def apply(self, flush: Flush) -> None:
         t0 = time.monotonic()
         state = flush.state
+        self._visible = {}
         what = f"applying a flush of {len(flush.tables)} table(s) up to {state.position} on {self.where}"
         with self.edge(what):
             # Read, not cached: what the tables are compared with must be what
@@ -718,7 +724,11 @@ class SparkTarget(StatefulTarget):
         pins each Python thread to its own JVM thread (checked in _commit)."""
         def one(plan: TablePlan) -> tuple[bool, float]:
             t0 = time.monotonic()
-            return self._commit(plan, state, recorded), time.monotonic() - t0
+            committed = self._commit(plan, state, recorded)
+            # Readable from here on (each table is its own Iceberg commit);
+            # from several threads: one dict store each.
+            self._visible[f"{plan.schema.database}.{plan.schema.table}"] = time.time()
+            return committed, time.monotonic() - t0
 
         def record(plan: TablePlan, committed: bool, seconds: float) -> None:
             if committed:
@@ -846,8 +856,10 @@ class SparkTarget(StatefulTarget):
                 written = {(p.schema.database, p.schema.table) for p in plans}
                 for database, table in sorted(self._staged - written):
                     self.iceberg.commit_empty(database, table, marker(state), branch)
+                self._visible = {}
                 for database, table in sorted(self._staged):
                     self.iceberg.fast_forward(database, table, branch)
+                    self._visible[f"{database}.{table}"] = time.time()
                     published.append((database, table))
                 self.record_state(state)
             except BaseException:
