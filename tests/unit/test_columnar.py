@@ -108,7 +108,9 @@ def _bulk(envelopes: list[bytes], columnar: bool, flush_every: int) -> tuple[lis
         if (i + 1) % flush_every == 0 or i == len(envelopes) - 1:
             flush = build_flush(buf.take(), AppliedState("p", 1, Position("b", 1)), columnar)
             for tf in flush.tables:
-                deletes = sorted(map(repr, tf.delete_keys))
+                # What a target deletes first: the keys deleted, and a READ
+                # run's keys (an upsert; not in delete_keys column-wise).
+                deletes = sorted(map(repr, tf.delete_keys + tf.read_keys()))
                 files.append(repr(deletes).encode() + b"\n" + ColumnStoreTarget.load_data_bytes(tf.schema, tf.inserts, tf.runs))
     return files, runs
 

@@ -74,7 +74,10 @@ class TableFlush:
     Keyless tables: changes fold as a multiset of whole rows;
     ``delete_rows`` maps a row image to how many copies to remove.
     ``runs``: more final images to add, column-wise (core.columnar), for
-    targets with ``Capabilities.columnar_inserts``."""
+    targets with ``Capabilities.columnar_inserts``.  A READ run (snapshot
+    rows) is an upsert whose keys are *not* in ``delete_keys``: a target
+    replaces by key where it can, else deletes ``read_keys()`` first (a
+    key tuple per row is Python work a replacing target need not pay)."""
 
     schema: TableSchema
     delete_keys: list[tuple[Value, ...]] = field(default_factory=list)
@@ -86,6 +89,10 @@ class TableFlush:
     def rows(self) -> int:
         return (len(self.delete_keys) + sum(self.delete_rows.values()) + len(self.inserts)
                 + sum(r.rows for r in self.runs))
+
+    def read_keys(self) -> list[tuple[Value, ...]]:
+        """Primary-key values of the READ runs' rows (snapshot upserts)."""
+        return [k for run in self.runs if run.op is Op.READ for k in run_keys(run)]
 
     def insert_keys(self) -> list[tuple[Value, ...]]:
         """Primary-key values of every row to insert (``inserts``, then ``runs``)."""
@@ -179,12 +186,12 @@ def _build_flush(changes: list[Change], state: AppliedState, columnar: bool) -> 
                 raise _MixedShapes()
             tf = by_table[ident] = TableFlush(c.schema)
         if type(c) is InsertRun:  # inserts of new keys, or snapshot reads (runs exist for keyed tables only)
-            if c.op is Op.READ:
-                # READ is an upsert: the key's row the target may hold goes first.
-                tf.delete_keys.extend(run_keys(c))
             if columnar:
-                tf.runs.append(c)
+                tf.runs.append(c)  # a READ run upserts: TableFlush.read_keys
             else:
+                if c.op is Op.READ:
+                    # READ is an upsert: the key's row the target may hold goes first.
+                    tf.delete_keys.extend(run_keys(c))
                 tf.inserts.extend(c.images())
         elif c.schema.key:
             idx = c.schema.key_indexes()

@@ -389,10 +389,14 @@ class ColumnStoreTarget(SqlTarget):
             # Snapshot rows (READ runs) go in with LOAD DATA ... REPLACE: the
             # primary key replaces whatever the target holds for them, so their
             # keys need no DELETE first (one DELETE of 1000 keys cost ~90 ms on
-            # this loaded box: more than loading the rows).
-            replaced = {k for run in upserts for k in run_keys(run)}
-            keys = [k for k in keys if k not in replaced]
+            # this loaded box: more than loading the rows).  A key deleted
+            # by the log and read again in the same flush: the read row wins.
+            if keys:
+                replaced = {k for run in upserts for k in run_keys(run)}
+                keys = [k for k in keys if k not in replaced]
             runs = [r for r in tf.runs if r.op is not Op.READ]
+        else:
+            keys += tf.read_keys()  # READ is an upsert: the row the target may hold goes first
         if self.profile.delete_inserted_keys and schema.key:
             keys += tf.insert_keys()
         self._delete_keys(cur, schema, list(dict.fromkeys(keys)))  # one pass, each key once

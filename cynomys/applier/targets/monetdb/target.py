@@ -498,7 +498,8 @@ class MonetDBTarget(SqlTarget):
     def _apply_table(self, cur: Cursor, tf: TableFlush) -> None:
         schema = tf.schema
         codecs = self.codecs(schema)
-        self._delete_keys(cur, schema, codecs, list(dict.fromkeys(tf.delete_keys)))  # each key once
+        # READ runs upsert: the rows the target may hold for their keys go first.
+        self._delete_keys(cur, schema, codecs, list(dict.fromkeys(tf.delete_keys + tf.read_keys())))  # each key once
         inserts = list(tf.inserts)
         for row, n in tf.delete_rows.items():
             inserts.extend(self._delete_row(cur, schema, codecs, row, n))
@@ -508,7 +509,7 @@ class MonetDBTarget(SqlTarget):
             else:
                 self._insert_rows(cur, schema, codecs, inserts)
         if tf.runs:
-            # Column-wise (InsertRuns; READ runs' keys are in delete_keys).
+            # Column-wise (InsertRuns; READ runs' keys were deleted above).
             if self.use_copy:
                 self._copy_runs(cur, schema, codecs, tf.runs)
             else:

@@ -13,9 +13,9 @@ import pyarrow.compute as pc
 from pyspark.sql import types as T
 
 from cynomys.applier.targets import state as applied_state
-from cynomys.applier.targets.base import TableFlush, run_keys
+from cynomys.applier.targets.base import TableFlush
 from cynomys.core.dialect import SPARK
-from cynomys.core.model import AppliedState, Op, Row, TableSchema, Value
+from cynomys.core.model import AppliedState, Row, TableSchema, Value
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +116,10 @@ def keyed_rows(tf: TableFlush) -> tuple[list[Row], list[str], list[int | None]]:
     if len(latest) < len(tf.inserts):
         log.warning("table %s: %d final images share a key; the last one of each key is kept",
                     tf.schema.name, len(tf.inserts) - len(latest))
-    # A snapshot's READ runs: build_flush deletes their keys first, but the
-    # MERGE upserts run rows ('U') anyway, and a key may be one source row only.
-    upserted = {k for run in tf.runs if run.op is Op.READ for k in run_keys(run)}
+    # A snapshot's READ runs: the MERGE upserts run rows ('U'), and a key may
+    # be one source row only, so a key the log deleted and a READ row brings
+    # back is not also a 'D' row (their keys are not in delete_keys).
+    upserted = set(tf.read_keys()) if tf.delete_keys else set()
     deleted = [k for k in dict.fromkeys(tf.delete_keys) if k not in latest and k not in upserted]
     width = len(tf.schema.columns)
     rows: list[Row] = list(latest.values())

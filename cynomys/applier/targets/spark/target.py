@@ -162,7 +162,7 @@ from cynomys.applier.targets.stateful import StatefulTarget
 from cynomys.core.columnar import InsertRun
 from cynomys.core.config import Config
 from cynomys.core.errors import CynomysError, TargetRejectedError, TargetUnavailableError
-from cynomys.core.model import AppliedState, Change, ColumnDef, RawTemporal, Row, TableSchema, Value
+from cynomys.core.model import AppliedState, Change, ColumnDef, Op, RawTemporal, Row, TableSchema, Value
 from cynomys.verify.checksum import KeyRange
 
 log = logging.getLogger(__name__)
@@ -660,12 +660,13 @@ class SparkTarget(StatefulTarget):
                                     if any(c.name == k for c in companions)]
         have = {c.lower() for c in written}
         absent = {f.name: f.dataType.simpleString() for f in layout.fields.values() if f.name.lower() not in have}
-        if schema.key and not tf.delete_keys and self.append_new_keys:
+        if schema.key and not tf.delete_keys and self.append_new_keys \
+                and not any(r.op is Op.READ for r in runs):
             # Only inserts: every key is new to the source, and the table is
             # an exact replica at the previous flush (the markers roll back
             # anything ahead), so none of them can be there.  No MERGE, no
-            # scan of the table.  (Snapshot reads and updates come with a
-            # delete key, so they never take this path.)
+            # scan of the table.  (Updates come with a delete key, and
+            # snapshot reads are upserts: they never take this path.)
             sql = append(name, written, absent)
         elif schema.key:
             null_safe = frozenset(match) if self.null_safe_keys else frozenset(
