@@ -41,7 +41,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import RESULTS, daemon, redis_config, write_result  # noqa: E402
 from bench.lineitem import applied_position, target_section  # noqa: E402
-from bench.tpch import LINEITEM_DDL, _extension  # noqa: E402
+from bench.tpch import LINEITEM_DDL, _extension, dbgen_scale  # noqa: E402
 from cynomys.sandbox.mariadb import MariaDBServer  # noqa: E402
 from cynomys.sandbox.redis import RedisProcess  # noqa: E402
 
@@ -67,13 +67,16 @@ def chunk_files(rows: int, folder: Path) -> list[Path]:
     import duckdb
 
     folder.mkdir(parents=True, exist_ok=True)
-    sf = max(0.01, round(rows / 6_000_000 + 0.005, 3))
+    sf = dbgen_scale(rows)
     con = duckdb.connect(config={"allow_unsigned_extensions": "true"})
     con.execute(f"LOAD '{_extension()}'")
     print(f"dbgen sf={sf} for {rows:,} rows ...", flush=True)
     con.execute(f"CALL dbgen(sf={sf})")
     con.execute(f"CREATE TABLE li AS SELECT * FROM lineitem ORDER BY l_orderkey, l_linenumber LIMIT {int(rows)}")
     con.execute("DROP TABLE lineitem")
+    made = con.execute("SELECT count(*) FROM li").fetchone()
+    if made is None or made[0] < rows:  # a size measured must be the size asked for
+        raise SystemExit(f"dbgen sf={sf} made {made} lineitem rows, fewer than the {rows:,} asked for")
     files = []
     for i, start in enumerate(range(0, rows, CHUNK)):
         path = folder / f"lineitem-{i:03d}.tsv"

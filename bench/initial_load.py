@@ -52,7 +52,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import RESULTS, daemon, redis_config, tear_down, write_result  # noqa: E402
 from bench.lineitem import TARGET_SECTIONS, applied_position  # noqa: E402
-from bench.tpch import LINEITEM_DDL, _extension  # noqa: E402
+from bench.tpch import LINEITEM_DDL, _extension, dbgen_scale  # noqa: E402
 from cynomys.sandbox.mariadb import MariaDBServer  # noqa: E402
 from cynomys.sandbox.redis import RedisProcess  # noqa: E402
 
@@ -61,15 +61,10 @@ COLUMNS = ("l_orderkey, l_partkey, l_suppkey, l_linenumber, l_quantity, l_extend
 
 
 def make_tsv(rows: int, path: Path) -> None:
-    """``rows`` lineitem rows as a tab-separated file (duckdb's dbgen; past
-    one scale factor it makes whole ones only: sf 1.67 gave sf 1's 6.0M)."""
-    import math
-
+    """``rows`` lineitem rows as a tab-separated file (duckdb's dbgen)."""
     import duckdb
 
-    sf = max(0.01, round(rows / 6_000_000 + 0.005, 3))
-    if sf > 1:
-        sf = math.ceil(rows / 5_900_000)
+    sf = dbgen_scale(rows)
     con = duckdb.connect(config={"allow_unsigned_extensions": "true"})
     con.execute(f"LOAD '{_extension()}'")
     con.execute(f"CALL dbgen(sf={sf})")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import math
 import os
 import threading
 import time
@@ -26,6 +27,14 @@ def _extension() -> str:
     if not found:
         raise SystemExit("tpch.duckdb_extension not found: pip install duckdb-extension-tpch")
     return found[0]
+
+
+def dbgen_scale(rows: int) -> float:
+    """A dbgen scale factor giving at least ``rows`` lineitem rows (about
+    6M per unit).  Past one, duckdb's dbgen makes whole scale factors only:
+    sf 1.67 gave sf 1's 6.0M rows, so it is rounded up to a whole one."""
+    sf = max(0.01, round(rows / 6_000_000 + 0.005, 3))
+    return float(math.ceil(rows / 5_900_000)) if sf > 1 else sf
 
 
 def lineitem(rows: int) -> list[tuple[Any, ...]]:
