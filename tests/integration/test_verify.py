@@ -108,7 +108,11 @@ class SparkSide:
                     self.target.spark.sql(s.replace("app.", f"{self.target.catalog}.app."))
                     break
                 except Exception as exc:
-                    if "conflict" not in str(exc).lower() and "CommitFailed" not in str(exc) or attempt == 19:
+                    # (Iceberg 1.10 also says "Can't index multiple DVs" for a
+                    # conflict with a DV the applier replaced: apache/iceberg#17764.)
+                    conflict = any(m in str(exc) for m in ("CommitFailed", "Can't index multiple DVs")) \
+                        or "conflict" in str(exc).lower()
+                    if not conflict or attempt == 19:
                         raise
                     time.sleep(0.5)
 

@@ -21,6 +21,11 @@ class _JavaError(Exception):
     "records matching ((not_null(ref(name=\"id\")) and ref(name=\"id\") >= 5000) and ref(name=\"id\") <= 6000)",
     "org.apache.iceberg.exceptions.ValidationException: Found conflicting files that can contain records matching true",
     "org.apache.iceberg.exceptions.CommitFailedException: Cannot commit: stale table metadata",
+    # Seen in the Spark verify test when another writer replaced a DV during the commit (apache/iceberg#17764).
+    "org.apache.iceberg.exceptions.ValidationException: Can't index multiple DVs for /w/app/acct/data/00000-162-05fb"
+    "-00001.parquet: DV{location=/w/app/acct/data/00000-180-f5b4-00001-deletes.puffin, offset=4, length=111, "
+    "referencedDataFile=/w/app/acct/data/00000-162-05fb-00001.parquet} and DV{location=/w/app/acct/data/00000-200-"
+    "dbfb-00001-deletes.puffin, offset=4, length=67, referencedDataFile=/w/app/acct/data/00000-162-05fb-00001.parquet}",
 ])
 def test_a_concurrent_committer_is_transient(trace: str) -> None:
     err = translate(_JavaError(trace), "applying a flush")
