@@ -106,11 +106,11 @@ class CommitEstimator:
         share an entry (a target readable table by table, Spark/Iceberg,
         makes each readable when the last of its tables is)."""
         commits: dict[str, int] = {}
-        tables: dict[str, set[str]] = {}
+        tables: dict[str, set[tuple[str, str]]] = {}  # named "db.table" once per entry, not per change
         for c in batch.changes:
             if c.op in LIVE_OPS:
                 commits[c.tid] = c.commit_ts
-                tables.setdefault(c.tid, set()).add(f"{c.database}.{c.table}")
+                tables.setdefault(c.tid, set()).add((c.database, c.table))
         if not batch.complete and commits:
             # The last transaction goes on in the next envelope: counted
             # there, where it ends (its first change is the latest to start).
@@ -122,9 +122,10 @@ class CommitEstimator:
             self._sealed[batch.producer_id] = sealed
         out: list[tuple[float, int, frozenset[str]]] = []
         groups = Counter((second, frozenset(tables[tid])) for tid, second in commits.items())
-        for (second, where), n in groups.items():
+        for (second, pairs), n in groups.items():
             if not second:
                 continue  # no source time (not a binlog change)
+            where = frozenset(f"{d}.{t}" for d, t in pairs)
             lo = second - skew.source_s
             hi = lo + 1.0
             if sealed is not None:
