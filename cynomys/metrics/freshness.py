@@ -96,11 +96,7 @@ class CommitEstimator:
         """After the applier's loop restarts: what comes next may be re-sent."""
         self._sealed.clear()
 
-    def estimate(self, batch: Batch, skew: Skew) -> list[tuple[float, int]]:
-        """[(estimated commit time, transactions)] for ``batch``."""
-        return [(t, n) for t, n, _ in self.estimate_tables(batch, skew)]
-
-    def estimate_tables(self, batch: Batch, skew: Skew) -> list[tuple[float, int, frozenset[str]]]:
+    def estimate(self, batch: Batch, skew: Skew) -> list[tuple[float, int, frozenset[str]]]:
         """[(estimated commit time, transactions, their tables "db.table")]
         for ``batch``: transactions of one second and one set of tables
         share an entry (a target readable table by table, Spark/Iceberg,
@@ -254,7 +250,7 @@ class Freshness:
         self.skew_uncertainty.set(skew.uncertainty_s)
 
     def taken(self, batch: Batch) -> None:
-        self._pending.extend(self._estimator.estimate_tables(batch, self.skew))
+        self._pending.extend(self._estimator.estimate(batch, self.skew))
 
     def dropped(self) -> None:
         """The applier's loop failed and restarts: what it had taken is

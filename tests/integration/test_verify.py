@@ -90,8 +90,10 @@ class SparkSide:
 
     def execute(self, *sql: str) -> None:
         from cynomys.applier.targets.base import open_target
+        from cynomys.applier.targets.spark import session as spark_session
         from cynomys.applier.targets.spark.config import SparkConfig
         from cynomys.core.config import load_config
+        from cynomys.core.errors import TargetUnavailableError
 
         if self.target is None:
             assert self.cfg_path is not None
@@ -108,10 +110,9 @@ class SparkSide:
                     self.target.spark.sql(s.replace("app.", f"{self.target.catalog}.app."))
                     break
                 except Exception as exc:
-                    # (Iceberg 1.10 also says "Can't index multiple DVs" for a
-                    # conflict with a DV the applier replaced: apache/iceberg#17764.)
-                    conflict = any(m in str(exc) for m in ("CommitFailed", "Can't index multiple DVs")) \
-                        or "conflict" in str(exc).lower()
+                    # A conflict is what the applier's own retry policy calls
+                    # transient (spark/session.py TRANSIENT_MARKERS).
+                    conflict = isinstance(spark_session.translate(exc, "tampering"), TargetUnavailableError)
                     if not conflict or attempt == 19:
                         raise
                     time.sleep(0.5)

@@ -728,7 +728,7 @@ class SparkTarget(StatefulTarget):
             committed = self._commit(plan, state, recorded)
             # Readable from here on (each table is its own Iceberg commit);
             # from several threads: one dict store each.
-            self._visible[f"{plan.schema.database}.{plan.schema.table}"] = time.time()
+            self._visible[plan.schema.name] = time.time()
             return committed, time.monotonic() - t0
 
         def record(plan: TablePlan, committed: bool, seconds: float) -> None:
