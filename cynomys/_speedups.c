@@ -1004,7 +1004,7 @@ static PyObject *encode_batch(PyObject *self, PyObject *args) {
     Buf b = {NULL, 0, 0};
     Tables ts = {0};
     Py_ssize_t nchanges = PyTuple_GET_SIZE(changes);
-    /* per change: table ref, before image, after image (a ReadRows: its first
+    /* per change: table ref, before image, after image (a ManyRows: its first
      * row's image; its rows' images follow each other), rows (-1: a Change) */
     Py_ssize_t *refs = PyMem_Malloc(4 * (nchanges ? nchanges : 1) * sizeof(Py_ssize_t));
     Py_ssize_t nrecords = 0;
@@ -1023,11 +1023,11 @@ static PyObject *encode_batch(PyObject *self, PyObject *args) {
         }
         Py_DECREF(schema);  /* the change keeps it alive */
         if (read_rows_type && (PyObject *)Py_TYPE(c) == read_rows_type) {
-            /* a snapshot chunk (core.columnar.ReadRows): one READ record per row */
+            /* a ManyRows (core.columnar): one record of its op per row */
             PyObject *reads = PyObject_GetAttr(c, S_reads);
             if (!reads) goto done;
             Py_DECREF(reads);  /* borrowed from the change */
-            if (ref < 0 || !PyTuple_CheckExact(reads)) { fallback("ReadRows the pure encoder must judge"); goto done; }
+            if (ref < 0 || !PyTuple_CheckExact(reads)) { fallback("ManyRows the pure encoder must judge"); goto done; }
             Py_ssize_t n = PyTuple_GET_SIZE(reads), first = -1;
             for (Py_ssize_t j = 0; j < n; j++) {
                 PyObject *row = PyTuple_GET_ITEM(reads, j);
@@ -1089,7 +1089,7 @@ static PyObject *encode_batch(PyObject *self, PyObject *args) {
     if (nrecords && put_long(&b, nrecords) < 0) goto done;
     for (Py_ssize_t i = 0; i < nchanges; i++) {
         PyObject *c = PyTuple_GET_ITEM(changes, i), *v;
-        Py_ssize_t head = b.len;  /* a ReadRows repeats this record's header for each row */
+        Py_ssize_t head = b.len;  /* a ManyRows repeats this record's header for each row */
         if (put_attr_str(&b, c, S_tid) < 0 || put_attr_str(&b, c, S_database) < 0
             || put_attr_str(&b, c, S_table) < 0)
             goto done;
@@ -1575,7 +1575,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     INTERN(S_table, "table"); INTERN(S_columns, "columns"); INTERN(S_key, "key"); INTERN(S_name, "name");
     INTERN(S_type, "type"); INTERN(S_nullable, "nullable"); INTERN(S_tid, "tid"); INTERN(S_sql, "sql");
     INTERN(S_op, "op"); INTERN(S_txn, "txn"); INTERN(S_commit_ts, "commit_ts"); INTERN(S_schema, "schema");
-    INTERN(S_before, "before"); INTERN(S_after, "after"); INTERN(S_reads, "reads");
+    INTERN(S_before, "before"); INTERN(S_after, "after"); INTERN(S_reads, "images");
 #undef INTERN
     return m;
 fail:

@@ -88,6 +88,7 @@ def json_line(c: Change) -> str:
 
 def decode(paths: Sequence[str], start: int = 0, stop: int = 0) -> Iterator[Any]:
     """Changes and commits of binlog files, as the producer assembles them."""
+    from cynomys.core.columnar import ManyRows
     from cynomys.parser.files import FileReader, binlog_order
     from cynomys.parser.stream import BinlogSource
     from cynomys.parser.txn import Assembler
@@ -100,7 +101,9 @@ def decode(paths: Sequence[str], start: int = 0, stop: int = 0) -> Iterator[Any]
     asm = Assembler()
     try:
         for ev in source:
-            yield from asm.feed(ev)
+            for item in asm.feed(ev):
+                # A bulk insert's one item (core.columnar.ManyRows): printed row by row.
+                yield from item.as_changes() if type(item) is ManyRows else (item,)
     finally:
         source.close()
 

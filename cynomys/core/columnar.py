@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from cynomys.core.model import Change, Op, Row, TableSchema, Value
+from cynomys.core.model import Change, Row, TableSchema, Value
 
 #: Rows per piece of a bulk-load file written at once, row images and runs
 #: alike: bounds what a flush holds in memory (about 1.5 MB of lineitem
@@ -147,19 +147,29 @@ class InsertRun(Change):
         return out
 
 
-@dataclass(frozen=True, eq=False)
-class ReadRows(Change):
-    """The producer's form of one snapshot chunk: ``reads``, the chunk's
-    after images, each a READ change of the same transaction, table and
-    position (``op`` READ, ``before``/``after`` None).  One object instead of
-    one ``Change`` per row: building the Changes cost the producer more than
-    encoding them.  The codec writes one READ record per row, exactly what
-    as many Changes give (codec.encode_pure is the reference, the compiled
-    writer its twin), so the wire and the applier do not know the form.
-    The fold keeps it as one slot behind a barrier (reducer/fold.py).
-    Identity equality, as InsertRun."""
+#: A binlog INSERT event of at least this many rows is assembled as one
+#: ``ManyRows`` (parser/txn.py) instead of a ``Change`` per row: past a few
+#: rows the per-row objects, the fold, the tasks' and the metrics' look at
+#: each change were more than half of the producer's time on a bulk insert
+#: (bench/decode.py).  Smaller events (OLTP) keep a Change per row, which
+#: the producer folds with the changes around it.
+MANY_ROWS_MIN = 16
 
-    reads: tuple[Row, ...] = ()
+
+@dataclass(frozen=True, eq=False)
+class ManyRows(Change):
+    """Many after images of one op (INSERT or READ), one source transaction,
+    one table and position, as one object: ``images``, each one change
+    (``before``/``after`` None).  The producer's form of a snapshot chunk
+    (READ) and of a binlog INSERT event of ``MANY_ROWS_MIN`` rows or more.
+    One object instead of one ``Change`` per row: building the Changes cost
+    the producer more than encoding them.  The codec writes one record of
+    ``op`` per row, exactly what as many Changes give (codec.encode_pure is
+    the reference, the compiled writer its twin), so the wire and the
+    applier do not know the form.  The fold keeps it as one slot behind a
+    barrier (reducer/fold.py).  Identity equality, as InsertRun."""
+
+    images: tuple[Row, ...] = ()
 
     def __eq__(self, other: object) -> bool:
         return self is other
@@ -169,13 +179,13 @@ class ReadRows(Change):
 
     @property
     def rows(self) -> int:
-        return len(self.reads)
+        return len(self.images)
 
     def as_changes(self) -> list[Change]:
-        return [Change(Op.READ, self.database, self.table, self.tid, self.txn, self.commit_ts, self.schema, None, r,
-                       None) for r in self.reads]
+        return [Change(self.op, self.database, self.table, self.tid, self.txn, self.commit_ts, self.schema, None, r,
+                       None) for r in self.images]
 
 
 def row_count(changes: Iterable[Change]) -> int:
-    """How many row changes ``changes`` hold (an InsertRun or ReadRows counts its rows)."""
-    return sum(c.rows if type(c) is InsertRun or type(c) is ReadRows else 1 for c in changes)
+    """How many row changes ``changes`` hold (an InsertRun or ManyRows counts its rows)."""
+    return sum(c.rows if type(c) is InsertRun or type(c) is ManyRows else 1 for c in changes)

@@ -44,7 +44,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 
 from cynomys.core.checkpoint import write_json_atomic
-from cynomys.core.columnar import InsertRun
+from cynomys.core.columnar import InsertRun, ManyRows
 from cynomys.core.config import Config
 from cynomys.core.errors import CynomysError, SourceUnavailableError, TargetUnavailableError
 from cynomys.core.model import Change, Op, Position
@@ -69,10 +69,10 @@ def _table(c: Change) -> str:
 
 
 def _tally(changes: Iterable[Change]) -> Tally[str]:
-    """Row changes per table (an InsertRun counts its rows)."""
+    """Row changes per table (an InsertRun or a ManyRows counts its rows)."""
     out: Tally[str] = Tally()
     for c in changes:
-        out[_table(c)] += c.rows if type(c) is InsertRun else 1
+        out[_table(c)] += c.rows if type(c) is InsertRun or type(c) is ManyRows else 1
     return out
 
 
@@ -326,11 +326,12 @@ class ProducerMonitor(_Monitor):
                        "measured_at": time.time()}
 
     # -- hooks (called from the producer's loop thread) ------------------
-    def change_in(self, change: Change) -> None:
-        self._in[_table(change)] += 1
+    def change_in(self, change: Change, n: int = 1) -> None:
+        """``n``: the row changes ``change`` stands for (a ManyRows: its rows)."""
+        self._in[_table(change)] += n
 
     def batch_out(self, changes: Iterable[Change]) -> None:
-        for table, n in Tally(_table(c) for c in changes).items():
+        for table, n in _tally(changes).items():
             self.rows_out.labels(table).inc(n)
         for table, n in self._in.items():
             self.events_in.labels(table).inc(n)

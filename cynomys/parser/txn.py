@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 from cynomys.core import compiled
+from cynomys.core.columnar import MANY_ROWS_MIN, ManyRows
 from cynomys.core.errors import UnsupportedEventError
 from cynomys.core.model import Change, Op, Position
 from cynomys.parser.kinds import Basic
@@ -123,6 +124,10 @@ class Assembler:
             self._open(ev, explicit=True)
         op = _ROW_OPS[ev.basic]
         assert self.begin is not None and ev.schema is not None
+        if op is Op.INSERT and len(ev.rows) >= MANY_ROWS_MIN:
+            # A bulk insert: one item for the event's rows (core/columnar.py).
+            return (ManyRows(op, ev.database, ev.table, self.tid, self.begin, ev.timestamp, ev.schema,
+                             images=tuple([pair[0] for pair in ev.rows])),)
         made = compiled.reader
         if made is not None:
             # The same Changes, made in C (cynomys._reader.changes): the

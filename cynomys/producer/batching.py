@@ -18,7 +18,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from cynomys.core.columnar import ReadRows
+from cynomys.core.columnar import ManyRows
 from cynomys.core.dialect import MARIADB
 from cynomys.core.errors import TerminalError
 from cynomys.core.model import Batch, Change, EnvelopeMeta, Op, Position
@@ -84,7 +84,7 @@ class Batching:
         p = self.p
         if isinstance(out, Change):
             if out.tid != self.cur_tid:
-                if type(out) is ReadRows and self.raw_in_batch and self.last_commit is not None \
+                if type(out) is ManyRows and out.op is Op.READ and self.raw_in_batch and self.last_commit is not None \
                         and not self.in_txn(asm):
                     # Snapshot chunks start an envelope of their own (the task
                     # ends it after them: flush_after), so the applier decodes
@@ -92,16 +92,16 @@ class Batching:
                     # the whole envelope takes the reference decoder (~60 us a row).
                     self.flush(True, self.last_commit.end, asm)
                 self._enter(out)
-            # A snapshot chunk's ReadRows counts its rows (the wire has a
-            # record per row); counted as the source sent them, whatever
+            # A ManyRows (a snapshot chunk, a bulk insert) counts its rows
+            # (the wire has a record per row); counted as the source sent them, whatever
             # the shape rules keep, as resuming inside a transaction counts.
-            n = len(out.reads) if type(out) is ReadRows else 1
+            n = len(out.images) if type(out) is ManyRows else 1
             if self.skip_tid is not None:
                 if self.txn_seen < self.skip_n:
                     self.txn_seen += n
                     return  # in an envelope the transport already holds
                 self.skip_tid = None
-            p.monitor.change_in(out)
+            p.monitor.change_in(out, n)
             shaped = self.shaper.change(out) if self.shaper is not None else out
             if shaped is None:
                 # Nothing of it goes (filtered, a column left out by a DDL):
@@ -217,8 +217,8 @@ class Batching:
 
 
 def _rows_of(changes: list[Change]) -> list[Change]:
-    """``changes`` with each ReadRows as its READ Changes (one SQL text each)."""
-    return [x for c in changes for x in (c.as_changes() if type(c) is ReadRows else (c,))]
+    """``changes`` with each ManyRows as its Changes (one SQL text each)."""
+    return [x for c in changes for x in (c.as_changes() if type(c) is ManyRows else (c,))]
 
 
 def _with_sql(c: Change) -> Change:

@@ -29,7 +29,7 @@ import operator
 from dataclasses import replace
 from typing import Callable, Iterable
 
-from cynomys.core.columnar import InsertRun, ReadRows
+from cynomys.core.columnar import InsertRun, ManyRows
 from cynomys.core.model import Change, Op, Row, TableSchema, Value
 
 log = logging.getLogger(__name__)
@@ -199,6 +199,9 @@ class Folder:
         return len(self._slots) - self._vanished + self._run_extra
 
     def add(self, change: Change) -> None:
+        if type(change) is ManyRows:
+            self._add_many(change)
+            return
         if self._unfolded is not None and change.schema is not None and self._keeps_all(change):
             self._slots.append(change)  # not indexed: nothing folds into it, nor it into anything
             return
@@ -207,17 +210,24 @@ class Folder:
                 self._add_one(c)
         elif type(change) is InsertRun:
             self._add_run(change)
-        elif type(change) is ReadRows:
-            # A snapshot chunk (core.columnar): one slot between barriers.
-            # Nothing folds into it or across it, so every change keeps its
-            # place relative to it; the applier folds the rows (it has the
-            # keys column-wise anyway).
-            self.barrier()
-            self._slots.append(change)
-            self._run_extra += len(change.reads) - 1
-            self.barrier()
         else:
             self._add_one(change)
+
+    def _add_many(self, change: ManyRows) -> None:
+        """A snapshot chunk or a bulk INSERT event (core.columnar): one slot.
+        Nothing folds into it or across it, so every change keeps its place
+        relative to it; the applier folds the rows (it has the keys
+        column-wise anyway).  A chunk's READs are a barrier for every table;
+        inserts only for their own: a change of another table keeps folding
+        across them, as across a plain insert of this one."""
+        if change.op is Op.READ:
+            self.barrier()
+        else:
+            keys = self._index.get((change.database, change.table))
+            if keys is not None:
+                keys.clear()
+        self._slots.append(change)
+        self._run_extra += len(change.images) - 1
 
     def _keeps_all(self, change: Change) -> bool:
         if change.op is Op.DDL or change.op in _BARRIER_OPS:

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import fastavro
 
 from cynomys.core import compiled
-from cynomys.core.columnar import KINDS, ColumnBlock, InsertRun, ReadRows
+from cynomys.core.columnar import KINDS, ColumnBlock, InsertRun, ManyRows
 from cynomys.core.errors import SchemaError
 from cynomys.core.model import Batch, Change, ColumnDef, Op, Position, RawTemporal, Row, TableSchema, Value
 
@@ -235,7 +235,7 @@ def encode(batch: Batch) -> bytes:
         try:
             out: bytes = ext.encode_batch(MAGIC + bytes([writer_version(batch)]), batch.producer_id, batch.end, batch.complete,
                                           batch.first_txn, batch.created_us, batch.last_commit_ts, dict(batch.meta),
-                                          changes, _op_index(), ReadRows)
+                                          changes, _op_index(), ManyRows)
             return out
         except ext.Fallback:
             # A value the reference must judge: encode (or refuse) exactly as it does.
@@ -275,8 +275,8 @@ def encode_pure(batch: Batch) -> bytes:
 
     for c in batch.changes:
         ref = -1 if c.schema is None else table_ref(c.schema)
-        # A ReadRows (core.columnar) is one READ record per row.
-        for before, after in (((None, r) for r in c.reads) if type(c) is ReadRows else ((c.before, c.after),)):
+        # A ManyRows (core.columnar) is one READ record per row.
+        for before, after in (((None, r) for r in c.images) if type(c) is ManyRows else ((c.before, c.after),)):
             records.append({
                 "tid": c.tid, "database_name": c.database, "table_name": c.table, "sql": c.sql,
                 "op": c.op.value, "txn": _pos(c.txn), "commit_ts": c.commit_ts, "table_ref": ref,

@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from cynomys.core.columnar import ReadRows
+from cynomys.core.columnar import ManyRows
 from cynomys.core.model import Change, Op, Row, TableSchema
 from cynomys.parser.ddl import NoOp, UnsupportedDdl, parse_ddl
 from cynomys.parser.ddl_render import render
@@ -101,12 +101,12 @@ class Shaper:
         if op is _CHECKSUM or op is _PURGE:
             return replace(c, database=target.database, table=target.table, schema=target)
         keep, row = shape.keep, shape.row
-        if type(c) is ReadRows:
+        if type(c) is ManyRows:
             # A snapshot chunk, one object for its rows: shaped row by row,
             # dropped when the filter leaves none of them.
-            reads = tuple(row(r) for r in c.reads if keep is None or keep(r))
-            return ReadRows(op, target.database, target.table, c.tid, c.txn, c.commit_ts, target,
-                            reads=reads) if reads else None
+            reads = tuple(row(r) for r in c.images if keep is None or keep(r))
+            return ManyRows(op, target.database, target.table, c.tid, c.txn, c.commit_ts, target,
+                            images=reads) if reads else None
         before, after = c.before, c.after
         if keep is None:  # no filter: every image goes (the common case, without a call per image)
             return Change(op, target.database, target.table, c.tid, c.txn, c.commit_ts, target,

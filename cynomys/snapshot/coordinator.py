@@ -36,7 +36,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from cynomys.core.columnar import ReadRows
+from cynomys.core.columnar import ManyRows
 from cynomys.core.config import Config
 from cynomys.core.model import Change, Op, Position, Value
 from cynomys.parser.txn import Commit, Item
@@ -463,9 +463,9 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
         self.stats["dropped"] += c.dropped
         log.debug("snapshot %s: chunk %d of %s: %d rows selected, %d dropped (changed in the window), emitted at %s",
                   a.job_id, a.seq, a.info.name, c.selected, c.dropped, at)
-        # One ReadRows for the chunk, not a Change per row (core/columnar.py):
+        # One ManyRows for the chunk, not a Change per row (core/columnar.py):
         # the wire carries a READ record per row all the same.
-        return [ReadRows(Op.READ, c.database, c.table, tid, at, ts, schema, reads=tuple(rows))] if rows else []
+        return [ManyRows(Op.READ, c.database, c.table, tid, at, ts, schema, images=tuple(rows))] if rows else []
 
     def _confirmed(self, job: SnapshotJob, e: _Emitted) -> SnapshotJob:
         tp = job.tables[e.part]

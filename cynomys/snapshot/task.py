@@ -47,6 +47,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Generic, Protocol, Sequence, TypeVar
 
+from cynomys.core.columnar import ManyRows
 from cynomys.core.config import Config
 from cynomys.core.model import Change, Op, Position, TableSchema
 from cynomys.parser.stream import TableFilter
@@ -214,7 +215,9 @@ class ChunkedTask(Generic[J, F, E]):
             for f in self._inflight:
                 s = f.info.schema
                 if item.table == s.table and item.database == s.database and f.window.sees(item):
-                    self._on_change(f, item)
+                    # A bulk insert's rows (core.columnar.ManyRows) one by one.
+                    for one in item.as_changes() if type(item) is ManyRows else (item,):
+                        self._on_change(f, one)
             return item
         if isinstance(item, Commit):
             self._last_end, self._last_ts = item.end, item.commit_ts

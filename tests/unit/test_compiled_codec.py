@@ -8,7 +8,7 @@ import random
 import pytest
 
 from cynomys.core import compiled
-from cynomys.core.columnar import ReadRows
+from cynomys.core.columnar import ManyRows
 from cynomys.core.errors import SchemaError
 from cynomys.core.model import Batch, Change, ColumnDef, Op, Position, RawTemporal, TableSchema, Value
 from cynomys.schemas import codec
@@ -23,7 +23,7 @@ def _compiled_bytes(batch: Batch) -> bytes:
     assert ext is not None
     return ext.encode_batch(codec.MAGIC + bytes([codec.VERSION]), batch.producer_id, batch.end, batch.complete,
                             batch.first_txn, batch.created_us, batch.last_commit_ts, dict(batch.meta),
-                            tuple(batch.changes), codec._op_index(), ReadRows)
+                            tuple(batch.changes), codec._op_index(), ManyRows)
 
 
 def _random_value(rng: random.Random, kind: str) -> Value:
@@ -92,11 +92,13 @@ def test_every_value_type_same_bytes() -> None:
     assert _compiled_bytes(b) == codec.encode_pure(b)
 
 
+@pytest.mark.parametrize("op", [Op.READ, Op.INSERT])
 @pytest.mark.parametrize("seed", range(20))
-def test_snapshot_chunks_as_read_rows_give_the_bytes_of_their_read_changes(seed: int) -> None:
-    # A chunk's ReadRows (core/columnar.py) among other changes: the
-    # compiled writer, the reference, and the reference over the chunk's
-    # READ Changes write the same bytes; a chunk without rows writes none.
+def test_many_rows_give_the_bytes_of_their_changes(seed: int, op: Op) -> None:
+    # A snapshot chunk's or a bulk insert's ManyRows (core/columnar.py)
+    # among other changes: the compiled writer, the reference, and the
+    # reference over its Changes write the same bytes; one without rows
+    # writes none.
     b = random_batch(seed)
     rng = random.Random(seed)
     changes = list(b.changes)
@@ -106,11 +108,11 @@ def test_snapshot_chunks_as_read_rows_give_the_bytes_of_their_read_changes(seed:
         if src is None:
             continue
         reads = tuple(c.after for c in keyed if c.schema == src.schema and c.after is not None)[:rng.randint(0, 50)]
-        changes.insert(at, ReadRows(Op.READ, src.database, src.table, f"snapshot:{at}", src.txn, 5, src.schema,
-                                    reads=reads))
+        changes.insert(at, ManyRows(op, src.database, src.table, f"snapshot:{at}", src.txn, 5, src.schema,
+                                    images=reads))
     chunked = Batch(b.producer_id, tuple(changes), b.end, b.complete, b.first_txn, b.created_us, b.last_commit_ts,
                     b.meta)
-    expanded = Batch(b.producer_id, tuple(x for c in changes for x in (c.as_changes() if type(c) is ReadRows else [c])),
+    expanded = Batch(b.producer_id, tuple(x for c in changes for x in (c.as_changes() if type(c) is ManyRows else [c])),
                      b.end, b.complete, b.first_txn, b.created_us, b.last_commit_ts, b.meta)
     got = _compiled_bytes(chunked)
     assert got == codec.encode_pure(chunked) == codec.encode_pure(expanded)

@@ -255,6 +255,30 @@ def test_changes_made_in_c_equal_the_assemblers(tmp_path: Path) -> None:
     assert changes[3].before is not None and changes[3].after is not None and changes[4].after is None
 
 
+def test_a_bulk_insert_event_is_one_item_on_both_paths(tmp_path: Path) -> None:
+    # An INSERT event of MANY_ROWS_MIN rows or more is one ManyRows (the
+    # producer's per-row work is per event then); one row fewer, a Change
+    # per row.  Both paths, the same items.
+    from cynomys.core.columnar import MANY_ROWS_MIN, ManyRows
+
+    events = _txn((B.GTID, B.gtid_body(SID, 1)), (B.WRITE_V2, B.rows_v2_body(90, 4, _rows(MANY_ROWS_MIN))),
+                  (B.WRITE_V2, B.rows_v2_body(90, 4, _rows(MANY_ROWS_MIN - 1, 100))))
+    path = _file(tmp_path, events)
+    out = {}
+    for on in (True, False):
+        evs, _ = _read([path], use_compiled=on)
+        asm = Assembler()
+        out[on] = [x for ev in evs for x in asm.feed(ev)]
+    flat = {on: [(c.op, c.tid, c.txn, c.after) for x in items if isinstance(x, Change)
+                 for c in (x.as_changes() if type(x) is ManyRows else [x])] for on, items in out.items()}
+    assert flat[True] == flat[False] and len(flat[True]) == 2 * MANY_ROWS_MIN - 1
+    for items in out.values():
+        changes = [x for x in items if isinstance(x, Change)]
+        assert type(changes[0]) is ManyRows and changes[0].op is Op.INSERT and changes[0].rows == MANY_ROWS_MIN
+        assert [type(c) for c in changes[1:]] == [Change] * (MANY_ROWS_MIN - 1)
+        assert [r[0] for r in changes[0].images] == list(range(1, MANY_ROWS_MIN + 1))
+
+
 # -- the replication protocol, through a real socket pair ---------------------
 def _packet(payload: bytes, seq: int) -> bytes:
     return len(payload).to_bytes(3, "little") + bytes([seq & 0xFF]) + payload

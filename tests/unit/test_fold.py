@@ -108,13 +108,13 @@ def test_net_count_is_the_number_of_net_changes() -> None:
 
 
 def test_a_snapshot_chunk_is_one_slot_nothing_folds_across() -> None:
-    # ReadRows (a chunk, core/columnar.py): the changes before and after it
+    # ManyRows (a chunk, core/columnar.py): the changes before and after it
     # keep their places; a change after it never folds into one before it
     # (that would move its effect before the chunk's rows).
-    from cynomys.core.columnar import ReadRows, row_count
+    from cynomys.core.columnar import ManyRows, row_count
     from cynomys.reducer.fold import Folder
 
-    chunk = ReadRows(R, "d", "t", "snap", Position("b.000001", 150), 1, KEYED, reads=((1, "r"), (2, "r")))
+    chunk = ManyRows(R, "d", "t", "snap", Position("b.000001", 150), 1, KEYED, images=((1, "r"), (2, "r")))
     f = Folder()
     for c in [ch(U, (1, "a"), (1, "b")), chunk, ch(D, (1, "r"), None, n=2), ch(I, None, (3, "x"), n=3),
               ch(U, (3, "x"), (3, "y"), n=3)]:
@@ -124,3 +124,25 @@ def test_a_snapshot_chunk_is_one_slot_nothing_folds_across() -> None:
     assert out[1] is chunk
     assert [(c.op, c.before, c.after) for c in out[2:]] == [(D, (1, "r"), None), (I, None, (3, "y"))]
     assert f.net_count() == row_count(out) == 5
+
+
+def test_a_bulk_insert_is_one_slot_a_barrier_for_its_table_only() -> None:
+    # A binlog INSERT event of many rows (core.columnar.ManyRows): nothing
+    # of its table folds across it (an update of an inserted row stays
+    # after it; the applier folds the rows), another table's changes fold
+    # across it as across any insert.
+    from cynomys.core.columnar import ManyRows, row_count
+    from cynomys.reducer.fold import Folder
+
+    other = TableSchema("d", "o", (ColumnDef("id", "int"), ColumnDef("v", "text")), ("id",))
+    bulk = ManyRows(I, "d", "t", "t1", Position("b.000001", 101), 1, KEYED, images=((5, "i"), (6, "i")))
+    f = Folder()
+    for c in [ch(U, (1, "a"), (1, "b")), ch(U, (7, "a"), (7, "b"), other), bulk, ch(U, (1, "b"), (1, "c"), n=2),
+              ch(U, (5, "i"), (5, "j"), n=2), ch(U, (7, "b"), (7, "c"), other, n=2)]:
+        f.add(c)
+    out = f.changes()
+    assert [(c.table, c.op, c.before, c.after) for c in out[:2]] == [("t", U, (1, "a"), (1, "b")),
+                                                                    ("o", U, (7, "a"), (7, "c"))]
+    assert out[2] is bulk
+    assert [(c.op, c.before, c.after) for c in out[3:]] == [(U, (1, "b"), (1, "c")), (U, (5, "i"), (5, "j"))]
+    assert f.net_count() == row_count(out) == 6

@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from typing import Sequence
 
-from cynomys.core.columnar import ReadRows
+from cynomys.core.columnar import ManyRows
 from cynomys.core.config import Config, ProducerConfig
 from cynomys.core.model import Batch, Change, ColumnDef, Op, Position, TableSchema
 from cynomys.parser.stream import TableFilter
@@ -51,7 +51,7 @@ class RecordingSink:
         return "a recording sink"
 
     def reads_shipped(self) -> int:
-        return sum(len(c.reads) for b in self.sent for c in b.changes if type(c) is ReadRows)
+        return sum(len(c.images) for b in self.sent for c in b.changes if type(c) is ManyRows)
 
 
 class ChunkTask:
@@ -75,7 +75,7 @@ class ChunkTask:
         if self.handed or not at_boundary:
             return []
         self.handed = True
-        rows = ReadRows(Op.READ, "d", "t", "snap-1", P, 1, T, reads=((1, 10), (2, 20), (3, 30)))
+        rows = ManyRows(Op.READ, "d", "t", "snap-1", P, 1, T, images=((1, 10), (2, 20), (3, 30)))
         return [rows, Commit(P, P, 1, "")]
 
     def wait_s(self) -> float:

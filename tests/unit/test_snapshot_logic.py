@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cynomys.core.columnar import ReadRows
+from cynomys.core.columnar import ManyRows
 from cynomys.core.gtid import GtidError, GtidSet
 from cynomys.core.model import Change, ColumnDef, Op, Position, RawTemporal, TableSchema
 from cynomys.snapshot.chunker import build_chunk_query, decode_key, encode_key, key_condition
@@ -247,7 +247,7 @@ def test_a_chunk_leaves_at_a_boundary_and_is_recorded_once_the_checkpoint_passes
     read is queued, so a key changed inside it before the rows come is
     dropped from them when they come; watermark events open and close the
     window (and are never shipped); the rows leave only at a transaction
-    boundary, as one ReadRows and a Commit at that boundary; the table
+    boundary, as one ManyRows and a Commit at that boundary; the table
     records the chunk only when a checkpoint at or past it is reported."""
     from cynomys.core.config import Config, ProducerConfig, SnapshotConfig
     from cynomys.parser.txn import Commit
@@ -278,8 +278,8 @@ def test_a_chunk_leaves_at_a_boundary_and_is_recorded_once_the_checkpoint_passes
     co.observe(Commit(P, q, 7, "0-1-5"))
     assert co.wait_s() == 0.0 and co.poll(at_boundary=False) == []  # inside a transaction: wait
     out = co.poll(at_boundary=True)
-    # One ReadRows for the chunk (core/columnar.py), a READ record per row on the wire.
-    assert [(c.op, c.reads) for c in out if isinstance(c, ReadRows)] == [(Op.READ, ((1, 10), (3, 30)))]
+    # One ManyRows for the chunk (core/columnar.py), a READ record per row on the wire.
+    assert [(c.op, c.images) for c in out if isinstance(c, ManyRows)] == [(Op.READ, ((1, 10), (3, 30)))]
     assert out[-1] == Commit(q, q, 7, "")
     co.checkpointed(P)                                   # before the rows: not theirs
     assert co.jobs[0].tables[0].chunks == 0
