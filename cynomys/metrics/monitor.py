@@ -64,16 +64,14 @@ log = logging.getLogger(__name__)
 FLUSH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
-def _table(c: Change) -> str:
-    return f"{c.database}.{c.table}"
-
-
 def _tally(changes: Iterable[Change]) -> Tally[str]:
     """Row changes per table (an InsertRun or a ManyRows counts its rows)."""
-    out: Tally[str] = Tally()
+    # Counted per (database, table) and named once per table: a text per
+    # change cost the producer 2-3% of its time on an OLTP binlog.
+    out: Tally[tuple[str, str]] = Tally()
     for c in changes:
-        out[_table(c)] += c.rows if type(c) is InsertRun or type(c) is ManyRows else 1
-    return out
+        out[(c.database, c.table)] += c.rows if type(c) is InsertRun or type(c) is ManyRows else 1
+    return Tally({f"{db}.{table}": n for (db, table), n in out.items()})
 
 
 # The producer's loop turns once per binlog event (tens of thousands a
@@ -257,7 +255,7 @@ class ProducerMonitor(_Monitor):
                                      "Writes (envelope or state) Redis refused because this producer's HA lease "
                                      "had moved on", registry=r)
         self.lag_bytes.set(math.nan)
-        self._in: Tally[str] = Tally()
+        self._in: Tally[tuple[str, str]] = Tally()  # (database, table) -> row changes read
         self._deltas = _Deltas()
         self._read: Position | None = None
         self._source_end: Position | None = None
@@ -328,13 +326,13 @@ class ProducerMonitor(_Monitor):
     # -- hooks (called from the producer's loop thread) ------------------
     def change_in(self, change: Change, n: int = 1) -> None:
         """``n``: the row changes ``change`` stands for (a ManyRows: its rows)."""
-        self._in[_table(change)] += n
+        self._in[(change.database, change.table)] += n
 
     def batch_out(self, changes: Iterable[Change]) -> None:
         for table, n in _tally(changes).items():
             self.rows_out.labels(table).inc(n)
-        for table, n in self._in.items():
-            self.events_in.labels(table).inc(n)
+        for (db, table), n in self._in.items():
+            self.events_in.labels(f"{db}.{table}").inc(n)
         self._in.clear()
 
     def turn(self, t: ProducerTurn) -> None:
