@@ -96,3 +96,19 @@ def test_health_rules() -> None:
     time.sleep(0.01)
     reasons = stalled.verdict().reasons
     assert any(r.startswith("stalled:") for r in reasons) and any("not confirmed reachable" in r for r in reasons)
+
+
+def test_producer_counts_a_bulk_inserts_rows(tmp_path: Path) -> None:
+    # A ManyRows (one item for a bulk insert's rows) counts its rows in and out, per table.
+    from cynomys.core.columnar import ManyRows
+    from cynomys.core.model import Change, ColumnDef, Op, Position, TableSchema
+
+    schema = TableSchema("d", "t", (ColumnDef("id", "int"),), ("id",))
+    bulk = ManyRows(Op.INSERT, "d", "t", "x", Position("b.1", 4), 1, schema, images=((1,), (2,), (3,)))
+    one = Change(Op.DELETE, "d", "u", "x", Position("b.1", 4), 1, schema, (9,), None)
+    pm = ProducerMonitor(load_config(_cfg(tmp_path, 'listen = ""'), env={}))
+    pm.change_in(bulk, bulk.rows)
+    pm.change_in(one)
+    pm.batch_out([bulk, one])
+    assert pm.events_in.labels("d.t")._value.get() == 3 and pm.events_in.labels("d.u")._value.get() == 1
+    assert pm.rows_out.labels("d.t")._value.get() == 3 and pm.rows_out.labels("d.u")._value.get() == 1
