@@ -238,17 +238,22 @@ def test_rows_without_their_table_map_stop_the_compiled_reader(tmp_path: Path) -
     assert isinstance(err, UnsupportedEventError) and "table id 91" in str(err)
 
 
-def test_changes_made_in_c_equal_the_assemblers(tmp_path: Path) -> None:
-    events = _txn((B.GTID, B.gtid_body(SID, 1)), (B.WRITE_V2, B.rows_v2_body(90, 4, _rows(3))),
-                  (B.UPDATE_V2, B.rows_head(90, 4, update=True, v2_extra=b"") + _row(1, "1.00", None)
-                   + _row(2, "2.00", [1], None)),
-                  (B.DELETE_V2, B.rows_v2_body(90, 4, _row(3, "3.00", "x"))))
-    path = _file(tmp_path, events)
+def _assembled(path: Path) -> dict[bool, list[Any]]:
+    """The Assembler's items of a binlog file, read by the compiled reader (True) and the library's (False)."""
     out = {}
     for on in (True, False):
         evs, _ = _read([path], use_compiled=on)
         asm = Assembler()
         out[on] = [x for ev in evs for x in asm.feed(ev)]
+    return out
+
+
+def test_changes_made_in_c_equal_the_assemblers(tmp_path: Path) -> None:
+    events = _txn((B.GTID, B.gtid_body(SID, 1)), (B.WRITE_V2, B.rows_v2_body(90, 4, _rows(3))),
+                  (B.UPDATE_V2, B.rows_head(90, 4, update=True, v2_extra=b"") + _row(1, "1.00", None)
+                   + _row(2, "2.00", [1], None)),
+                  (B.DELETE_V2, B.rows_v2_body(90, 4, _row(3, "3.00", "x"))))
+    out = _assembled(_file(tmp_path, events))
     changes = [c for c in out[True] if isinstance(c, Change)]
     assert out[True] == out[False] and [c.op for c in changes] == [Op.INSERT] * 3 + [Op.UPDATE, Op.DELETE]
     assert all(type(c) is Change and c.sql is None for c in changes)
@@ -263,12 +268,7 @@ def test_a_bulk_insert_event_is_one_item_on_both_paths(tmp_path: Path) -> None:
 
     events = _txn((B.GTID, B.gtid_body(SID, 1)), (B.WRITE_V2, B.rows_v2_body(90, 4, _rows(MANY_ROWS_MIN))),
                   (B.WRITE_V2, B.rows_v2_body(90, 4, _rows(MANY_ROWS_MIN - 1, 100))))
-    path = _file(tmp_path, events)
-    out = {}
-    for on in (True, False):
-        evs, _ = _read([path], use_compiled=on)
-        asm = Assembler()
-        out[on] = [x for ev in evs for x in asm.feed(ev)]
+    out = _assembled(_file(tmp_path, events))
     flat = {on: [(c.op, c.tid, c.txn, c.after) for x in items if isinstance(x, Change)
                  for c in (x.as_changes() if type(x) is ManyRows else [x])] for on, items in out.items()}
     assert flat[True] == flat[False] and len(flat[True]) == 2 * MANY_ROWS_MIN - 1
