@@ -228,6 +228,11 @@ def test_a_large_transaction_in_parts_survives_kills_and_is_never_seen_in_part(
                     return
                 time.sleep(0.05)
 
+        # The producer waits (SIGSTOP) while the transaction commits and the
+        # source's state after it is read: the producer is fast enough to be
+        # through the whole transaction before that read ends, and the kill
+        # below must find it inside.
+        procs["producer"].send_signal(signal.SIGSTOP)
         src.execute(
             "BEGIN",
             f"UPDATE {DB}.k SET v = v + 1",
@@ -241,6 +246,7 @@ def test_a_large_transaction_in_parts_survives_kills_and_is_never_seen_in_part(
         target_end = end()
         watcher = threading.Thread(target=poll, daemon=True)
         watcher.start()
+        procs["producer"].send_signal(signal.SIGCONT)
 
         # Kills: the producer inside the transaction, then the applier twice with parts applied.
         plan = ["producer", "applier", "applier"]
