@@ -691,7 +691,7 @@ static int put_int_obj(Buf *b, PyObject *v) {
 }
 
 static PyObject *S_file, *S_pos, *S_gtid, *S_database, *S_table, *S_columns, *S_key, *S_name, *S_type,
-    *S_nullable, *S_tid, *S_sql, *S_op, *S_txn, *S_commit_ts, *S_schema, *S_before, *S_after, *S_reads;
+    *S_nullable, *S_tid, *S_sql, *S_op, *S_txn, *S_commit_ts, *S_schema, *S_before, *S_after, *S_images;
 
 static int put_attr_str(Buf *b, PyObject *o, PyObject *name) {
     PyObject *v = PyObject_GetAttr(o, name);
@@ -996,10 +996,10 @@ done:
  *              last_commit_ts, meta, changes, op_index) -> bytes */
 static PyObject *encode_batch(PyObject *self, PyObject *args) {
     PyObject *prefix, *producer_id, *end, *complete, *first_txn, *created_us, *last_commit_ts, *meta, *changes,
-        *op_index, *read_rows_type = NULL;
+        *op_index, *many_rows_type = NULL;
     if (!PyArg_ParseTuple(args, "SOOOOOOO!O!O!|O:encode_batch", &prefix, &producer_id, &end, &complete, &first_txn,
                           &created_us, &last_commit_ts, &PyDict_Type, &meta, &PyTuple_Type, &changes, &PyDict_Type,
-                          &op_index, &read_rows_type))
+                          &op_index, &many_rows_type))
         return NULL;
     Buf b = {NULL, 0, 0};
     Tables ts = {0};
@@ -1022,15 +1022,15 @@ static PyObject *encode_batch(PyObject *self, PyObject *args) {
             if (ref == -2) { Py_DECREF(schema); goto done; }
         }
         Py_DECREF(schema);  /* the change keeps it alive */
-        if (read_rows_type && (PyObject *)Py_TYPE(c) == read_rows_type) {
+        if (many_rows_type && (PyObject *)Py_TYPE(c) == many_rows_type) {
             /* a ManyRows (core.columnar): one record of its op per row */
-            PyObject *reads = PyObject_GetAttr(c, S_reads);
-            if (!reads) goto done;
-            Py_DECREF(reads);  /* borrowed from the change */
-            if (ref < 0 || !PyTuple_CheckExact(reads)) { fallback("ManyRows the pure encoder must judge"); goto done; }
-            Py_ssize_t n = PyTuple_GET_SIZE(reads), first = -1;
+            PyObject *images = PyObject_GetAttr(c, S_images);
+            if (!images) goto done;
+            Py_DECREF(images);  /* borrowed from the change */
+            if (ref < 0 || !PyTuple_CheckExact(images)) { fallback("ManyRows the pure encoder must judge"); goto done; }
+            Py_ssize_t n = PyTuple_GET_SIZE(images), first = -1;
             for (Py_ssize_t j = 0; j < n; j++) {
-                PyObject *row = PyTuple_GET_ITEM(reads, j);
+                PyObject *row = PyTuple_GET_ITEM(images, j);
                 if (!PyTuple_CheckExact(row)) { fallback("row image the pure encoder must judge"); goto done; }
                 Py_ssize_t at = add_image(&ts.t[ref], row);
                 if (at < 0) goto done;
@@ -1542,7 +1542,7 @@ static PyMethodDef methods[] = {
      "decode_rows(body, plan: Plan, pairs) -> [(row, row|None)]: every row image of a ROWS event body"},
     {"encode_batch", encode_batch, METH_VARARGS,
      "encode_batch(prefix, producer_id, end, complete, first_txn, created_us, last_commit_ts, meta, changes, "
-     "op_index, read_rows_type=None) -> bytes: a Batch as codec.encode writes it"},
+     "op_index, many_rows_type=None) -> bytes: a Batch as codec.encode writes it"},
     {"decode_columns", decode_columns, METH_VARARGS,
      "decode_columns(avro, op_insert, op_read=-1) -> (producer_id, end, complete, first_txn, created_us, "
      "last_commit_ts, meta, tables, runs, images): a batch of inserts (and snapshot reads) with its image columns in "
@@ -1575,7 +1575,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     INTERN(S_table, "table"); INTERN(S_columns, "columns"); INTERN(S_key, "key"); INTERN(S_name, "name");
     INTERN(S_type, "type"); INTERN(S_nullable, "nullable"); INTERN(S_tid, "tid"); INTERN(S_sql, "sql");
     INTERN(S_op, "op"); INTERN(S_txn, "txn"); INTERN(S_commit_ts, "commit_ts"); INTERN(S_schema, "schema");
-    INTERN(S_before, "before"); INTERN(S_after, "after"); INTERN(S_reads, "images");
+    INTERN(S_before, "before"); INTERN(S_after, "after"); INTERN(S_images, "images");
 #undef INTERN
     return m;
 fail:

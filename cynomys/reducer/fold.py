@@ -330,10 +330,7 @@ class Folder:
     def _add_run(self, run: InsertRun) -> None:
         schema = run.schema
         assert schema is not None and schema.key, "InsertRuns are made for keyed tables only"
-        entry = self._tables.get(id(schema))
-        if entry is None or entry[1] != run.database or entry[2] != run.table:
-            entry = self._table(run, schema)
-        keys = entry[4]
+        keys = self._entry(run, schema)[4]
         slot = len(self._slots)
         self._run_extra += run.count - len(run.excluded) - 1
         ks = list(zip(*run.key_columns()))

@@ -275,7 +275,7 @@ def encode_pure(batch: Batch) -> bytes:
 
     for c in batch.changes:
         ref = -1 if c.schema is None else table_ref(c.schema)
-        # A ManyRows (core.columnar) is one READ record per row.
+        # A ManyRows (core.columnar) is one record of its op per row.
         for before, after in (((None, r) for r in c.images) if type(c) is ManyRows else ((c.before, c.after),)):
             records.append({
                 "tid": c.tid, "database_name": c.database, "table_name": c.table, "sql": c.sql,

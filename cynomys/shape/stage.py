@@ -102,11 +102,11 @@ class Shaper:
             return replace(c, database=target.database, table=target.table, schema=target)
         keep, row = shape.keep, shape.row
         if type(c) is ManyRows:
-            # A snapshot chunk, one object for its rows: shaped row by row,
-            # dropped when the filter leaves none of them.
-            reads = tuple(row(r) for r in c.images if keep is None or keep(r))
+            # A snapshot chunk or a bulk insert, one object for its rows:
+            # shaped row by row, dropped when the filter leaves none of them.
+            images = tuple(row(r) for r in c.images if keep is None or keep(r))
             return ManyRows(op, target.database, target.table, c.tid, c.txn, c.commit_ts, target,
-                            images=reads) if reads else None
+                            images=images) if images else None
         before, after = c.before, c.after
         if keep is None:  # no filter: every image goes (the common case, without a call per image)
             return Change(op, target.database, target.table, c.tid, c.txn, c.commit_ts, target,
