@@ -28,18 +28,19 @@
 static PyObject *Fallback;        /* raised to make the caller use the pure path */
 static PyObject *DecimalType;     /* decimal.Decimal */
 static PyObject *RawTemporalType; /* cynomys.core.model.RawTemporal */
+static PyObject *S_comma;         /* ",": joins a SET's members */
 
 /* Column kinds of a decode plan; must match parser/rows.py _plan_for(). */
 enum {
     K_PY = 0, K_INT = 1, K_FLOAT = 2, K_DOUBLE = 3, K_DECIMAL = 4, K_TEXT_UTF8 = 5,
     K_TEXT_CODEC = 6, K_BYTES = 7, K_BINARY_FIXED = 8, K_DATE = 9, K_DATETIME2 = 10,
-    K_TIMESTAMP2 = 11, K_TIME2 = 12, K_YEAR = 13, K_BIT = 14, K_ENUM = 15, K_NULL = 16,
+    K_TIMESTAMP2 = 11, K_TIME2 = 12, K_YEAR = 13, K_BIT = 14, K_ENUM = 15, K_NULL = 16, K_SET = 17,
 };
 
 typedef struct {
     int kind;
     Py_ssize_t a, b;      /* kind parameters (size, unsigned, prefix, fsp, ...) */
-    PyObject *obj;        /* codec name (K_TEXT_CODEC), enum table (K_ENUM); borrowed */
+    PyObject *obj;        /* codec name (K_TEXT_CODEC), enum table (K_ENUM), members (K_SET); borrowed */
     PyObject *pydec;      /* the pure decoder (buf, off) -> (value, off); borrowed */
     /* DECIMAL: byte size and the (bytes, digits) groups, most significant first */
     int dsize, ngroups;
@@ -48,6 +49,10 @@ typedef struct {
     void *cache;          /* VSlot[VCACHE] (DATE, DECIMAL) or SSlot[SCACHE] (short UTF-8 text) */
     size_t cache_size;    /* bytes of cache, 0 until first used */
     int cacheable;        /* a kind with a cache that may still get one */
+    /* K_SET: the last value's bit mask and text (a table's rows repeat few
+     * combinations of members; the text is immutable, so it is handed out again) */
+    uint64_t set_mask;
+    PyObject *set_text;   /* owned, or NULL */
 } ColPlan;
 
 /* Value caches of a compiled plan.  Dates, DECIMALs and short strings
@@ -145,6 +150,7 @@ static void civil_from_days(int64_t z, int *y, int *m, int *d) {
 static void free_plan(ColPlan *cols, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++) {
         ColPlan *c = &cols[i];
+        Py_CLEAR(c->set_text);
         if (!c->cache) continue;
         if (c->kind == K_TEXT_UTF8)
             for (int k = 0; k < SCACHE; k++) Py_XDECREF(((SSlot *)c->cache)[k].v);
@@ -181,10 +187,11 @@ static int build_plan(PyObject *plan, ColPlan **out, Py_ssize_t *n_out) {
             c->codec = PyUnicode_AsUTF8(c->obj);
             if (!c->codec) goto fail;
         }
-        if (c->kind == K_ENUM && !PyList_Check(c->obj)) {
-            PyErr_SetString(PyExc_TypeError, "enum table must be a list");
+        if ((c->kind == K_ENUM || c->kind == K_SET) && !PyList_Check(c->obj)) {
+            PyErr_SetString(PyExc_TypeError, "enum table and set members must be a list");
             goto fail;
         }
+        if (c->kind == K_SET && (c->a < 1 || c->a > 8)) c->kind = K_PY;
         if (c->kind == K_DECIMAL) {
             /* strings/decimal.c: groups of 9 digits in 4 bytes, leftover
              * digits of the integer part first, of the fraction last. */
@@ -200,7 +207,7 @@ static int build_plan(PyObject *plan, ColPlan **out, Py_ssize_t *n_out) {
             c->dsize = size;
             if (size == 0) c->kind = K_PY;
         }
-        if (c->kind < K_PY || c->kind > K_NULL) {
+        if (c->kind < K_PY || c->kind > K_SET) {
             PyErr_SetString(PyExc_ValueError, "unknown column kind in plan");
             goto fail;
         }
@@ -516,6 +523,37 @@ static PyObject *read_image(ColPlan *cols, Py_ssize_t n, PyObject *body, const u
             v = Py_None;
             Py_INCREF(v);
             break;
+        case K_SET: {
+            /* The members whose bits are set, in declared order, joined by
+             * commas: parser/rows.py _set, value for value. */
+            int size = (int)c->a;
+            NEED(size);
+            uint64_t mask = le(p, size);
+            off += size;
+            if (c->set_text && c->set_mask == mask) {
+                v = c->set_text;
+                Py_INCREF(v);
+                break;
+            }
+            Py_ssize_t nm = PyList_GET_SIZE(c->obj);
+            PyObject *parts = PyList_New(0);
+            if (!parts) { Py_DECREF(row); return NULL; }
+            for (Py_ssize_t k = 0; k < nm && k < 64; k++) {
+                if ((mask >> k) & 1) {
+                    if (PyList_Append(parts, PyList_GET_ITEM(c->obj, k)) < 0) {
+                        Py_DECREF(parts); Py_DECREF(row); return NULL;
+                    }
+                }
+            }
+            v = PyUnicode_Join(S_comma, parts);
+            Py_DECREF(parts);
+            if (v) {
+                Py_INCREF(v);
+                Py_XSETREF(c->set_text, v);
+                c->set_mask = mask;
+            }
+            break;
+        }
         default:
             v = call_pydec(c, body, &off);
         }
@@ -1576,6 +1614,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     INTERN(S_type, "type"); INTERN(S_nullable, "nullable"); INTERN(S_tid, "tid"); INTERN(S_sql, "sql");
     INTERN(S_op, "op"); INTERN(S_txn, "txn"); INTERN(S_commit_ts, "commit_ts"); INTERN(S_schema, "schema");
     INTERN(S_before, "before"); INTERN(S_after, "after"); INTERN(S_images, "images");
+    INTERN(S_comma, ",");
 #undef INTERN
     return m;
 fail:

@@ -377,8 +377,8 @@ def _enum(values: Sequence[str], size: int) -> Decoder:
     return dec
 
 
-# Distinct SET values kept per column (the compiled decoder calls this one
-# for every SET value, and tables use few combinations of their members).
+# Distinct SET values kept per column (the pure-Python path; tables use few
+# combinations of their members; the compiled decoder, K_SET, keeps the last).
 _SET_CACHE = 256
 
 
@@ -461,7 +461,7 @@ def compile_decoder(col: Any) -> Decoder:
 
 # Column kinds of the compiled decoder's plan (the enum in _speedups.c).
 K_PY, K_INT, K_FLOAT, K_DOUBLE, K_DECIMAL, K_TEXT_UTF8, K_TEXT_CODEC, K_BYTES, K_BINARY_FIXED = range(9)
-K_DATE, K_DATETIME2, K_TIMESTAMP2, K_TIME2, K_YEAR, K_BIT, K_ENUM, K_NULL = range(9, 17)
+K_DATE, K_DATETIME2, K_TIMESTAMP2, K_TIME2, K_YEAR, K_BIT, K_ENUM, K_NULL, K_SET = range(9, 18)
 # (kind, a, b, obj, pure decoder): one column of the compiled decoder's plan.
 PlanEntry = tuple[int, int, int, Any, Decoder]
 
@@ -497,13 +497,16 @@ def _plan_for(col: Any, pydec: Decoder) -> PlanEntry:
     if t == ENUM and col.enum_values:
         values = list(col.enum_values)
         return (K_ENUM, col.size, 0, values if values and values[0] == "" else [""] + values, pydec)
+    if t == SET and col.set_values:
+        # The members in declared order (bit i is member i), as _set joins them.
+        return (K_SET, col.size, 0, list(col.set_values), pydec)
     if t in (DATETIME2, TIMESTAMP2, TIME2):
         kinds = {DATETIME2: K_DATETIME2, TIMESTAMP2: K_TIMESTAMP2, TIME2: K_TIME2}
         return (kinds[t], col.fsp or 0, 0, None, pydec)
     if t == BIT:
         return (K_BIT, col.bytes, 0, None, pydec)
     simple = {FLOAT: K_FLOAT, DOUBLE: K_DOUBLE, YEAR: K_YEAR, DATE: K_DATE, NEWDATE: K_DATE, NULL: K_NULL}
-    # Anything else (JSON, SET, the old DATETIME/TIMESTAMP/TIME) is K_PY.
+    # Anything else (JSON, the old DATETIME/TIMESTAMP/TIME, ENUM/SET without members) is K_PY.
     return (simple.get(t, K_PY), 0, 0, None, pydec)
 
 
