@@ -42,6 +42,14 @@ class ProducerTask(Protocol):
         """See one assembled item, in log order; the item to go on with, or
         None: drop it."""
 
+    def watches_rows(self) -> bool:
+        """Whether ``observe`` must see the row changes of ordinary tables
+        now (a job, a read in flight, changes to drop).  While no task does,
+        the producer hands them on without calling ``observe`` (DDL, the
+        watermark table's rows and transaction ends still go through it);
+        asked again after every item that went through ``observe`` and after
+        every ``poll``, the only places a task starts to watch."""
+
     def poll(self, at_boundary: bool) -> Sequence[Item] | KeylessRead:
         """The task's items for this turn, in order (only ``at_boundary``,
         between source transactions, may they be a transaction of their
@@ -82,6 +90,11 @@ def observe_in_order(tasks: Sequence[ProducerTask], item: Item) -> Item | None:
             return None
         item = seen
     return item
+
+
+def watching(tasks: Sequence[ProducerTask]) -> bool:
+    """Whether any task must see ordinary row changes (``watches_rows``)."""
+    return any(task.watches_rows() for task in tasks)
 
 
 def widen_filter(tasks: Sequence[ProducerTask], base: TableFilter) -> TableFilter:

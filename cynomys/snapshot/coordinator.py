@@ -197,6 +197,9 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
                 else:
                     f.changed.add(k)
 
+    def _drops_some(self) -> bool:
+        return bool(self._drop_rules.before)  # ``_dropping`` is always set; it drops only these tables' changes
+
     def _on_ddl(self, change: Change) -> None:
         # Chunks whose windows a DDL falls in are read again.
         if self._inflight:

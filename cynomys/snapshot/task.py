@@ -191,6 +191,18 @@ class ChunkedTask(Generic[J, F, E]):
             return base
         return WatermarkAwareFilter(base, self.wm_schema)
 
+    def watches_rows(self) -> bool:
+        """A read in flight, changes to drop, or a chunk left to read in
+        this run (whose table's shape the log may show, ``_schema_for``):
+        see producer/tasks.py.  Finished jobs stay in ``jobs`` (for
+        `cynomys status`), and a disabled task (``produce --once``) reads
+        nothing: neither watches."""
+        return bool(self._inflight) or self._drops_some() or (self.enabled and self._next_work() is not None)
+
+    def _drops_some(self) -> bool:
+        """Whether ``_dropping`` may drop anything now."""
+        return self._dropping is not None
+
     def observe(self, item: Item) -> Item | None:
         """Watch one assembled item; returns it, or None: drop it."""
         if isinstance(item, Change):
