@@ -124,3 +124,35 @@ def test_client_certificate(tls_source: tuple[MariaDBServer, TlsFiles], tmp_path
     half = load_config(write_config(tmp_path / "e.toml", server, source={**base, "ssl_cert": str(cert)}), env={})
     with pytest.raises(ConfigError, match="ssl_cert and ssl_key go together"):
         SourceInspector(half.source)
+
+
+def test_no_tls_keys_mean_clear_text_not_unverified_tls(tls_source: tuple[MariaDBServer, TlsFiles],
+                                                        tmp_path: Path) -> None:
+    """pymysql's default against a server offering TLS is TLS with the
+    certificate unverified, the mode the TLS docs say Cynomys never uses:
+    without [source] ssl_* keys every connection is clear text, and a source
+    that accepts only TLS stops with an error naming the key to set."""
+    server, _ = tls_source
+    plain_user = "cynomys_plain"
+    server.execute(f"CREATE USER IF NOT EXISTS '{plain_user}'@'127.0.0.1' IDENTIFIED BY '{REPL_PASSWORD}'",
+                   f"GRANT ALL ON *.* TO '{plain_user}'@'127.0.0.1'")
+    cfg = load_config(write_config(tmp_path / "plain.toml", server, source={"user": plain_user}), env={})
+    assert not cfg.source.ssl_ca and not cfg.source.ssl_cert
+    ins = SourceInspector(cfg.source)
+    try:
+        assert _tls_version(ins.conn) == ""  # the server offers TLS; the client does not take it
+    finally:
+        ins.close()
+    snap = SnapshotConnection(cfg.source)
+    try:
+        assert _tls_version(snap.conn) == ""
+    finally:
+        snap.close()
+    server.execute("SET GLOBAL require_secure_transport = ON")
+    try:
+        for connect in (lambda: SourceInspector(cfg.source), lambda: SnapshotConnection(cfg.source)):
+            with pytest.raises(ConfigError, match="without TLS") as ei:
+                connect()
+            assert ei.value.hint is not None and "ssl_ca" in ei.value.hint
+    finally:
+        server.execute("SET GLOBAL require_secure_transport = OFF")
