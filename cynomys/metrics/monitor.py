@@ -68,9 +68,11 @@ def _tally(changes: Iterable[Change]) -> Tally[str]:
     """Row changes per table (an InsertRun or a ManyRows counts its rows)."""
     # Counted per (database, table) and named once per table: a text per
     # change cost the producer 2-3% of its time on an OLTP binlog.
-    out: Tally[tuple[str, str]] = Tally()
+    out: dict[tuple[str, str], int] = {}  # a plain dict: a Counter's += costs 1.7x as much
+    get = out.get
     for c in changes:
-        out[(c.database, c.table)] += c.rows if type(c) is InsertRun or type(c) is ManyRows else 1
+        key = (c.database, c.table)
+        out[key] = get(key, 0) + (c.rows if type(c) is InsertRun or type(c) is ManyRows else 1)
     return Tally({f"{db}.{table}": n for (db, table), n in out.items()})
 
 
@@ -255,7 +257,9 @@ class ProducerMonitor(_Monitor):
                                      "Writes (envelope or state) Redis refused because this producer's HA lease "
                                      "had moved on", registry=r)
         self.lag_bytes.set(math.nan)
-        self._in: Tally[tuple[str, str]] = Tally()  # (database, table) -> row changes read
+        # (database, table) -> row changes read; a plain dict (a Counter's
+        # += costs 1.7x as much, once per row change).
+        self._in: dict[tuple[str, str], int] = {}
         self._deltas = _Deltas()
         self._read: Position | None = None
         self._source_end: Position | None = None
@@ -326,7 +330,8 @@ class ProducerMonitor(_Monitor):
     # -- hooks (called from the producer's loop thread) ------------------
     def change_in(self, change: Change, n: int = 1) -> None:
         """``n``: the row changes ``change`` stands for (a ManyRows: its rows)."""
-        self._in[(change.database, change.table)] += n
+        key = (change.database, change.table)
+        self._in[key] = self._in.get(key, 0) + n
 
     def batch_out(self, changes: Iterable[Change]) -> None:
         for table, n in _tally(changes).items():

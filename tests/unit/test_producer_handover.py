@@ -68,6 +68,9 @@ class ChunkTask:
     def table_filter(self, base: TableFilter) -> TableFilter:
         return base
 
+    def watches_rows(self) -> bool:
+        return False
+
     def observe(self, item: Item) -> Item | None:
         return item
 
