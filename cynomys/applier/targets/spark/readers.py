@@ -92,12 +92,39 @@ def pyiceberg_catalog(cfg: Config) -> Any:
     return load_catalog(sc.catalog, **props)
 
 
+_METADATA_FILE = re.compile(r"^v(\d+)\.metadata\.json$")
+
+
+def _hadoop_version(meta: Path) -> int | None:
+    """A Hadoop-catalog table's current metadata version, as Iceberg's
+    HadoopTableOperations finds it: the version hint, then on past every
+    newer ``v<N>.metadata.json`` (the hint is written after the metadata
+    file, so it may lag); without a readable hint naming a file that is
+    there (the writer replaces the hint by a delete and a rename, and a
+    reader can fall in between), the highest version present.  None: no
+    metadata file."""
+    try:
+        version: int | None = int((meta / "version-hint.text").read_text().strip())
+    except (OSError, ValueError):
+        version = None
+    if version is None or not (meta / f"v{version}.metadata.json").exists():
+        found = [int(m.group(1)) for m in map(_METADATA_FILE.match, os.listdir(meta)) if m] \
+            if meta.is_dir() else []
+        if not found:
+            return None
+        version = max(found)
+    while (meta / f"v{version + 1}.metadata.json").exists():
+        version += 1
+    return version
+
+
 def _hadoop_tables(root: str) -> list[TableRef]:
     out = []
-    for hint in sorted(glob.glob(os.path.join(root, "*", "*", "metadata", "version-hint.text"))):
-        meta = Path(hint).parent
-        version = Path(hint).read_text().strip()
-        out.append(TableRef(meta.parent.parent.name, meta.parent.name, str(meta / f"v{version}.metadata.json")))
+    for folder in sorted(glob.glob(os.path.join(root, "*", "*", "metadata"))):
+        meta = Path(folder)
+        version = _hadoop_version(meta)
+        if version is not None:
+            out.append(TableRef(meta.parent.parent.name, meta.parent.name, str(meta / f"v{version}.metadata.json")))
     return out
 
 
