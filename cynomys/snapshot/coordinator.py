@@ -45,6 +45,7 @@ from cynomys.snapshot.columns import TableInfo, row_converter
 from cynomys.snapshot.errors import SnapshotError, SnapshotRequestError
 from cynomys.snapshot.keyless import SNAPSHOT_TID_PREFIX, ConsistentRead, DropRules, KeylessRead, check_keyless
 from cynomys.snapshot.readers import ChunkReaders, Plan, ReadRequest
+from cynomys.snapshot.source import chunk_driver
 from cynomys.snapshot.state import (
     CANCELLED,
     DONE,
@@ -434,7 +435,7 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
         if job is None or job.status not in JOB_ACTIVE:
             return []  # paused or cancelled meanwhile
         try:
-            read = ConsistentRead(self.cfg.source, k.info, k.where)
+            read = ConsistentRead(self.cfg.source, k.info, k.where, chunk_driver(self.cfg.source, self.scfg.driver))
         except SnapshotError as exc:
             self._conn_reset()
             self._fail(k.job_id, k.part, exc.one_line())

@@ -50,12 +50,11 @@ from cynomys.core.config import SourceConfig
 from cynomys.core.errors import SourceUnavailableError, TransientError
 from cynomys.core.flavour import flavour_of
 from cynomys.core.model import Change, Op, Position, Row, TableSchema
-from cynomys.core.tls import source_connect_args
 from cynomys.parser.txn import Commit, Item
 from cynomys.snapshot.chunker import build_chunk_query, quote_ident
 from cynomys.snapshot.columns import TableInfo
 from cynomys.snapshot.errors import SnapshotError, SnapshotRequestError
-from cynomys.snapshot.source import translate
+from cynomys.snapshot.source import DRIVERS, _driver_error, translate
 
 log = logging.getLogger(__name__)
 
@@ -127,21 +126,33 @@ class DropRules:
         return p is not None and change.txn < p
 
 
+def _server_side_cursor(driver: str) -> Any:
+    """The driver's streaming cursor class (rows fetched as they are read)."""
+    if driver == "mysqlclient":
+        import MySQLdb.cursors
+
+        return MySQLdb.cursors.SSCursor
+    return pymysql.cursors.SSCursor
+
+
 class ConsistentRead:
     """One table read in a consistent snapshot on a connection of its own,
-    streamed from a server-side cursor."""
+    streamed from a server-side cursor, with either driver of
+    snapshot/source.py (the same values): mysqlclient parses a row in a
+    quarter of pymysql's time, most of a keyless read's cost in the producer
+    (bench/initial_load.py --keyless)."""
 
-    def __init__(self, cfg: SourceConfig, info: TableInfo, where: str = "") -> None:
+    def __init__(self, cfg: SourceConfig, info: TableInfo, where: str = "", driver: str = "pymysql") -> None:
         self.cfg = cfg
         self.info = info
-        self.conn: pymysql.connections.Connection[Any] | None = None
-        self.cur: pymysql.cursors.SSCursor | None = None
+        self.driver = driver
+        self.conn: Any = None
+        self.cur: Any = None
         try:
-            self.conn = pymysql.connect(
-                host=cfg.host, port=cfg.port, user=cfg.user, password=cfg.password,
-                connect_timeout=int(cfg.connect_timeout_s), autocommit=True, charset="utf8mb4",
-                cursorclass=pymysql.cursors.SSCursor, **source_connect_args(cfg))
-        except pymysql.err.MySQLError as exc:
+            self.conn = DRIVERS[driver](cfg)
+        except Exception as exc:
+            if not _driver_error(exc):
+                raise
             raise translate(exc, cfg, "a connection") from None
         try:
             self.position = self._start()
@@ -154,10 +165,15 @@ class ConsistentRead:
     def _exec(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         assert self.conn is not None
         try:
-            with self.conn.cursor(pymysql.cursors.Cursor) as c:
+            c = self.conn.cursor()
+            try:
                 c.execute(sql, tuple(params) if params is not None else None)
                 return list(c.fetchall())
-        except pymysql.err.MySQLError as exc:
+            finally:
+                c.close()
+        except Exception as exc:
+            if not _driver_error(exc):
+                raise
             raise translate(exc, self.cfg, " ".join(sql.split())[:300]) from None
 
     def _start(self) -> Position:
@@ -190,10 +206,12 @@ class ConsistentRead:
 
     def _run(self, sql: str, params: Sequence[Any]) -> None:
         assert self.conn is not None
-        self.cur = self.conn.cursor()
+        self.cur = self.conn.cursor(_server_side_cursor(self.driver))
         try:
             self.cur.execute(sql, tuple(params))  # a tuple, even empty: the driver then undoes the %% escapes
-        except pymysql.err.MySQLError as exc:
+        except Exception as exc:
+            if not _driver_error(exc):
+                raise
             raise translate(exc, self.cfg, " ".join(sql.split())[:300]) from None
 
     def blocks(self, n: int = FETCH_ROWS) -> Iterator[Sequence[tuple[Any, ...]]]:
@@ -203,7 +221,9 @@ class ConsistentRead:
         while True:
             try:
                 rows = self.cur.fetchmany(n)
-            except pymysql.err.MySQLError as exc:
+            except Exception as exc:
+                if not _driver_error(exc):
+                    raise
                 # Half a transaction is out: the producer must restart (and
                 # read the table again), whatever the cause.
                 raise SourceUnavailableError(f"snapshot: the read of {name} (no primary key) broke off: {exc}; "
@@ -217,8 +237,9 @@ class ConsistentRead:
             return
         try:
             self.conn.close()  # ends the read transaction; unread rows are discarded with the connection
-        except pymysql.err.Error:
-            pass
+        except Exception as exc:
+            if not _driver_error(exc):
+                raise
         self.conn = None
         self.cur = None
 

@@ -20,7 +20,8 @@ MariaDB Connector/Python 248k rows/s but it fails on zero dates
 temporal converters turn zero and invalid dates into None; ours keep them
 as text, as pymysql does, so both drivers give the same values (tests:
 test_snapshot.py, every type, both drivers).  With TLS to the source the
-chunk selects use pymysql (the TLS settings are tested with it only).
+chunk selects use pymysql (the TLS settings are tested with it only).  A
+keyless table's whole-table read (snapshot/keyless.py) uses the same driver.
 """
 from __future__ import annotations
 

@@ -101,18 +101,23 @@ def test_snapshot_rows_match_the_binlog_decoder_exactly(mariadb: MariaDBServer, 
         tmp_path / "c.toml", mariadb, source={"start": f"{start.file}:{start.pos}", "include_tables": [f"{db}.*"]},
         snapshot={"chunk_size": 2, "allow_no_primary_key": True, "driver": driver}), env={})
     cols = ", ".join(f"`{n}` {t}" for n, t in ALL_TYPES)
+    # tk: every type again, without a primary key (read whole, in one
+    # consistent read, by the same driver: snapshot/keyless.py).
+    keyless_cols = cols.replace("NOT NULL PRIMARY KEY", "NOT NULL")
     mariadb.execute(f"CREATE DATABASE {db}", f"CREATE TABLE {db}.t ({cols}) DEFAULT CHARSET=utf8mb4",
+                    f"CREATE TABLE {db}.tk ({keyless_cols}) DEFAULT CHARSET=utf8mb4",
                     f"CREATE TABLE {db}.c (a int, b varchar(5), v double, PRIMARY KEY (b, a))",
                     f"CREATE TABLE {db}.n (x int, y varchar(3))")
     mariadb.execute("SET SESSION sql_mode=''", "SET SESSION time_zone='+00:00'",
-                    *[f"INSERT INTO {db}.t VALUES {r}" for r in ROWS],
+                    *[f"INSERT INTO {db}.t VALUES {r}" for r in ROWS], *[f"INSERT INTO {db}.tk VALUES {r}" for r in ROWS],
                     f"INSERT INTO {db}.c SELECT seq % 3, CONCAT('k', seq % 4), seq / 7 FROM {db}.seq_1_to_12",
                     f"INSERT INTO {db}.n VALUES (1, 'a'), (1, 'a'), (2, NULL)")
     with _Running(cfg) as run:
         # Let the INSERTs ship first: in one batch a READ would fold into them.
-        wait_for(lambda: sum(c.op is Op.INSERT for c in run.sink.changes()) == len(ROWS) + 12 + 3, 30, "the inserts")
+        wait_for(lambda: sum(c.op is Op.INSERT for c in run.sink.changes()) == 2 * len(ROWS) + 12 + 3, 30, "the inserts")
         out = io.StringIO()
-        assert run_snapshot_command(cfg, tables=[f"{db}.t", f"{db}.n"], where="", out=out, progress=False) == 0, out.getvalue()
+        assert run_snapshot_command(cfg, tables=[f"{db}.t", f"{db}.n", f"{db}.tk"], where="", out=out,
+                                    progress=False) == 0, out.getvalue()
         assert run_snapshot_command(cfg, tables=[f"{db}.c"], where="b = 'k1' AND a > 0", out=out,
                                     progress=False) == 0, out.getvalue()
         # Keyless tables are refused unless allow_no_primary_key is set.
@@ -124,13 +129,15 @@ def test_snapshot_rows_match_the_binlog_decoder_exactly(mariadb: MariaDBServer, 
         report = status_report(cfg.resolve(cfg.producer.state_dir))
         time.sleep(0.5)
     changes = run.sink.changes()
+    for table in ("t", "tk"):
+        inserts = {c.after[0]: c for c in changes if c.op is Op.INSERT and c.table == table}  # type: ignore[index]
+        reads = {c.after[0]: c for c in changes if c.op is Op.READ and c.table == table}  # type: ignore[index]
+        assert sorted(reads) == sorted(inserts) == [1, 2, 3, 4], table
+        for k, ins in inserts.items():
+            assert reads[k].schema == ins.schema
+            for col, want, got in zip(ins.schema.columns, ins.after, reads[k].after):  # type: ignore[union-attr, arg-type]
+                assert (type(got), got) == (type(want), want), f"{table} row {k} column {col.name} ({col.type})"
     inserts = {c.after[0]: c for c in changes if c.op is Op.INSERT and c.table == "t"}  # type: ignore[index]
-    reads = {c.after[0]: c for c in changes if c.op is Op.READ and c.table == "t"}  # type: ignore[index]
-    assert sorted(reads) == sorted(inserts) == [1, 2, 3, 4]
-    for k, ins in inserts.items():
-        assert reads[k].schema == ins.schema
-        for col, want, got in zip(ins.schema.columns, ins.after, reads[k].after):  # type: ignore[union-attr, arg-type]
-            assert (type(got), got) == (type(want), want), f"row {k} column {col.name} ({col.type})"
     # The schema built from information_schema equals the decoder's (the
     # emitter uses it when the log has not shown the table yet).
     conn = SnapshotConnection(cfg.source)
@@ -149,7 +156,7 @@ def test_snapshot_rows_match_the_binlog_decoder_exactly(mariadb: MariaDBServer, 
         "the watermark table must never be shipped"
     jobs = report["jobs"]
     assert [j["status"] for j in jobs.values()] == ["done", "done"]
-    assert sum(j["rows_emitted"] for j in jobs.values()) == len(ROWS) + 3 + 2
+    assert sum(j["rows_emitted"] for j in jobs.values()) == 2 * len(ROWS) + 3 + 2
 
 
 def test_pause_resume_cancel_and_status(mariadb: MariaDBServer, tmp_path: Path) -> None:
