@@ -235,6 +235,11 @@ class ConsistentRead:
     def close(self) -> None:
         if self.conn is None:
             return
+        result = getattr(self.conn, "_result", None) if self.driver == "pymysql" else None
+        if result is not None and getattr(result, "unbuffered_active", False):
+            # pymysql's cursor and result would drain the unread rows when
+            # collected, from the socket closed below ("Exception ignored").
+            result.unbuffered_active = False
         try:
             self.conn.close()  # ends the read transaction; unread rows are discarded with the connection
         except Exception as exc:
