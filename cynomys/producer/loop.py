@@ -392,7 +392,7 @@ class Producer:
             # going on, the usual case): they and the transaction ends skip
             # the tasks' ``observe``, ~13% of the daemon on small OLTP
             # transactions (bench/producer_oltp.py).  Asked again after each
-            # item that went through ``observe``.
+            # item that went through ``observe`` while none watched.
             watched = watching(self.tasks)
             timeout = min((task.wait_s() for task in self.tasks), default=_IDLE_WAIT_S)
             if run.at_boundary(asm):
@@ -441,8 +441,11 @@ class Producer:
                             observe_in_order(self.tasks, unseen)
                             unseen = None
                         seen = observe_in_order(self.tasks, out)  # None: a task dropped it (the watermark table's)
-                        if type(out) not in _ENDS:
-                            watched = watching(self.tasks)  # a DDL, a watermark: the tasks may watch now
+                        if not watched and type(out) not in _ENDS:
+                            # A DDL, a watermark seen while none watched: a task may
+                            # watch now.  (Once one watches, it stays so until the
+                            # next turn asks again: no scan of the jobs per change.)
+                            watched = watching(self.tasks)
                         if seen is not None:
                             run.handle(seen, asm)
                     if run.txn_in_batch >= self.max_events and asm.begin is not None:

@@ -47,8 +47,9 @@ class ProducerTask(Protocol):
         now (a job, a read in flight, changes to drop).  While no task does,
         the producer hands them on without calling ``observe`` (DDL, the
         watermark table's rows and transaction ends still go through it);
-        asked again after every item that went through ``observe`` and after
-        every ``poll``, the only places a task starts to watch."""
+        asked again after every item that went through ``observe`` while none
+        watched and after every ``poll``, the only places a task starts to
+        watch (a task that stops watching is asked again next turn)."""
 
     def poll(self, at_boundary: bool) -> Sequence[Item] | KeylessRead:
         """The task's items for this turn, in order (only ``at_boundary``,
