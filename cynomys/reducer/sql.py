@@ -44,12 +44,8 @@ def _delete(d: Dialect, cs: list[Change]) -> list[str]:
         limit = " LIMIT 1" if d.supports_limit_in_dml else ""
         return [f"DELETE FROM {tbl} WHERE {_where_row(d, schema, c.before or ())}{limit}" for c in cs]
     idx = schema.key_indexes()
-    if len(idx) == 1:
-        keys = ", ".join(d.literal((c.before or ())[idx[0]]) for c in cs)
-        return [f"DELETE FROM {tbl} WHERE {d.ident(schema.key[0])} IN ({keys})"]
-    cols = ", ".join(d.ident(k) for k in schema.key)
-    keys = ", ".join("(" + ", ".join(d.literal((c.before or ())[i]) for i in idx) + ")" for c in cs)
-    return [f"DELETE FROM {tbl} WHERE ({cols}) IN ({keys})"]
+    keys = [[(c.before or ())[i] for i in idx] for c in cs]
+    return [f"DELETE FROM {tbl} WHERE {d.keys_in(schema.key, keys)}"]
 
 
 def _update(d: Dialect, c: Change) -> str:

@@ -28,7 +28,7 @@ def test_inserts_become_one_multirow_insert() -> None:
 def test_deletes_become_in_lists() -> None:
     assert render([c(Op.DELETE, (1, "x", None), None), c(Op.DELETE, (2, "y", None), None)]) == \
         ["DELETE FROM `shop`.`order` WHERE `id` IN (1, 2)"]
-    assert render([c(Op.DELETE, (1, 2, "x"), None, S2)]) == ["DELETE FROM `shop`.`pair` WHERE (`a`, `b`) IN ((1, 2))"]
+    assert render([c(Op.DELETE, (1, 2, "x"), None, S2)]) == ["DELETE FROM `shop`.`pair` WHERE `a` = 1 AND `b` = 2"]
 
 
 def test_update_sets_only_changed_columns() -> None:
@@ -74,3 +74,8 @@ def test_small_and_large_decimals_render_without_exponent() -> None:
         assert d.literal(decimal.Decimal("0.000000123456789012345678901234")) == "0.000000123456789012345678901234"
         assert d.literal(decimal.Decimal("1E+40")) == "1" + "0" * 40
         assert d.literal(decimal.Decimal("-0.000")) == "-0.000"
+
+
+def test_several_keys_of_a_composite_key_are_a_row_value_in() -> None:
+    out = render([c(Op.DELETE, (1, 2, "x"), None, S2), c(Op.DELETE, (3, 4, "y"), None, S2)])
+    assert out == ["DELETE FROM `shop`.`pair` WHERE (`a`, `b`) IN ((1, 2), (3, 4))"]

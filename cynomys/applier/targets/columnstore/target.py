@@ -432,15 +432,8 @@ class ColumnStoreTarget(SqlTarget):
             return
         tbl = MARIADB.table(schema.database, schema.table)
         step = self.capabilities.max_statement_rows
-        cols = [MARIADB.ident(k) for k in schema.key]
         for i in range(0, len(keys), step):
-            chunk = keys[i:i + step]
-            if len(cols) == 1:
-                where = f"{cols[0]} IN (" + ", ".join(literal(k[0]) for k in chunk) + ")"
-            else:
-                where = ("(" + ", ".join(cols) + ") IN ("
-                         + ", ".join("(" + ", ".join(literal(v) for v in k) + ")" for k in chunk) + ")")
-            self._execute(cur, f"DELETE FROM {tbl} WHERE {where}", schema)
+            self._execute(cur, f"DELETE FROM {tbl} WHERE {MARIADB.keys_in(schema.key, keys[i:i + step], literal)}", schema)
 
     def _delete_row(self, cur: Cursor, schema: TableSchema, row: Row, n: int) -> list[Row]:
         """Remove n copies of a whole row; returns copies to insert back
