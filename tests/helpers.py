@@ -160,3 +160,20 @@ def whole_transactions(batches: list[tuple[int, Batch]]) -> Iterator[tuple[int, 
         if b.complete:
             yield seq, [c for part in pending for c in part.changes]
             pending = []
+
+
+def duckdb_reader(path: Path, wait_s: float = 5.0) -> Any:
+    """A read-only connection to the DuckDB file ``path``, tried for up to
+    ``wait_s`` as a reader polling it would (the applier holds the file only
+    while it flushes, and a loaded machine flushes back to back); None if
+    it stayed held."""
+    import duckdb
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return duckdb.connect(str(path), read_only=True)
+        except duckdb.Error:
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)

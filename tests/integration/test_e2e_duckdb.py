@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import duckdb_reader
 from tests.integration.test_e2e_columnstore import TABLES, _run, _writer
 from tests.servers.mariadb import MariaDBServer
 
@@ -36,10 +37,10 @@ def _norm(v: Any) -> Any:
 
 def _target_tables(path: Path) -> dict[str, list[tuple[Any, ...]]] | None:
     """Every table of the file read like any other process would (read-only,
-    one short connection); None while the applier holds the file for a flush."""
-    try:
-        conn = duckdb.connect(str(path), read_only=True)
-    except duckdb.Error:
+    one short connection, as a reader polling it would: ``duckdb_reader``);
+    None while the applier holds the file for its flushes."""
+    conn = duckdb_reader(path)
+    if conn is None:
         return None
     try:
         out: dict[str, list[tuple[Any, ...]]] = {}

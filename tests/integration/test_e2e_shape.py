@@ -34,7 +34,7 @@ import pytest
 from cynomys.core.config import load_config
 from cynomys.core.model import Change, Op
 from cynomys.transport.keys import generate_keys
-from tests.helpers import transport_envelopes, wait_for, write_config
+from tests.helpers import duckdb_reader, transport_envelopes, wait_for, write_config
 from tests.integration.test_e2e_columnstore import OneProducer, _kill, _reports_caught_up, _start_applier, _write_loop
 from tests.servers.mariadb import MariaDBServer
 
@@ -118,10 +118,9 @@ def _norm(v: Any) -> Any:
 
 def _target(path: Path) -> dict[str, tuple[list[str], list[tuple[Any, ...]]]] | None:
     """merged.<table> -> (column names, rows), read as an analyst would; None
-    while the applier holds the file."""
-    try:
-        conn = duckdb.connect(str(path), read_only=True)
-    except duckdb.Error:
+    while the applier holds the file (``duckdb_reader``)."""
+    conn = duckdb_reader(path)
+    if conn is None:
         return None
     try:
         out = {}
