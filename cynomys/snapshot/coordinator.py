@@ -61,7 +61,7 @@ from cynomys.snapshot.state import (
     TableProgress,
 )
 from cynomys.snapshot.task import POLL_S, ChunkedTask, Cursor, Emitted
-from cynomys.snapshot.window import ChunkWindow, Phase, Window
+from cynomys.snapshot.window import ChunkWindow, Phase, Window, python_ordered
 
 log = logging.getLogger(__name__)
 
@@ -387,8 +387,9 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
                 f.window.phase = Phase.CLOSING if res.marks.reached(self._last_end) else Phase.OPEN
                 f.changed.update(k for k, gtid, begin in f.seen if not res.marks.before_window(gtid, begin))
                 f.seen = None
-            chunk = ChunkWindow.of(f.info.schema.database, f.info.schema.table, f.info.schema.key_indexes(),
-                                   res.rows)
+            schema = f.info.schema
+            chunk = ChunkWindow.of(schema.database, schema.table, schema.key_indexes(), res.rows,
+                                   ordered=python_ordered(schema))
             for k in f.changed:
                 chunk.drop_key(k)
             f.changed = set()

@@ -35,7 +35,7 @@ from enum import Enum
 from typing import Sequence
 
 from cynomys.core.gtid import GtidSet
-from cynomys.core.model import Change, Position, Row, Value
+from cynomys.core.model import Change, Position, Row, TableSchema, Value
 
 
 class Phase(str, Enum):
@@ -151,21 +151,34 @@ class ChunkWindow:
     window: it cannot tell rows apart, so the read is thrown away and done
     again."""
 
-    __slots__ = ("database", "table", "key_indexes", "_rows", "_index", "selected", "dropped", "dirty")
+    __slots__ = ("database", "table", "key_indexes", "_rows", "_index", "_bounds", "selected", "dropped", "dirty")
 
-    def __init__(self, database: str, table: str, key_indexes: Sequence[int], rows: Sequence[Row] = ()) -> None:
+    def __init__(self, database: str, table: str, key_indexes: Sequence[int], rows: Sequence[Row] = (),
+                 ordered: bool = False) -> None:
         self.database = database
         self.table = table
         self.key_indexes = tuple(key_indexes)
         self._rows: list[Row] = list(rows)
         self._index: dict[tuple[Value, ...], Row] | None = None
+        # (first key, last key) when Python orders the keys as the server's
+        # ORDER BY did (``ordered``: numbers): a change outside them leaves
+        # the index unbuilt.  With writers going, nearly every window sees
+        # some change of a big table, almost never one of its own rows: the
+        # index was 9% of the producer's CPU in a 2M-row initial load.
+        self._bounds: tuple[tuple[Value, ...], tuple[Value, ...]] | None = None
+        if ordered and self._rows and self.key_indexes:
+            idx = self.key_indexes
+            self._bounds = (tuple(self._rows[0][i] for i in idx), tuple(self._rows[-1][i] for i in idx))
         self.selected = len(self._rows)
         self.dropped = 0
         self.dirty = False
 
     @classmethod
-    def of(cls, database: str, table: str, key_indexes: Sequence[int], rows: Sequence[Row]) -> ChunkWindow:
-        return cls(database, table, key_indexes, rows)
+    def of(cls, database: str, table: str, key_indexes: Sequence[int], rows: Sequence[Row],
+           ordered: bool = False) -> ChunkWindow:
+        """``ordered``: the rows are in key order and Python compares the key
+        columns' values as the server does (``python_ordered``)."""
+        return cls(database, table, key_indexes, rows, ordered)
 
     @property
     def rows(self) -> dict[tuple[Value, ...], Row]:
@@ -177,6 +190,13 @@ class ChunkWindow:
 
     def drop_key(self, key: tuple[Value, ...]) -> None:
         """The log carries this key's state: its row leaves the chunk."""
+        if self._index is None and self._bounds is not None:
+            lo, hi = self._bounds
+            try:
+                if key < lo or key > hi:
+                    return
+            except TypeError:  # a value of another type: the index decides
+                pass
         if self.rows.pop(key, None) is not None:
             self.dropped += 1
 
@@ -201,3 +221,14 @@ class ChunkWindow:
         if not self.key_indexes or self._index is None:
             return list(self._rows)
         return list(self._index.values())
+
+
+#: Key column types whose values Python orders as the server does (numbers:
+#: no collation, no zero dates held as text).
+_PYTHON_ORDERED = frozenset({"tinyint", "smallint", "mediumint", "int", "integer", "bigint",
+                             "decimal", "numeric", "dec", "fixed"})
+
+
+def python_ordered(schema: TableSchema) -> bool:
+    """Whether every key column of ``schema`` is of a ``_PYTHON_ORDERED`` type."""
+    return bool(schema.key) and all(schema.columns[i].base_type in _PYTHON_ORDERED for i in schema.key_indexes())

@@ -15,7 +15,7 @@ from cynomys.snapshot.chunker import build_chunk_query, decode_key, encode_key, 
 from cynomys.snapshot.columns import normalize_type, row_converter, table_info
 from cynomys.snapshot.state import DONE, FAILED, FINISHED, QUEUED, SnapshotJob, SnapshotStore, TableProgress
 from cynomys.snapshot.watermark import read_watermark, same_statement, watermark_ddl
-from cynomys.snapshot.window import ChunkWindow, GtidMarks
+from cynomys.snapshot.window import ChunkWindow, GtidMarks, python_ordered
 
 COLS = (ColumnDef("a", "int"), ColumnDef("b", "varchar(10)"), ColumnDef("v", "float"))
 
@@ -165,6 +165,33 @@ def test_window_drops_every_key_the_log_changes_in_it() -> None:
     w.on_change(_change(Op.UPDATE, (5, 50), (5, 51)), in_window=False)  # before the window: kept
     assert w.remaining() == [(1, 10), (5, 50)]
     assert (w.selected, w.dropped) == (5, 3)
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+def test_window_drops_the_same_keys_with_or_without_its_bounds(ordered: bool) -> None:
+    """With numeric keys the first and last key of the chunk turn away the
+    log's keys outside them without building the index; the rows that
+    remain are the same either way (a composite key, changes on both sides,
+    at both ends and inside)."""
+    rows = [(k, n) for k in (10, 11, 12) for n in (1, 2, 3)]
+    w = ChunkWindow.of("d", "t", (0, 1), rows, ordered=ordered)
+    for key in [(9, 9), (13, 0), (10, 0), (12, 4), (-5, 1), (2**70, 1)]:  # outside, or between rows
+        w.drop_key(key)
+    assert (w._index is None) is ordered and w.dropped == 0
+    for key in [(10, 1), (11, 2), (12, 3), (12, 4)]:
+        w.drop_key(key)
+    assert w.remaining() == [r for r in rows if r not in {(10, 1), (11, 2), (12, 3)}] and w.dropped == 3
+
+
+def test_only_numeric_keys_are_ordered_as_python_orders_them() -> None:
+    def schema(*types: str) -> TableSchema:
+        return TableSchema("d", "t", tuple(ColumnDef(f"c{i}", t) for i, t in enumerate(types)),
+                           tuple(f"c{i}" for i in range(len(types))))
+
+    assert python_ordered(schema("bigint unsigned", "int(11)")) and python_ordered(schema("decimal(10,2)"))
+    assert not python_ordered(schema("int", "varchar(10)"))  # collation order is not Python's
+    assert not python_ordered(schema("date"))  # zero dates come as text
+    assert not python_ordered(TableSchema("d", "t", (ColumnDef("a", "int"),), ()))
 
 
 def test_keyless_window_is_dirty_on_any_change() -> None:
