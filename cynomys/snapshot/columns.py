@@ -118,9 +118,11 @@ _CONVERT: dict[str, Callable[[Any], Value]] = {
 }
 
 
-def row_converter(columns: Sequence[ColumnDef]) -> Callable[[Sequence[Any]], Row]:
-    """A function turning one driver row into a model row."""
-    convs = [(i, _CONVERT[c.base_type]) for i, c in enumerate(columns) if c.base_type in _CONVERT]
+def row_converter(columns: Sequence[ColumnDef], done: frozenset[str] = frozenset()) -> Callable[[Sequence[Any]], Row]:
+    """A function turning one driver row into a model row; ``done``: base
+    types the driver already gives as model values (source.py ``MODEL_TYPES``)."""
+    convs = [(i, _CONVERT[c.base_type]) for i, c in enumerate(columns)
+             if c.base_type in _CONVERT and c.base_type not in done]
     if not convs:
         return tuple
 

@@ -47,7 +47,7 @@ from cynomys.core.config import Config
 from cynomys.core.model import Row
 from cynomys.snapshot.chunker import build_boundary_query, build_chunk_query, build_range_query
 from cynomys.snapshot.columns import TableInfo, row_converter
-from cynomys.snapshot.source import SnapshotConnection, chunk_driver
+from cynomys.snapshot.source import MODEL_TYPES, SnapshotConnection, chunk_driver
 from cynomys.snapshot.watermark import WindowOpener
 from cynomys.snapshot.window import GtidMarks
 
@@ -181,17 +181,17 @@ class ChunkReaders:
                     end = tuple(raw[-1][i] for i in idx)  # driver values, as the next select takes them
                     plan.after = end
                 plan.done = not full
-                return ReadResult(req.flight, seq, after, _converted(req.info, raw), end, not full, marks)
+                return ReadResult(req.flight, seq, after, _converted(req.info, raw, self.driver), end, not full, marks)
         raw, marks = opener.read(query, req.low, req.high)
-        return ReadResult(req.flight, seq, after, _converted(req.info, raw), end, False, marks)
+        return ReadResult(req.flight, seq, after, _converted(req.info, raw, self.driver), end, False, marks)
 
 
 def _args(q: Any) -> tuple[str, tuple[Any, ...]]:
     return q.sql, q.params
 
 
-def _converted(info: TableInfo, raw: list[tuple[Any, ...]]) -> tuple[Row, ...]:
-    convert = row_converter(info.schema.columns)
+def _converted(info: TableInfo, raw: list[tuple[Any, ...]], driver: str) -> tuple[Row, ...]:
+    convert = row_converter(info.schema.columns, MODEL_TYPES[driver])
     if convert is tuple:  # no column needs converting: the driver's tuples are the rows
         return tuple(raw)
     return tuple(convert(r) for r in raw)
