@@ -161,9 +161,9 @@ class Writers:
 
 
 def config(work: Path, src: MariaDBServer, redis_url: str, target: str, keys: dict[str, Path],
-           snapshot: str = "") -> Path:
+           snapshot: str = "", applier: str = "") -> Path:
     return redis_config(work, src, redis_url, keys, include="tpch.*", start="current", heartbeat_s=0.5,
-                        tail=f"{snapshot}\n{target}")
+                        applier=applier, tail=f"{snapshot}\n{target}")
 
 
 def vm_hwm_mb(pid: int) -> float | None:
@@ -257,7 +257,8 @@ def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, 
         print(f"[{kind}] hand copy: {copy}", flush=True)
         max_key = int(src.execute("SELECT MAX(l_orderkey) FROM tpch.lineitem")[0][0])
         extra = f"[snapshot]\nmax_connections = {args.max_connections}" if args.max_connections else ""
-        cfg = config(work, src, redis.url, section, generate_keys(work / "keys"), extra)
+        applier = "".join(f"{setting}\n" for setting in args.applier)
+        cfg = config(work, src, redis.url, section, generate_keys(work / "keys"), extra, applier)
         writers = Writers(src, args.writers, args.write_rate, max_key, args.keyless).start()
         t0 = time.monotonic()
         procs = [daemon(cfg, "produce", work / "producer.log"), daemon(cfg, "apply", work / "applier.log")]
@@ -366,6 +367,8 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep each run's work folder")
     ap.add_argument("--name", default="", help="result file name (default initial_load[_keyless])")
     ap.add_argument("--max-connections", type=int, default=0, help="[snapshot] max_connections (0: the default)")
+    ap.add_argument("--applier", action="append", default=[], metavar="KEY=VALUE",
+                    help="an [applier] setting, TOML (e.g. 'buffer_rows = 200000'); repeatable; default: none")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="cynomys-initial-data-"))
     try:
