@@ -256,3 +256,30 @@ def _printed_by_a_fresh_process(script: str) -> list[str]:
                          cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr
     return out.stdout.split()
+
+
+@pytest.mark.parametrize("values", [
+    ["plain", "a\tb", "text", None, "c"],          # the tab is outside the slice taken below
+    ["plain", "x", "back\\slash", None, "c\nd"],   # inside it
+    ["plain", "x", "y", None, "z"],                # nowhere
+])
+def test_load_data_escapes_look_at_the_slice_only_as_a_shortcut(values: list[str | None]) -> None:
+    """The escape passes are skipped when a column's bytes hold nothing to
+    escape; a slice of a block whose other rows do is written exactly as
+    the reference writes it either way."""
+    import pyarrow as pa
+
+    from cynomys.applier.targets.arrow import text_array
+    from cynomys.applier.targets.columnstore.loaddata import LOAD_DATA_TEXT, _needs_escape
+    from cynomys.applier.targets.columnstore.types import encode_field
+
+    col = ColumnDef("s", "varchar(20)")
+    for arr in (text_array(values), text_array(values).slice(2, 3)):
+        want = [None if v is None else encode_field(v) for v in arr.to_pylist()]
+        for kind in ("StringColumn", "BytesColumn"):
+            a = arr if kind == "StringColumn" else arr.cast(pa.binary())
+            got = LOAD_DATA_TEXT[kind](a, col).cast(pa.binary()).to_pylist()
+            assert got == want, (kind, arr.to_pylist())
+    sliced = text_array(values).slice(2, 3).to_pylist()
+    assert _needs_escape(text_array(values).slice(2, 3)) == any(
+        c in v for v in sliced if v is not None for c in "\\\t\n")
