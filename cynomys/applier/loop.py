@@ -196,7 +196,8 @@ class Applier:
         pid = self.open_pid or self.producer_id
         held = self.admit.held(pid) or AppliedState(pid, 0, Position("", 0))
         t0 = time.monotonic()
-        self.target.apply_part(build_flush(changes, held, self.target.capabilities.columnar_inserts))
+        caps = self.target.capabilities
+        self.target.apply_part(build_flush(changes, held, caps.columnar_inserts, caps.keyless_runs))
         self.parts += 1
         self.stats.parts += 1
         self.stats.rows_out += row_count(changes)
@@ -207,7 +208,8 @@ class Applier:
     def _commit(self, changes: list[Change], state: AppliedState,
                 amend: Callable[[Flush], None] | None = None) -> None:
         """One flush: with the parts applied before it (committing them) or alone."""
-        flush = build_flush(changes, state, self.target.capabilities.columnar_inserts)
+        caps = self.target.capabilities
+        flush = build_flush(changes, state, caps.columnar_inserts, caps.keyless_runs)
         if amend is not None:
             amend(flush)
         t0 = time.monotonic()

@@ -329,7 +329,13 @@ class Folder:
 
     def _add_run(self, run: InsertRun) -> None:
         schema = run.schema
-        assert schema is not None and schema.key, "InsertRuns are made for keyed tables only"
+        assert schema is not None
+        if not schema.key:
+            # A keyless table's rows keep their place and fold with nothing
+            # (as its plain changes): one slot, never indexed.
+            self._slots.append(run)
+            self._run_extra += run.count - len(run.excluded) - 1
+            return
         keys = self._entry(run, schema)[4]
         slot = len(self._slots)
         self._run_extra += run.count - len(run.excluded) - 1

@@ -384,7 +384,7 @@ def _block(schema: TableSchema, rows: int, columns: list[tuple[int, int, bytes |
 
 def decode_columnar(payload: bytes) -> Batch:
     """``decode`` for the applier: the same Batch, except that runs of
-    INSERTs (or of snapshot READs: upserts) into keyed tables come as
+    INSERTs (or of snapshot READs: upserts) come as
     ``InsertRun`` changes whose images stay column-wise (``core.columnar``).  Compiled only: on the pure-Python path,
     or for any envelope the compiled reader does not take (updates, deletes,
     DDL, mixed columns, anything unexpected), this is ``decode``."""
@@ -405,10 +405,7 @@ def decode_columnar(payload: bytes) -> Batch:
                 raise ValueError("a record names a row its block does not have")
             run = InsertRun(Op.READ if op == ops[Op.READ] else Op.INSERT, db, tb, tid, Position(*txn), commit_ts,
                             schemas[ref], block=block, start=first, count=count)
-            if schemas[ref].key:
-                changes.append(run)
-            else:
-                changes.extend(run.as_changes())  # keyless tables fold as whole rows, in order
+            changes.append(run)  # a keyless table's too: build_flush decides (Capabilities.keyless_runs)
     except (ext.Fallback, ValueError, KeyError, IndexError):
         # pyarrow's invalid-data errors are ValueErrors (ArrowInvalid).
         compiled.fallbacks["decode_columns"] += 1

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cynomys.applier.batcher import DelayBuffer
-from cynomys.applier.targets.base import build_flush
+from cynomys.applier.targets.base import Flush, build_flush
 from cynomys.applier.targets.columnstore.target import ColumnStoreTarget
 from cynomys.core import compiled
 from cynomys.core.columnar import InsertRun, row_count
@@ -283,3 +283,51 @@ def test_load_data_escapes_look_at_the_slice_only_as_a_shortcut(values: list[str
     sliced = text_array(values).slice(2, 3).to_pylist()
     assert _needs_escape(text_array(values).slice(2, 3)) == any(
         c in v for v in sliced if v is not None for c in "\\\t\n")
+
+
+KEYLESS = TableSchema("d", "k", tuple(ColumnDef(n, t) for n, t in COLS), ())
+
+
+def _keyless_rows(flush: Flush) -> list[bytes]:
+    """A keyless flush as the target sees it: the rows deleted (with their
+    counts) and the LOAD DATA lines inserted, as sorted multisets."""
+    (tf,) = flush.tables
+    deleted = sorted(repr(kv).encode() for kv in tf.delete_rows.items())
+    lines = ColumnStoreTarget.load_data_bytes(tf.schema, tf.inserts, tf.runs).splitlines()
+    return deleted + [b"--"] + sorted(lines)
+
+
+@pytest.mark.parametrize("deletes", [False, True])
+def test_a_keyless_tables_runs_stay_column_wise_unless_the_flush_deletes_its_rows(
+        compiled_path: object, deletes: bool) -> None:
+    """A keyless table's snapshot read and bulk inserts reach a target with
+    ``keyless_runs`` as InsertRuns (no Python row per value); a flush that
+    also deletes rows of it nets them as whole rows, as before.  Either way
+    the target gets the multiset the reference path gives."""
+    rng = random.Random(3)
+    rows = [tuple(_value(rng, i) for i in range(len(COLS))) for _ in range(50)]
+    rows += rows[:5]  # identical rows: a multiset
+    envelopes = [
+        codec.encode(Batch("p", tuple(Change(Op.READ, "d", "k", "snapshot:1", Position("b.000001", 100), 1, KEYLESS,
+                                             None, r) for r in rows[:30]), Position("b.000001", 100))),
+        codec.encode(Batch("p", tuple(Change(Op.INSERT, "d", "k", "7", Position("b.000001", 200), 1, KEYLESS,
+                                             None, r) for r in rows[30:]), Position("b.000001", 250))),
+    ]
+    if deletes:  # one copy of a row read above, and a row never held
+        envelopes.append(codec.encode(Batch("p", (
+            Change(Op.DELETE, "d", "k", "8", Position("b.000001", 300), 1, KEYLESS, rows[0], None),
+            Change(Op.DELETE, "d", "k", "8", Position("b.000001", 300), 1, KEYLESS, rows[40][:1] + (None,) * 11, None),
+        ), Position("b.000001", 350))))
+    state = AppliedState("p", 1, Position("b", 1))
+    got, want = DelayBuffer(10**9, 1e9), DelayBuffer(10**9, 1e9)
+    for payload in envelopes:
+        got.add(codec.decode_columnar(payload).changes)
+        want.add(codec.decode(payload).changes)
+    assert got.held() == want.held() == len(rows) + (2 if deletes else 0)  # a run counts its rows
+    flush = build_flush(got.take(), state, columnar=True, keyless_runs=True)
+    ref = build_flush(want.take(), state, columnar=True)
+    (tf,) = flush.tables
+    assert [len(tf.runs) > 0, len(tf.inserts) > 0] == ([False, True] if deletes else [True, False])
+    assert _keyless_rows(flush) == _keyless_rows(ref)
+    # The copy of rows[0] deleted nets against one read here; the other row is deleted from the target.
+    assert sum(tf.delete_rows.values()) == (1 if deletes else 0)

@@ -57,6 +57,11 @@ class Capabilities:
     # The target loads ``TableFlush.runs`` (InsertRuns, column-wise) itself;
     # otherwise build_flush turns them into row images in ``inserts``.
     columnar_inserts: bool = False
+    # ... a keyless table's runs too (a snapshot's read of it, a bulk
+    # insert), when the flush deletes none of its rows: they are then
+    # plain inserts of a multiset, with no key to upsert or fold on.
+    # Otherwise their rows join the table's multiset (``delete_rows``).
+    keyless_runs: bool = False
     # The target applies one source transaction in parts (``apply_part``,
     # ``commit_parts``, ``rollback_parts``), none of it visible before the
     # last: the applier then bounds its memory whatever a transaction's
@@ -158,24 +163,30 @@ def unify_shapes(changes: list[Change]) -> list[Change]:
     return out
 
 
-def build_flush(changes: list[Change], state: AppliedState, columnar: bool = False) -> Flush:
+def build_flush(changes: list[Change], state: AppliedState, columnar: bool = False,
+                keyless_runs: bool = False) -> Flush:
     """Net row changes (already folded per key) -> per-table deletes/inserts.
     ``columnar``: keep InsertRuns column-wise in ``TableFlush.runs`` (the
-    target's ``Capabilities.columnar_inserts``), else as row images.  A
-    table in several shapes is written in their union (``unify_shapes``)."""
+    target's ``Capabilities.columnar_inserts``), else as row images;
+    ``keyless_runs``: a keyless table's too, unless the flush deletes rows
+    of it (``Capabilities.keyless_runs``).  A table in several shapes is
+    written in their union (``unify_shapes``)."""
     try:
-        return _build_flush(changes, state, columnar)
+        return _build_flush(changes, state, columnar, columnar and keyless_runs)
     except _MixedShapes:
-        return _build_flush(unify_shapes(changes), state, columnar)
+        return _build_flush(unify_shapes(changes), state, columnar, columnar and keyless_runs)
+
 
 
 class _MixedShapes(Exception):
     """A table comes in more than one shape: unify them first (the rare case)."""
 
 
-def _build_flush(changes: list[Change], state: AppliedState, columnar: bool) -> Flush:
+def _build_flush(changes: list[Change], state: AppliedState, columnar: bool, keyless_runs: bool) -> Flush:
     by_table: dict[tuple[str, str], TableFlush] = {}
     keyless: dict[tuple[str, str], Counter[Row]] = {}
+    keyless_deleted: set[tuple[str, str]] = set()  # keyless tables the flush deletes rows of
+    runs_of_keyless: dict[tuple[str, str], list[InsertRun]] = {}
     for c in changes:
         if c.op is Op.DDL or c.schema is None:
             raise ValueError("build_flush takes row changes only")
@@ -185,7 +196,9 @@ def _build_flush(changes: list[Change], state: AppliedState, columnar: bool) -> 
             if tf is not None:
                 raise _MixedShapes()
             tf = by_table[ident] = TableFlush(c.schema)
-        if type(c) is InsertRun:  # inserts of new keys, or snapshot reads (runs exist for keyed tables only)
+        if type(c) is InsertRun and not c.schema.key:  # a keyless table's inserts or snapshot read
+            runs_of_keyless.setdefault(ident, []).append(c)
+        elif type(c) is InsertRun:  # inserts of new keys, or snapshot reads
             if columnar:
                 tf.runs.append(c)  # a READ run upserts: TableFlush.read_keys
             else:
@@ -205,8 +218,16 @@ def _build_flush(changes: list[Change], state: AppliedState, columnar: bool) -> 
             bag = keyless.setdefault(ident, Counter())
             if c.before is not None and c.op is not Op.READ:
                 bag[c.before] -= 1
+                keyless_deleted.add(ident)
             if c.after is not None:
                 bag[c.after] += 1
+    for ident, runs in runs_of_keyless.items():
+        if keyless_runs and ident not in keyless_deleted:
+            by_table[ident].runs.extend(runs)  # inserts of a multiset: nothing to net them against
+        else:
+            bag = keyless.setdefault(ident, Counter())
+            for run in runs:
+                bag.update(run.images())
     for ident, bag in keyless.items():
         tf = by_table[ident]
         for row, n in bag.items():

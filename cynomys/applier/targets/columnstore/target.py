@@ -181,7 +181,8 @@ class ColumnStoreTarget(SqlTarget):
 
     #: MariaDB DDL commits on its own.  Keys: see ``declares_keys``.
     capabilities: ClassVar[Capabilities] = Capabilities(
-        transactional_ddl=False, max_statement_rows=1000, supports_keys=True, columnar_inserts=True, applies_parts=True)
+        transactional_ddl=False, max_statement_rows=1000, supports_keys=True, columnar_inserts=True, applies_parts=True,
+        keyless_runs=True)
     dialect: ClassVar[Dialect] = MARIADB
     driver_errors: ClassVar[tuple[type[BaseException], ...]] = (pymysql.err.Error,)
     ddl_handlers = columnstore_ddl.HANDLERS

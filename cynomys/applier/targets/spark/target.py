@@ -617,7 +617,7 @@ class SparkTarget(StatefulTarget):
             rows, ops, counts = keyed_rows(tf)
         else:
             rows, ops, counts = keyless_rows(tf)
-        # InsertRuns (keyed tables only): new keys, unique in the flush (the
+        # InsertRuns (keyed tables only: keyless_runs is off here): new keys, unique in the flush (the
         # fold took out rows a later change replaced), after the rows.
         runs = tf.runs
         if not rows and not runs:
