@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from cynomys.core.columnar import ManyRows
 from cynomys.core.dialect import MARIADB
@@ -147,10 +147,22 @@ class Batching:
         starts an envelope of its own, so an abandoned attempt can be
         dropped by the applier from where it starts."""
         self.flush_if_idle(asm)
-        for out in read:
-            self.handle(out, asm)
-            if isinstance(out, Change) and self.txn_in_batch >= self.p.max_events:
-                self.flush(False, out.txn, asm)
+        for item in read:
+            for out in self._cut(item):
+                self.handle(out, asm)
+                if isinstance(out, Change) and self.txn_in_batch >= self.p.max_events:
+                    self.flush(False, out.txn, asm)
+
+    def _cut(self, item: Item) -> Sequence[Item]:
+        """A ManyRows (a block of the read) cut where fragments end, so each
+        holds at most ``batch_max_events`` rows."""
+        if type(item) is not ManyRows:
+            return (item,)
+        room, size, rows = self.p.max_events - self.txn_in_batch, self.p.max_events, item.images
+        if len(rows) <= room:
+            return (item,)
+        cuts = [0, *range(max(room, 0), len(rows), size), len(rows)]
+        return [replace(item, images=rows[a:b]) for a, b in zip(cuts, cuts[1:]) if b > a]
 
     def _enter(self, change: Change) -> None:
         """The first change of another transaction."""

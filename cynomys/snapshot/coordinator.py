@@ -45,7 +45,7 @@ from cynomys.snapshot.columns import TableInfo, row_converter
 from cynomys.snapshot.errors import SnapshotError, SnapshotRequestError
 from cynomys.snapshot.keyless import SNAPSHOT_TID_PREFIX, ConsistentRead, DropRules, KeylessRead, check_keyless
 from cynomys.snapshot.readers import ChunkReaders, Plan, ReadRequest
-from cynomys.snapshot.source import chunk_driver
+from cynomys.snapshot.source import MODEL_TYPES, chunk_driver
 from cynomys.snapshot.state import (
     CANCELLED,
     DONE,
@@ -456,7 +456,8 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
             self._hand_over(_Emitted(k.job_id, k.part, at, None, True, rows, rows, 0))
 
         tid = f"{SNAPSHOT_TID_PREFIX}{k.job_id}:{uuid.uuid4().hex[:12]}"
-        return KeylessRead(read, self._schema_for(k.info), row_converter(k.info.schema.columns), at, ts, tid, done,
+        convert = row_converter(k.info.schema.columns, MODEL_TYPES[read.driver])
+        return KeylessRead(read, self._schema_for(k.info), convert, at, ts, tid, done,
                            self._stop)
 
     def _emit(self, a: _Active, at: Position, ts: int, tid: str) -> list[Item]:

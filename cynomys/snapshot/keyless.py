@@ -46,6 +46,7 @@ from typing import Any, Callable, Iterator, Sequence
 import pymysql
 import pymysql.cursors
 
+from cynomys.core.columnar import ManyRows
 from cynomys.core.config import SourceConfig
 from cynomys.core.errors import SourceUnavailableError, TransientError
 from cynomys.core.flavour import flavour_of
@@ -278,8 +279,13 @@ class KeylessRead:
                     raise KeylessReadInterrupted(
                         f"stopping during the read of {db}.{t} (no primary key) after {self.rows} rows: it is "
                         "read again at the next start")
-                for raw in block:
-                    yield Change(Op.READ, db, t, tid, at, ts, schema, None, convert(raw))
+                # One ManyRows per fetched block, as a keyed chunk is one
+                # (core/columnar.py): not a Change object per row, and the
+                # applier gets the rows column-wise.  The producer counts
+                # its rows, so fragments still cut at batch_max_events
+                # (give or take one block of FETCH_ROWS).
+                images = tuple(block) if convert is tuple else tuple(map(convert, block))
+                yield ManyRows(Op.READ, db, t, tid, at, ts, schema, images=images)
                 self.rows += len(block)
             self.done(self.rows)
             yield Commit(at, at, ts, "")

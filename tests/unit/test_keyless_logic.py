@@ -67,3 +67,24 @@ def test_keyless_read_rows_are_inserts_of_every_copy() -> None:
     (tf,) = flush.tables
     assert sorted(tf.inserts, key=repr) == sorted(rows, key=repr) and not tf.delete_rows
     assert truncate_sql("d", "e`v") == "TRUNCATE TABLE `d`.`e``v`"
+
+
+@pytest.mark.parametrize("in_batch, rows", [(0, 1000), (299, 1000), (300, 1000), (100, 150), (0, 300), (250, 40)])
+def test_a_keyless_reads_blocks_are_cut_where_fragments_end(in_batch: int, rows: int) -> None:
+    """A block of the read (one ManyRows) is cut so that no fragment passes
+    batch_max_events (300 here): the first piece fills the fragment open now."""
+    from types import SimpleNamespace
+
+    from cynomys.core.columnar import ManyRows
+    from cynomys.producer.batching import Batching
+
+    block = ManyRows(Op.READ, "d", "ev", "snapshot:x", Position("b.000001", 4), 0, INFO.schema,
+                     images=tuple((i, "x") for i in range(rows)))
+    fake = SimpleNamespace(p=SimpleNamespace(max_events=300), txn_in_batch=in_batch)
+    pieces = Batching._cut(fake, block)  # type: ignore[arg-type]
+    room = 300 - in_batch
+    first = [] if rows <= room else [room] if room > 0 else []
+    rest = rows if rows <= room else rows - sum(first)
+    want = [rows] if rows <= room else first + [min(300, rest - at) for at in range(0, rest, 300)]
+    assert [len(p.images) for p in pieces] == want
+    assert [r for p in pieces for r in p.images] == list(block.images)
