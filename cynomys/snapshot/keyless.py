@@ -281,9 +281,8 @@ class KeylessRead:
                         "read again at the next start")
                 # One ManyRows per fetched block, as a keyed chunk is one
                 # (core/columnar.py): not a Change object per row, and the
-                # applier gets the rows column-wise.  The producer counts
-                # its rows, so fragments still cut at batch_max_events
-                # (give or take one block of FETCH_ROWS).
+                # applier gets the rows column-wise.  The producer cuts a
+                # block where a fragment ends (producer/batching.py ``_cut``).
                 images = tuple(block) if convert is tuple else tuple(map(convert, block))
                 yield ManyRows(Op.READ, db, t, tid, at, ts, schema, images=images)
                 self.rows += len(block)

@@ -177,7 +177,6 @@ def build_flush(changes: list[Change], state: AppliedState, columnar: bool = Fal
         return _build_flush(unify_shapes(changes), state, columnar, columnar and keyless_runs)
 
 
-
 class _MixedShapes(Exception):
     """A table comes in more than one shape: unify them first (the rare case)."""
 
