@@ -28,7 +28,7 @@ import re
 import struct
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, cast
+from typing import Any, Callable, Iterable, Sequence, cast
 
 from cynomys.core.model import ColumnDef, RawTemporal, Row, TableSchema, Value
 from cynomys.core.sourcetypes import BINARY_OF_SOURCE_TYPE, BINARY_TYPES, INT_FAMILIES, SPATIAL_TYPES, vector_type
@@ -134,6 +134,12 @@ def row_converter(columns: Sequence[ColumnDef], done: frozenset[str] = frozenset
         return tuple(out)
 
     return convert
+
+
+def convert_rows(convert: Callable[[Sequence[Any]], Row], raw: Iterable[tuple[Any, ...]]) -> tuple[Row, ...]:
+    """Driver rows as model rows by ``convert`` (a ``row_converter``); when
+    that is ``tuple`` (nothing to convert) the driver's tuples are the rows."""
+    return tuple(raw) if convert is tuple else tuple(map(convert, raw))
 
 
 @dataclass(frozen=True)

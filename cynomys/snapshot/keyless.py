@@ -53,7 +53,7 @@ from cynomys.core.flavour import flavour_of
 from cynomys.core.model import Change, Op, Position, Row, TableSchema
 from cynomys.parser.txn import Commit, Item
 from cynomys.snapshot.chunker import build_chunk_query, quote_ident
-from cynomys.snapshot.columns import TableInfo
+from cynomys.snapshot.columns import TableInfo, convert_rows
 from cynomys.snapshot.errors import SnapshotError, SnapshotRequestError
 from cynomys.snapshot.source import DRIVERS, _driver_error, translate
 
@@ -283,8 +283,7 @@ class KeylessRead:
                 # (core/columnar.py): not a Change object per row, and the
                 # applier gets the rows column-wise.  The producer cuts a
                 # block where a fragment ends (producer/batching.py ``_cut``).
-                images = tuple(block) if convert is tuple else tuple(map(convert, block))
-                yield ManyRows(Op.READ, db, t, tid, at, ts, schema, images=images)
+                yield ManyRows(Op.READ, db, t, tid, at, ts, schema, images=convert_rows(convert, block))
                 self.rows += len(block)
             self.done(self.rows)
             yield Commit(at, at, ts, "")

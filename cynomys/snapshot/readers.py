@@ -46,7 +46,7 @@ from typing import Any
 from cynomys.core.config import Config
 from cynomys.core.model import Row
 from cynomys.snapshot.chunker import build_boundary_query, build_chunk_query, build_range_query
-from cynomys.snapshot.columns import TableInfo, row_converter
+from cynomys.snapshot.columns import TableInfo, convert_rows, row_converter
 from cynomys.snapshot.source import MODEL_TYPES, SnapshotConnection, chunk_driver
 from cynomys.snapshot.watermark import WindowOpener
 from cynomys.snapshot.window import GtidMarks
@@ -191,8 +191,5 @@ def _args(q: Any) -> tuple[str, tuple[Any, ...]]:
 
 
 def _converted(info: TableInfo, raw: list[tuple[Any, ...]], driver: str) -> tuple[Row, ...]:
-    convert = row_converter(info.schema.columns, MODEL_TYPES[driver])
-    if convert is tuple:  # no column needs converting: the driver's tuples are the rows
-        return tuple(raw)
-    return tuple(convert(r) for r in raw)
+    return convert_rows(row_converter(info.schema.columns, MODEL_TYPES[driver]), raw)
 

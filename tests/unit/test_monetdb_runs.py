@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+from cynomys.applier.targets.arrow import buffer_of
 from cynomys.applier.targets.monetdb import runs as monetdb_runs
 from cynomys.applier.targets.monetdb.runs import copy_lines
 from cynomys.applier.targets.monetdb.types import ServerFeatures, Unstorable, codec
@@ -86,7 +87,7 @@ def _reference(rows: list[tuple[Value, ...]]) -> bytes:
 
 
 def _lines(runs: list[InsertRun], max_rows: int = 64) -> bytes:
-    return b"".join(bytes(monetdb_runs.buffer_of(lines)) for _, lines in copy_lines(CODECS, FEATURES, runs, max_rows))
+    return b"".join(bytes(buffer_of(lines)) for _, lines in copy_lines(CODECS, FEATURES, runs, max_rows))
 
 
 def test_runs_give_the_reference_records() -> None:

@@ -37,6 +37,14 @@ def text_array(values: list[str | None]) -> Any:
                                   pa.py_buffer(b"".join(data))], null_count=nulls)
 
 
+def buffer_of(values: Any) -> memoryview:
+    """The bytes of a string or binary array's values (32-bit offsets), without a copy."""
+    offsets = memoryview(values.buffers()[1]).cast("i")
+    data = values.buffers()[2]
+    first, last = offsets[values.offset], offsets[values.offset + len(values)]
+    return memoryview(b"") if data is None else memoryview(data)[first:last]
+
+
 def binary_scalar(value: bytes) -> Any:
     """A pa.binary() scalar made from buffers: pyarrow.compute would turn a
     bytes argument into one with pa.scalar (see the module docstring)."""

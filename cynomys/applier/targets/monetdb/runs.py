@@ -169,10 +169,3 @@ def copy_lines(codecs: Sequence[Codec], features: ServerFeatures, runs: list[Ins
         lines = pc.binary_join_element_wise(*texts, _BAR) if len(texts) > 1 else texts[0]
         yield n, pc.binary_join_element_wise(lines, _NEWLINE, _EMPTY)
 
-
-def buffer_of(lines: Any) -> memoryview:
-    """The bytes of a binary array's values, without a copy."""
-    offsets = memoryview(lines.buffers()[1]).cast("i")
-    data = lines.buffers()[2]
-    first, last = offsets[lines.offset], offsets[lines.offset + len(lines)]
-    return memoryview(b"") if data is None else memoryview(data)[first:last]

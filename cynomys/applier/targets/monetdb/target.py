@@ -620,7 +620,8 @@ class MonetDBTarget(SqlTarget):
     def _copy_runs(self, cur: Cursor, schema: TableSchema, codecs: list[Codec], runs: list[InsertRun]) -> None:
         """The runs' rows by the same COPY, their records written column-wise
         (monetdb/runs.py: pyarrow kernels, the codecs' checks on whole columns)."""
-        from cynomys.applier.targets.monetdb.runs import buffer_of, copy_lines
+        from cynomys.applier.targets.arrow import buffer_of
+        from cynomys.applier.targets.monetdb.runs import copy_lines
 
         into = self._copy_into(schema, on_client=self.features.copy_on_client)
         try:
