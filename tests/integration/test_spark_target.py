@@ -266,6 +266,31 @@ def test_insert_only_keyed_flush_is_appended_then_merged(target: SparkTarget, db
     contract.assert_rows(target, a, [(1, "w1"), (4, "r4"), (5, "v2"), (6, "r6")])
 
 
+def test_scattered_keys_beside_a_dense_stretch_prune_to_themselves(target: SparkTarget, db: str) -> None:
+    """A flush of a dense stretch of keys (a snapshot chunk) and updates and
+    deletes spread over the table: the MERGE reads the stretch's range and
+    the scattered keys, not the range from the smallest key to the largest;
+    and every key still matches (an update missed by the condition would be
+    inserted twice)."""
+    a, _ = _tables(db)
+    old = list(range(1, 3001, 3))  # 1000 keys over 1..3000
+    target.apply(contract.flush([contract.change(Op.INSERT, a, after=(k, "old")) for k in old]))
+    chunk = [contract.change(Op.READ, a, after=(k, "read")) for k in range(100_000, 100_400)]
+    scattered = [contract.change(Op.UPDATE, a, before=(7, "old"), after=(7, "upd")),
+                 contract.change(Op.UPDATE, a, before=(2998, "old"), after=(2998, "upd")),
+                 contract.change(Op.DELETE, a, before=(1501, "old")),
+                 contract.change(Op.INSERT, a, after=(500_000, "new"))]
+    fl = contract.flush(chunk + scattered)
+    (tf,) = fl.tables
+    plan = target._plan(tf)
+    assert plan is not None
+    assert "(t.`id` BETWEEN 100000 AND 100399 OR t.`id` IN (7, 1501, 2998, 500000))" in plan.sql
+    target.apply(fl)
+    want = {k: "old" for k in old} | {7: "upd", 2998: "upd", 500_000: "new"} | {k: "read" for k in range(100_000, 100_400)}
+    del want[1501]
+    contract.assert_rows(target, a, sorted(want.items()))
+
+
 def test_maintenance_compacts_and_keeps_exactly_once(factory: Factory, db: str) -> None:
     """After maintenance (compaction, delete files gone, old snapshots
     expired) the rows are unchanged, a replayed flush is still recognised

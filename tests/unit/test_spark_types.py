@@ -18,7 +18,9 @@ from cynomys.applier.targets.spark import session as spark_session  # noqa: E402
 from cynomys.applier.targets.spark import types as st  # noqa: E402
 from cynomys.applier.targets.spark.config import SparkConfig  # noqa: E402
 from cynomys.applier.targets.spark.merge import (  # noqa: E402
+    key_prune,
     key_range,
+    key_spans,
     keyed_merge,
     keyed_rows,
     keyless_merge,
@@ -239,6 +241,60 @@ def test_key_range_of_the_source_keys() -> None:
     # No exact literal here, or a NULL key: no range (the MERGE is still right).
     assert key_range("id", pa.array([1, None], pa.int64())) == ""
     assert key_range("p", pa.array([Decimal("1.5")], pa.decimal128(5, 2))) == ""
+
+
+def _covered(spans: tuple[list[tuple[int, int]], list[int]], v: int) -> bool:
+    ranges, singles = spans
+    return v in singles or any(lo <= v <= hi for lo, hi in ranges)
+
+
+def test_key_spans_keep_a_dense_stretch_whole_and_scattered_keys_alone() -> None:
+    """An initial-load flush: a chunk of dense keys (TPC-H order keys: runs
+    of 8 with gaps of 25) and a few updates spread over the table."""
+    import numpy as np
+
+    chunk = [k for base in range(500_000, 700_000, 32) for k in range(base, base + 8)]
+    scattered = [7, 90_000, 333_333, 999_999]
+    spans = key_spans(np.unique(np.array(chunk + scattered)), 1000)
+    assert spans == ([(500_000, chunk[-1])], scattered)
+
+
+def test_key_spans_cover_every_key() -> None:
+    import random
+
+    import numpy as np
+
+    rnd = random.Random(5)
+    for _ in range(300):
+        keys = set()
+        for _ in range(rnd.randrange(1, 6)):  # a few dense stretches and scattered keys
+            lo = rnd.randrange(-10**6, 10**6)
+            keys.update(range(lo, lo + rnd.randrange(1, 300), rnd.choice((1, 1, 3, 70))))
+        keys.update(rnd.randrange(-10**9, 10**9) for _ in range(rnd.randrange(0, 40)))
+        values = np.unique(np.array(sorted(keys)))
+        limit = rnd.choice((5, 50, 5000))
+        spans = key_spans(values, limit)
+        if spans is None:  # more singles than the limit: the caller falls back to the whole range
+            assert len(values) > limit
+            continue
+        ranges, singles = spans
+        assert len(ranges) <= 16 and len(singles) <= limit
+        assert all(_covered(spans, int(v)) for v in values)
+
+
+def test_key_prune_text() -> None:
+    # Dense keys: the plain range; a scattered key besides them: range OR list.
+    assert key_prune("id", pa.array(list(range(10, 30)), pa.int64()), 100) == "t.`id` BETWEEN 10 AND 29"
+    assert key_prune("id", pa.array([*range(10, 30), 5000], pa.int64()), 100) == \
+        "(t.`id` BETWEEN 10 AND 29 OR t.`id` IN (5000))"
+    assert key_prune("id", pa.array([3, 900, 70_000], pa.int64()), 100) == "t.`id` IN (3, 900, 70000)"
+    # Too many single keys: the whole range, as before.
+    assert key_prune("id", pa.array([3, 900, 70_000], pa.int64()), 2) == "t.`id` BETWEEN 3 AND 70000"
+    # BIGINT UNSIGNED beyond int64, strings, NULLs.
+    big = 2**64 - 1
+    assert key_prune("u", pa.array([1, big], pa.uint64()), 10) == f"t.`u` IN (1, {big})"
+    assert key_prune("k", pa.array(["b", "a"]), 10) == "t.`k` BETWEEN 'a' AND 'b'"
+    assert key_prune("id", pa.array([1, None], pa.int64()), 10) == ""
 
 
 def test_maintenance_settings(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import types as T
@@ -185,6 +186,69 @@ def key_range(column: str, array: pa.Array) -> str:
     else:
         bounds = f"{int(lo)} AND {int(hi)}"
     return f"t.{q(column)} BETWEEN {bounds}"
+
+
+#: Keys further apart than this split the source's keys into spans
+#: (merge.key_spans): a range across such a gap would let through target
+#: rows the flush does not touch.
+SPAN_GAP = 64
+#: A span becomes a range when it holds at least this many keys; fewer are
+#: listed one by one.
+SPAN_MIN_KEYS = 4
+#: At most this many ranges in one prune condition (Spark evaluates each
+#: on every row of the files it reads).
+SPAN_MAX_RANGES = 16
+
+
+def key_spans(values: np.ndarray, max_values: int) -> tuple[list[tuple[int, int]], list[int]] | None:
+    """Sorted distinct integer keys ``values`` covered by at most
+    ``SPAN_MAX_RANGES`` ranges plus at most ``max_values`` single keys, or
+    None when they cannot be.  Every value is covered: a range spans its
+    first and last key.
+
+    Why: a MERGE's target side is every target row its prune condition
+    lets through, shuffled and sorted for the join.  A flush holding a
+    snapshot chunk (dense keys) and a few updates spread over the table had
+    the whole table as its range, so every flush of an initial load under
+    writers shuffled the whole table, and cost more as the table grew
+    (1.1 s at 150k rows, 1.8 s at 1M).  Keys are cut where the next one is
+    more than ``SPAN_GAP`` away: a chunk's or a batch of inserts' keys stay
+    one range, a scattered update stands alone."""
+    n = len(values)
+    if n == 0:
+        return [], []
+    # float: the gaps of a BIGINT UNSIGNED key do not fit in int64.
+    cuts = np.flatnonzero(np.diff(values.astype(np.float64)) > SPAN_GAP) + 1
+    starts = np.concatenate(([0], cuts)).astype(np.int64)
+    ends = np.concatenate((cuts, [n])).astype(np.int64)
+    sizes = ends - starts
+    # The biggest spans become ranges, the rest single keys.
+    big = [int(i) for i in np.argsort(-sizes, kind="stable")[:SPAN_MAX_RANGES] if sizes[i] >= SPAN_MIN_KEYS]
+    if n - int(sizes[big].sum()) > max_values:
+        return None
+    ranges = sorted((int(values[starts[i]]), int(values[ends[i] - 1])) for i in big)
+    chosen = set(big)
+    singles = [int(v) for i in range(len(starts)) if i not in chosen for v in values[starts[i]:ends[i]]]
+    return ranges, singles
+
+
+def key_prune(column: str, array: pa.Array, max_values: int) -> str:
+    """The target-side condition of a keyed MERGE on the first key column:
+    the source's keys as ranges and single keys (``key_spans``) where that
+    is short, else their whole range (``key_range``); '' when the column
+    has no exact literal here or a NULL."""
+    if array.null_count or len(array) == 0 or not pa.types.is_integer(array.type):
+        return key_range(column, array)
+    values = np.unique(array.to_numpy(zero_copy_only=False))
+    spans = key_spans(values, max_values)
+    if spans is None or (len(spans[0]) == 1 and not spans[1]):
+        return key_range(column, array)
+    ranges, singles = spans
+    c = f"t.{q(column)}"
+    parts = [f"{c} BETWEEN {lo} AND {hi}" for lo, hi in ranges]
+    if singles:
+        parts.append(f"{c} IN ({', '.join(map(str, singles))})")
+    return parts[0] if len(parts) == 1 else "(" + " OR ".join(parts) + ")"
 
 
 def key_values(column: str, array: pa.Array, limit: int) -> str:

@@ -143,7 +143,7 @@ from cynomys.applier.targets.spark.merge import (
     Layout,
     TablePlan,
     append,
-    key_range,
+    key_prune,
     key_values,
     keyed_merge,
     keyed_rows,
@@ -208,6 +208,10 @@ class SparkTarget(StatefulTarget):
     #: A keyed MERGE also matches on the source's key range, so Iceberg can
     #: skip the files outside it (recent rows of an auto-increment key).
     prune_key_range: ClassVar[bool] = True
+    #: ... as ranges of its dense stretches plus up to this many single keys
+    #: (merge.key_spans), so a few scattered updates do not widen the range
+    #: to the whole table.
+    prune_key_values: ClassVar[int] = 5_000
     #: A keyed MERGE on a table partitioned by a transform of a key column
     #: also matches ``key IN (the flush's keys)`` up to this many keys, so
     #: Iceberg reads only their partitions (merge.key_values); 0 turns it off.
@@ -672,8 +676,8 @@ class SparkTarget(StatefulTarget):
             null_safe = frozenset(match) if self.null_safe_keys else frozenset(
                 k for k in schema.key if layout.has(k + st.COMPANION_SUFFIX)) | frozenset(match[len(schema.key):])
             first = schema.key[0]
-            prune = "" if first in null_safe or not self.prune_key_range else key_range(
-                first, data.column(cols.names.index(first)))
+            prune = "" if first in null_safe or not self.prune_key_range else key_prune(
+                first, data.column(cols.names.index(first)), self.prune_key_values)
             # -- layout (issue #27): partitions of a key column pruned by the flush's keys
             by = self._partition_key(schema)
             if by is not None and by not in null_safe and self.prune_partition_keys:
