@@ -174,7 +174,7 @@ class SparkTarget(StatefulTarget):
 
     capabilities: ClassVar[Capabilities] = Capabilities(
         transactional_ddl=False, max_statement_rows=1_000_000, supports_keys=False, backlog_factor=3,
-        backlog_rows=30_000, columnar_inserts=True, applies_parts=True)
+        backlog_rows=200_000, columnar_inserts=True, applies_parts=True)
     #: The branch a transaction applied in parts is staged on (+ the producer).
     stage_prefix: ClassVar[str] = "cynomys_stage_"
     #: Where the applier state lives: a table property of the Iceberg table
