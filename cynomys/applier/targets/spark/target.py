@@ -225,7 +225,7 @@ class SparkTarget(StatefulTarget):
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
         # Validate the configuration (and find the Iceberg jar) before any JVM starts.
-        self.conf = spark_session.session_conf(cfg)
+        self.conf = spark_session.WRITER_CONF | spark_session.session_conf(cfg)
         self.settings = cfg.target.of(SparkConfig)  # [target.spark]
         self.catalog = self.settings.catalog
         self.profile = self.catalogs[self.settings.catalog_type]
