@@ -55,7 +55,7 @@ from cynomys.parser.txn import Commit, Item
 from cynomys.snapshot.chunker import build_chunk_query, quote_ident
 from cynomys.snapshot.columns import TableInfo, convert_rows
 from cynomys.snapshot.errors import SnapshotError, SnapshotRequestError
-from cynomys.snapshot.source import DRIVERS, _driver_error, translate
+from cynomys.snapshot.source import DRIVERS, driver_error, translate
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ class ConsistentRead:
         try:
             self.conn = DRIVERS[driver](cfg)
         except Exception as exc:
-            if not _driver_error(exc):
+            if not driver_error(exc):
                 raise
             raise translate(exc, cfg, "a connection") from None
         try:
@@ -173,7 +173,7 @@ class ConsistentRead:
             finally:
                 c.close()
         except Exception as exc:
-            if not _driver_error(exc):
+            if not driver_error(exc):
                 raise
             raise translate(exc, self.cfg, " ".join(sql.split())[:300]) from None
 
@@ -211,7 +211,7 @@ class ConsistentRead:
         try:
             self.cur.execute(sql, tuple(params))  # a tuple, even empty: the driver then undoes the %% escapes
         except Exception as exc:
-            if not _driver_error(exc):
+            if not driver_error(exc):
                 raise
             raise translate(exc, self.cfg, " ".join(sql.split())[:300]) from None
 
@@ -223,7 +223,7 @@ class ConsistentRead:
             try:
                 rows = self.cur.fetchmany(n)
             except Exception as exc:
-                if not _driver_error(exc):
+                if not driver_error(exc):
                     raise
                 # Half a transaction is out: the producer must restart (and
                 # read the table again), whatever the cause.
@@ -244,7 +244,7 @@ class ConsistentRead:
         try:
             self.conn.close()  # ends the read transaction; unread rows are discarded with the connection
         except Exception as exc:
-            if not _driver_error(exc):
+            if not driver_error(exc):
                 raise
         self.conn = None
         self.cur = None

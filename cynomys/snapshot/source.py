@@ -134,7 +134,7 @@ class SnapshotConnection:
         try:
             self.conn = DRIVERS[driver](cfg)
         except Exception as exc:  # the driver's errors (pymysql.err.MySQLError, MySQLdb.Error)
-            if not _driver_error(exc):
+            if not driver_error(exc):
                 raise
             raise translate(exc, cfg, "a connection") from None
         self.query("SET time_zone = '+00:00'")
@@ -147,7 +147,7 @@ class SnapshotConnection:
         try:
             self.conn.close()
         except Exception as exc:
-            if not _driver_error(exc):
+            if not driver_error(exc):
                 raise  # else: already closed by the server
 
     def query(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
@@ -159,7 +159,7 @@ class SnapshotConnection:
             finally:
                 cur.close()
         except Exception as exc:
-            if not _driver_error(exc):
+            if not driver_error(exc):
                 raise
             raise translate(exc, self.cfg, " ".join(sql.split())[:300]) from None
 
@@ -226,7 +226,7 @@ class SnapshotConnection:
         return [(str(d), str(t)) for d, t in rows]
 
 
-def _driver_error(exc: BaseException) -> bool:
+def driver_error(exc: BaseException) -> bool:
     """Is ``exc`` a DB-API error of one of the drivers?  (Their hierarchies
     are separate classes: by module, without importing mysqlclient.)"""
     if isinstance(exc, pymysql.err.Error):
