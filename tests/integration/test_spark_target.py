@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import random
 from decimal import Decimal
 from pathlib import Path
 from typing import Iterator
@@ -306,7 +307,7 @@ def test_merges_of_a_v3_table_do_not_leak_the_jvms_direct_memory(target: SparkTa
     session turned vectorized reads off; a pooled chunk (4 MB) is noise."""
     a, _ = _tables(db)
     target.apply(contract.flush([contract.change(Op.INSERT, a, after=(k, "v")) for k in range(200_000)]))
-    rnd = __import__("random").Random(3)
+    rnd = random.Random(3)
 
     def merge_spread_updates() -> None:
         keys = rnd.sample(range(200_000), 20)
