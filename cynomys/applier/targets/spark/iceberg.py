@@ -9,10 +9,24 @@ cannot say from Python:
 - walking a table's snapshots, rolling one back, table properties;
 - Arrow data handed to Spark as Arrow (what ``createDataFrame(pandas)`` does
   inside, minus pandas, whose datetime64[ns] cannot hold year 9999).
+
+Two Py4J costs are avoided on purpose, because every flush pays them per
+table (a JFR profile of small flushes: 8% of the JVM's CPU):
+
+- a name like ``jvm.org.apache.iceberg.catalog.Namespace`` is resolved one
+  segment at a time, each a round trip in which the JVM tries ``org``,
+  ``org.apache``, ... as classes through every jar of Spark's class path
+  (failed lookups are not cached): the classes are looked up once
+  (``_classes``);
+- iterating a Java map through Py4J ends with a ``NoSuchElementException``
+  that PySpark converts with a dozen more such lookups: a map is read as one
+  JSON string (Jackson, which Spark ships) instead (``_map``).
 """
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -48,18 +62,33 @@ class IcebergApi:
         self._gateway: Any = spark.sparkContext._gateway
         self._commit_local: Any = None
 
+    @functools.cached_property
+    def _classes(self) -> dict[str, Any]:
+        """The Java classes used per flush, resolved once (module doc)."""
+        jvm = self._jvm
+        return {"String": jvm.java.lang.String, "HashMap": jvm.java.util.HashMap,
+                "Namespace": jvm.org.apache.iceberg.catalog.Namespace,
+                "TableIdentifier": jvm.org.apache.iceberg.catalog.TableIdentifier,
+                "PythonSQLUtils": jvm.org.apache.spark.sql.api.python.PythonSQLUtils,
+                "ArrowIteratorServer": jvm.org.apache.spark.sql.api.python.ArrowIteratorServer,
+                "json": jvm.com.fasterxml.jackson.databind.ObjectMapper()}
+
+    def _map(self, jmap: Any) -> dict[str, str]:
+        """A Java ``Map<String, String>`` in one round trip (module doc)."""
+        return {str(k): str(v) for k, v in json.loads(self._classes["json"].writeValueAsString(jmap)).items()}
+
     # -- catalog and tables ------------------------------------------------
     def _catalog(self) -> Any:
         plugin = self.spark._jsparkSession.sessionState().catalogManager().catalog(self.catalog_name)
         return plugin.icebergCatalog()
 
     def _namespace(self, database: str) -> Any:
-        arr = self._gateway.new_array(self._jvm.java.lang.String, 1)
+        arr = self._gateway.new_array(self._classes["String"], 1)
         arr[0] = database
-        return self._jvm.org.apache.iceberg.catalog.Namespace.of(arr)
+        return self._classes["Namespace"].of(arr)
 
     def _ident(self, database: str, table: str) -> Any:
-        return self._jvm.org.apache.iceberg.catalog.TableIdentifier.of(self._namespace(database), table)
+        return self._classes["TableIdentifier"].of(self._namespace(database), table)
 
     def exists(self, database: str, table: str) -> bool:
         return bool(self._catalog().tableExists(self._ident(database, table)))
@@ -75,7 +104,7 @@ class IcebergApi:
         return [str(ident.name()) for ident in catalog.listTables(ns)]
 
     def properties(self, database: str, table: str) -> dict[str, str]:
-        return {str(k): str(v) for k, v in self.load(database, table).properties().items()}
+        return self._map(self.load(database, table).properties())
 
     def update_properties(self, database: str, table: str, set_: dict[str, str],
                           remove: tuple[str, ...] = ()) -> None:
@@ -104,15 +133,14 @@ class IcebergApi:
             order.append(f"{str(schema.findColumnName(f.sourceId())).lower()} {f.direction().name()} "
                          f"{f.nullOrder().name()}")
         version = int(tbl.operations().current().formatVersion())
-        props = {str(k): str(v) for k, v in tbl.properties().items()}
+        props = self._map(tbl.properties())
         return Existing(tuple(spec), tuple(order), version, props)
 
     # -- snapshots -----------------------------------------------------------
-    @staticmethod
-    def _snapshot(s: Any) -> Snapshot:
+    def _snapshot(self, s: Any) -> Snapshot:
         parent = s.parentId()
         return Snapshot(int(s.snapshotId()), None if parent is None else int(parent), str(s.operation()),
-                        {str(k): str(v) for k, v in s.summary().items()})
+                        self._map(s.summary()))
 
     def current(self, database: str, table: str) -> Snapshot | None:
         s = self.load(database, table).currentSnapshot()
@@ -181,14 +209,14 @@ class IcebergApi:
         """Iceberg commits made by Spark SQL on this thread inside the block
         carry ``props`` in their snapshot summary."""
         local = self._thread_local()
-        jmap = self._jvm.java.util.HashMap()
+        jmap = self._classes["HashMap"]()
         for k, v in props.items():
             jmap.put(k, v)
         local.set(jmap)
         try:
             yield
         finally:
-            local.set(self._jvm.java.util.HashMap())
+            local.set(self._classes["HashMap"]())
 
     # -- Arrow -> DataFrame ----------------------------------------------------
     def dataframe(self, table: pa.Table, schema: StructType) -> DataFrame:
@@ -199,10 +227,10 @@ class IcebergApi:
         if table.num_rows == 0:
             raise ValueError("no rows to hand to Spark")
         sc: Any = self.spark.sparkContext
-        jvm = self._jvm
+        utils = self._classes["PythonSQLUtils"]
         jiter = sc._serialize_to_jvm(
             table.to_batches(), ArrowStreamSerializer(),
-            lambda path: jvm.PythonSQLUtils.readArrowStreamFromFile(path),
-            lambda: jvm.ArrowIteratorServer())
-        jdf = jvm.PythonSQLUtils.toDataFrame(jiter, schema.json(), self.spark._jsparkSession)
+            lambda path: utils.readArrowStreamFromFile(path),
+            self._classes["ArrowIteratorServer"])
+        jdf = utils.toDataFrame(jiter, schema.json(), self.spark._jsparkSession)
         return DataFrame(jdf, self.spark)

@@ -331,8 +331,11 @@ class SparkTarget(StatefulTarget):
         return name if table is None else f"{name}.{q(table)}"
 
     def sql(self, statement: str) -> None:
+        """Run a statement for its effect.  The JVM session's own ``sql``:
+        PySpark's wraps it with a Py4J name lookup and an argument array
+        per call (iceberg.py's module doc says what a lookup costs)."""
         log.debug("Spark SQL: %s", statement)
-        self.spark.sql(statement)
+        self.spark._jsparkSession.sql(statement)
 
     # ------------------------------------------------------------------
     # State
