@@ -143,6 +143,20 @@ def _open_read(tmp_path: Path) -> str | None:
     return tid if tid.startswith("snapshot:") and in_first_half else None
 
 
+def _state_text(tmp_path: Path) -> str:
+    try:
+        return (tmp_path / "producer-state" / "producer.json").read_text()
+    except OSError as exc:
+        return f"unreadable ({exc})"
+
+
+def _log_tail(tmp_path: Path, name: str, chars: int = 6000) -> str:
+    try:
+        return (tmp_path / "logs" / f"{name}.log").read_text(errors="replace")[-chars:]
+    except OSError as exc:
+        return f"unreadable ({exc})"
+
+
 def _run(tmp_path: Path, redis_url: str, *, events: int, batch_max_events: int, side: Any = MariaDBSide,
          kill: Callable[[Path, dict[str, subprocess.Popen[bytes]], Callable[[str], subprocess.Popen[bytes]]], dict[str, int]]
          | None = None, applier: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -259,7 +273,13 @@ def test_keyless_read_survives_sigkill_of_both_daemons(tmp_path: Path, redis_url
         seen: set[str] = set()
         for round_ in range(2):
             # Inside a keyless read's fragments (a new attempt each round).
-            wait_for(lambda: (_open_read(tmp) or "") not in ("", *seen), 90, "the producer inside the keyless read")
+            try:
+                wait_for(lambda: (_open_read(tmp) or "") not in ("", *seen), 90,
+                         f"the producer inside the keyless read (round {round_ + 1})")
+            except AssertionError as exc:  # CI saw this once: keep what the daemons said
+                raise AssertionError(f"{exc}; producer state {_state_text(tmp)}\n"
+                                     + "\n".join(f"--- {n} log ---\n{_log_tail(tmp, n)}"
+                                                  for n in ("producer", "applier"))) from None
             seen.add(_open_read(tmp) or "")
             if round_ == 0:
                 procs["applier"].send_signal(signal.SIGKILL)
