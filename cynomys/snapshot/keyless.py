@@ -55,7 +55,7 @@ from cynomys.parser.txn import Commit, Item
 from cynomys.snapshot.chunker import build_chunk_query, quote_ident
 from cynomys.snapshot.columns import TableInfo, convert_rows
 from cynomys.snapshot.errors import SnapshotError, SnapshotRequestError
-from cynomys.snapshot.source import DRIVERS, driver_error, translate
+from cynomys.snapshot.source import close_connection, connect, driver_error, driver_errors, fetch_all, statement_text
 
 log = logging.getLogger(__name__)
 
@@ -149,12 +149,7 @@ class ConsistentRead:
         self.driver = driver
         self.conn: Any = None
         self.cur: Any = None
-        try:
-            self.conn = DRIVERS[driver](cfg)
-        except Exception as exc:
-            if not driver_error(exc):
-                raise
-            raise translate(exc, cfg, "a connection") from None
+        self.conn = connect(cfg, driver)
         try:
             self.position = self._start()
             q = build_chunk_query(info.schema.database, info.schema.table, info.schema.columns, (), None, None, where)
@@ -165,17 +160,7 @@ class ConsistentRead:
 
     def _exec(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         assert self.conn is not None
-        try:
-            c = self.conn.cursor()
-            try:
-                c.execute(sql, tuple(params) if params is not None else None)
-                return list(c.fetchall())
-            finally:
-                c.close()
-        except Exception as exc:
-            if not driver_error(exc):
-                raise
-            raise translate(exc, self.cfg, " ".join(sql.split())[:300]) from None
+        return fetch_all(self.conn, self.cfg, sql, params)
 
     def _start(self) -> Position:
         assert self.conn is not None
@@ -208,12 +193,8 @@ class ConsistentRead:
     def _run(self, sql: str, params: Sequence[Any]) -> None:
         assert self.conn is not None
         self.cur = self.conn.cursor(_server_side_cursor(self.driver))
-        try:
+        with driver_errors(self.cfg, statement_text(sql)):
             self.cur.execute(sql, tuple(params))  # a tuple, even empty: the driver then undoes the %% escapes
-        except Exception as exc:
-            if not driver_error(exc):
-                raise
-            raise translate(exc, self.cfg, " ".join(sql.split())[:300]) from None
 
     def blocks(self, n: int = FETCH_ROWS) -> Iterator[Sequence[tuple[Any, ...]]]:
         """The rows, ``n`` at a time."""
@@ -241,11 +222,7 @@ class ConsistentRead:
             # pymysql's cursor and result would drain the unread rows when
             # collected, from the socket closed below ("Exception ignored").
             result.unbuffered_active = False
-        try:
-            self.conn.close()  # ends the read transaction; unread rows are discarded with the connection
-        except Exception as exc:
-            if not driver_error(exc):
-                raise
+        close_connection(self.conn)  # ends the read transaction; unread rows are discarded with the connection
         self.conn = None
         self.cur = None
 

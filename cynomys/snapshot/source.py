@@ -25,10 +25,11 @@ keyless table's whole-table read (snapshot/keyless.py) uses the same driver.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib.util
 import logging
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import pymysql
 
@@ -127,16 +128,54 @@ def chunk_driver(cfg: SourceConfig, wanted: str) -> str:
     return wanted
 
 
+# -- one connection's life, either driver (SnapshotConnection, keyless.ConsistentRead)
+@contextlib.contextmanager
+def driver_errors(cfg: SourceConfig, what: str) -> Iterator[None]:
+    """A driver's error inside the block raised as ``translate`` says (what
+    failed: ``what``); anything else as it is."""
+    try:
+        yield
+    except Exception as exc:  # the drivers' errors (pymysql.err.MySQLError, MySQLdb.Error): driver_error
+        if not driver_error(exc):
+            raise
+        raise translate(exc, cfg, what) from None
+
+
+def statement_text(sql: str) -> str:
+    """A statement as an error names it: one line, at most 300 characters."""
+    return " ".join(sql.split())[:300]
+
+
+def connect(cfg: SourceConfig, driver: str) -> Any:
+    with driver_errors(cfg, "a connection"):
+        return DRIVERS[driver](cfg)
+
+
+def fetch_all(conn: Any, cfg: SourceConfig, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+    """Run one statement on ``conn`` and return its rows."""
+    with driver_errors(cfg, statement_text(sql)):
+        cur = conn.cursor()
+        try:
+            cur.execute(sql, tuple(params) if params is not None else None)
+            return list(cur.fetchall())
+        finally:
+            cur.close()
+
+
+def close_connection(conn: Any) -> None:
+    """Close ``conn``; a driver error says the server closed it already."""
+    try:
+        conn.close()
+    except Exception as exc:
+        if not driver_error(exc):
+            raise
+
+
 class SnapshotConnection:
     def __init__(self, cfg: SourceConfig, driver: str = "pymysql") -> None:
         self.cfg = cfg
         self.driver = driver
-        try:
-            self.conn = DRIVERS[driver](cfg)
-        except Exception as exc:  # the driver's errors (pymysql.err.MySQLError, MySQLdb.Error)
-            if not driver_error(exc):
-                raise
-            raise translate(exc, cfg, "a connection") from None
+        self.conn = connect(cfg, driver)
         self.query("SET time_zone = '+00:00'")
         self.query("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         self.is_mariadb = "mariadb" in self.conn.get_server_info().lower()
@@ -144,24 +183,10 @@ class SnapshotConnection:
         self.binlog_status = flavour_of(self.conn.get_server_info()).statements.binlog_status
 
     def close(self) -> None:
-        try:
-            self.conn.close()
-        except Exception as exc:
-            if not driver_error(exc):
-                raise  # else: already closed by the server
+        close_connection(self.conn)
 
     def query(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
-        try:
-            cur = self.conn.cursor()
-            try:
-                cur.execute(sql, tuple(params) if params is not None else None)
-                return list(cur.fetchall())
-            finally:
-                cur.close()
-        except Exception as exc:
-            if not driver_error(exc):
-                raise
-            raise translate(exc, self.cfg, " ".join(sql.split())[:300]) from None
+        return fetch_all(self.conn, self.cfg, sql, params)
 
     def scalar(self, sql: str) -> Any:
         rows = self.query(sql)
