@@ -175,7 +175,8 @@ class IcebergApi:
     def branches(self, database: str, table: str) -> list[str]:
         """The table's branches, main aside."""
         refs = self.load(database, table).refs()
-        return [str(name) for name, ref in refs.items() if ref.isBranch() and str(name) != "main"]
+        names = json.loads(self._classes["json"].writeValueAsString(refs.keySet()))  # module doc: no map iteration
+        return [str(name) for name in names if str(name) != "main" and refs.get(name).isBranch()]
 
     def create_branch(self, database: str, table: str, branch: str) -> None:
         """A branch at main's current snapshot (one metadata commit)."""
