@@ -73,9 +73,14 @@ class IcebergApi:
                 "ArrowIteratorServer": jvm.org.apache.spark.sql.api.python.ArrowIteratorServer,
                 "json": jvm.com.fasterxml.jackson.databind.ObjectMapper()}
 
+    def _json(self, jobj: Any) -> Any:
+        """A Java collection of strings as Python values, in one round trip
+        (module doc)."""
+        return json.loads(self._classes["json"].writeValueAsString(jobj))
+
     def _map(self, jmap: Any) -> dict[str, str]:
-        """A Java ``Map<String, String>`` in one round trip (module doc)."""
-        return {str(k): str(v) for k, v in json.loads(self._classes["json"].writeValueAsString(jmap)).items()}
+        """A Java ``Map<String, String>``."""
+        return {str(k): str(v) for k, v in self._json(jmap).items()}
 
     # -- catalog and tables ------------------------------------------------
     def _catalog(self) -> Any:
@@ -175,8 +180,7 @@ class IcebergApi:
     def branches(self, database: str, table: str) -> list[str]:
         """The table's branches, main aside."""
         refs = self.load(database, table).refs()
-        names = json.loads(self._classes["json"].writeValueAsString(refs.keySet()))  # module doc: no map iteration
-        return [str(name) for name in names if str(name) != "main" and refs.get(name).isBranch()]
+        return [str(name) for name in self._json(refs.keySet()) if str(name) != "main" and refs.get(name).isBranch()]
 
     def create_branch(self, database: str, table: str, branch: str) -> None:
         """A branch at main's current snapshot (one metadata commit)."""
