@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import logging
 import random
 import re
@@ -40,6 +41,7 @@ from cynomys.applier.targets.spark.target import SparkTarget  # noqa: E402
 from cynomys.core.config import ApplierConfig, Config, TargetConfig  # noqa: E402
 from cynomys.core.model import Change, ColumnDef, Op, TableSchema  # noqa: E402
 from tests.integration import target_contract as contract  # noqa: E402
+from tests.integration.target_setups.spark import counting_py4j  # noqa: E402
 
 DB = "app"
 ACCT = TableSchema(DB, "acct", (ColumnDef("id", "int"), ColumnDef("owner", "varchar(40)"),
@@ -48,30 +50,6 @@ PAIR = TableSchema(DB, "pair", (ColumnDef("a", "int"), ColumnDef("b", "varchar(1
                    ("a", "b"))
 LOG = TableSchema(DB, "log", (ColumnDef("who", "int"), ColumnDef("what", "varchar(20)"), ColumnDef("n", "int")), ())
 BEAT = TableSchema(DB, "beat", (ColumnDef("id", "int"), ColumnDef("n", "bigint"), ColumnDef("ts", "double")), ("id",))
-
-
-def count_py4j() -> tuple[collections.Counter[str], collections.Counter[str]]:
-    """Count Py4J name lookups and the Java exceptions PySpark converts."""
-    import py4j.java_gateway as jg
-    import pyspark.errors.exceptions.captured as captured
-
-    lookups: collections.Counter[str] = collections.Counter()
-    exceptions: collections.Counter[str] = collections.Counter()
-    for cls in (jg.JVMView, jg.JavaPackage):
-        orig = cls.__getattr__
-
-        def counting(self: Any, name: str, _orig: Any = orig) -> Any:
-            if not name.startswith("__"):
-                lookups[name] += 1
-            return _orig(self, name)
-        cls.__getattr__ = counting  # type: ignore[method-assign]
-    convert = captured.convert_exception
-
-    def converting(e: Any) -> Any:
-        exceptions[str(e).splitlines()[0][:100]] += 1
-        return convert(e)
-    captured.convert_exception = converting
-    return lookups, exceptions
 
 
 class TableSeconds(logging.Handler):
@@ -88,6 +66,30 @@ class TableSeconds(logging.Handler):
                 self.seconds[table].append(float(secs))
 
 
+def flush(target: SparkTarget, rnd: random.Random, i: int, n: int, top: int, logn: int,
+          seconds: list[float]) -> tuple[int, int]:
+    """Flush ``i``: scattered updates, a few inserts, a keyless delete and the
+    beat's update; its seconds appended to ``seconds``."""
+    c = contract.change
+    ch: list[Change] = []
+    for k in rnd.sample(range(top), 15):
+        ch.append(c(Op.UPDATE, ACCT, before=(k, f"o{k}", Decimal("1.00"), 0), after=(k, f"o{k}", Decimal("2.00"), i)))
+    for k in range(top, top + 5):
+        ch += [c(Op.INSERT, ACCT, after=(k, f"o{k}", Decimal("1.00"), 0)), c(Op.INSERT, PAIR, after=(k, "x", 1.0))]
+    top += 5
+    for k in rnd.sample(range(n), 10):
+        ch.append(c(Op.UPDATE, PAIR, before=(k, str(k % 7), 1.0), after=(k, str(k % 7), float(i))))
+    ch += [c(Op.INSERT, LOG, after=(j, "x", logn + j)) for j in range(10)]
+    logn += 10
+    ch.append(c(Op.DELETE, LOG, before=(i % 100, "w", i)))
+    ch.append(c(Op.UPDATE, BEAT, before=(1, i, 0.0), after=(1, i + 1, float(i))))
+    t0 = time.perf_counter()
+    target.apply(contract.flush(ch))
+    seconds.append(time.perf_counter() - t0)
+    print(f"flush {i}: {seconds[-1]:.3f} s", flush=True)
+    return top, logn
+
+
 def run(args: argparse.Namespace, warehouse: Path) -> dict[str, Any]:
     conf = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2", "spark.driver.memory": "3g",
             **dict(kv.split("=", 1) for kv in args.conf)}
@@ -96,39 +98,22 @@ def run(args: argparse.Namespace, warehouse: Path) -> dict[str, Any]:
             f"-XX:StartFlightRecording=filename={args.jfr},settings=profile,dumponexit=true"
     spark = SparkConfig(master="local[2]", warehouse=str(warehouse), catalog="cy", conf=conf)
     target = SparkTarget(Config(target=TargetConfig(kind="spark", options=(spark,)), applier=ApplierConfig()))
-    counts = count_py4j() if args.count_py4j else None
     c = contract.change
     n = args.rows
     target.apply(contract.flush([c(Op.INSERT, ACCT, after=(k, f"o{k}", Decimal("1.00"), 0)) for k in range(n)]
                                 + [c(Op.INSERT, PAIR, after=(k, str(k % 7), 1.0)) for k in range(n)]
                                 + [c(Op.INSERT, LOG, after=(k % 100, "w", k)) for k in range(n // 2)]
                                 + [c(Op.INSERT, BEAT, after=(1, 0, 0.0))]))
-    if counts is not None:
-        for counter in counts:
-            counter.clear()
     per_table = TableSeconds()
     tlog = logging.getLogger("cynomys.applier.targets.spark.target")
     tlog.addHandler(per_table)
     tlog.setLevel(logging.INFO)
     rnd = random.Random(1)
     top, logn, seconds = n, n // 2, []
-    for i in range(args.flushes):
-        ch: list[Change] = []
-        for k in rnd.sample(range(top), 15):
-            ch.append(c(Op.UPDATE, ACCT, before=(k, f"o{k}", Decimal("1.00"), 0), after=(k, f"o{k}", Decimal("2.00"), i)))
-        for k in range(top, top + 5):
-            ch += [c(Op.INSERT, ACCT, after=(k, f"o{k}", Decimal("1.00"), 0)), c(Op.INSERT, PAIR, after=(k, "x", 1.0))]
-        top += 5
-        for k in rnd.sample(range(n), 10):
-            ch.append(c(Op.UPDATE, PAIR, before=(k, str(k % 7), 1.0), after=(k, str(k % 7), float(i))))
-        ch += [c(Op.INSERT, LOG, after=(j, "x", logn + j)) for j in range(10)]
-        logn += 10
-        ch.append(c(Op.DELETE, LOG, before=(i % 100, "w", i)))
-        ch.append(c(Op.UPDATE, BEAT, before=(1, i, 0.0), after=(1, i + 1, float(i))))
-        t0 = time.perf_counter()
-        target.apply(contract.flush(ch))
-        seconds.append(time.perf_counter() - t0)
-        print(f"flush {i}: {seconds[-1]:.3f} s", flush=True)
+    counting = counting_py4j() if args.count_py4j else contextlib.nullcontext(None)
+    with counting as counts:
+        for i in range(args.flushes):
+            top, logn = flush(target, rnd, i, n, top, logn, seconds)
     target.close()
     warm = seconds[3:]
     out: dict[str, Any] = {"flushes": len(seconds), "rows_per_table": n, "seconds": [round(s, 3) for s in seconds],
@@ -137,9 +122,10 @@ def run(args: argparse.Namespace, warehouse: Path) -> dict[str, Any]:
                            "table_commit_median_s": {t: round(statistics.median(v[3:]), 3)
                                                      for t, v in per_table.seconds.items() if len(v) > 3}}
     if counts is not None:
-        out["py4j_lookups_per_flush"] = round(sum(counts[0].values()) / len(seconds), 1)
-        out["java_exceptions_per_flush"] = round(sum(counts[1].values()) / len(seconds), 1)
-        out["java_exceptions"] = dict(counts[1].most_common(5))
+        lookups, exceptions = counts
+        out["py4j_lookups_per_flush"] = round(len(lookups) / len(seconds), 1)
+        out["java_exceptions_per_flush"] = round(len(exceptions) / len(seconds), 1)
+        out["java_exceptions"] = dict(collections.Counter(exceptions).most_common(5))
     return out
 
 

@@ -14,7 +14,7 @@ import itertools
 import random
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 
@@ -320,40 +320,21 @@ def test_merges_of_a_v3_table_do_not_leak_the_jvms_direct_memory(target: SparkTa
     assert _direct_memory_mb(target) - before < 8
 
 
-def test_a_warm_flush_resolves_no_java_name_and_raises_no_java_exception(target: SparkTarget, db: str,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_warm_flush_resolves_no_java_name_and_raises_no_java_exception(target: SparkTarget, db: str) -> None:
     """Py4J resolves ``jvm.a.b.C`` one segment at a time, the JVM trying
     each prefix as a class through every jar of Spark's class path, and a
     Java map iterated through Py4J ends in an exception PySpark converts
     with a dozen more lookups: 8% of the applier JVM's CPU on small flushes
     (JFR), ~10 exceptions per flush of four tables.  Once warm, a flush
     (MERGE, append, keyless MERGE, the state write) does neither."""
-    import py4j.java_gateway as jg
-    import pyspark.errors.exceptions.captured as captured
-
     a, b = _tables(db)
     flush_all = [contract.change(Op.INSERT, a, after=(k, "v")) for k in range(50)] \
         + [contract.change(Op.INSERT, b, after=(k, "s")) for k in range(5)]
     target.apply(contract.flush(flush_all))  # creates the tables; the session's classes are resolved once
-    lookups: list[str] = []
-    exceptions: list[str] = []
-    for cls in (jg.JVMView, jg.JavaPackage):
-        orig = cls.__getattr__
-
-        def counting(self: Any, name: str, _orig: Any = orig) -> Any:
-            if not name.startswith("__"):
-                lookups.append(name)
-            return _orig(self, name)
-        monkeypatch.setattr(cls, "__getattr__", counting)
-    convert = captured.convert_exception
-
-    def converting(e: Any) -> Any:
-        exceptions.append(str(e).splitlines()[0][:120])
-        return convert(e)
-    monkeypatch.setattr(captured, "convert_exception", converting)
-    target.apply(contract.flush([contract.change(Op.UPDATE, a, before=(k, "v"), after=(k, "w")) for k in (3, 30)]
-                                + [contract.change(Op.DELETE, b, before=(1, "s"))]))
-    target.apply(contract.flush([contract.change(Op.INSERT, a, after=(k, "n")) for k in (100, 101)]))
+    with spark_setup.counting_py4j() as (lookups, exceptions):
+        target.apply(contract.flush([contract.change(Op.UPDATE, a, before=(k, "v"), after=(k, "w")) for k in (3, 30)]
+                                    + [contract.change(Op.DELETE, b, before=(1, "s"))]))
+        target.apply(contract.flush([contract.change(Op.INSERT, a, after=(k, "n")) for k in (100, 101)]))
     assert (lookups, exceptions) == ([], [])
     contract.assert_rows(target, a, [(k, "w" if k in (3, 30) else "v") for k in range(50)] + [(100, "n"), (101, "n")])
 

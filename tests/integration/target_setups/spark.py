@@ -82,3 +82,35 @@ VARIANTS: dict[str, Callable[[Path, Path], Factory]] = {
     "arrow": lambda warehouse, tmp: factory(warehouse),
     "parquet-handoff": lambda warehouse, tmp: factory(warehouse, parquet_handoff_target()),
 }
+
+
+@contextlib.contextmanager
+def counting_py4j() -> Iterator[tuple[list[str], list[str]]]:
+    """Inside the block: the Py4J name lookups (``jvm.a.b.C``, a segment
+    each) and the Java exceptions PySpark converts, as two lists filled as
+    they happen; both restored after (targets/spark/iceberg.py's module doc
+    says what each costs)."""
+    import py4j.java_gateway as jg
+    import pyspark.errors.exceptions.captured as captured
+
+    lookups: list[str] = []
+    exceptions: list[str] = []
+    saved: list[tuple[Any, str, Any]] = [(jg.JVMView, "__getattr__", jg.JVMView.__getattr__),
+                                         (jg.JavaPackage, "__getattr__", jg.JavaPackage.__getattr__),
+                                         (captured, "convert_exception", captured.convert_exception)]
+    for cls in (jg.JVMView, jg.JavaPackage):
+        def counting(self: Any, name: str, _orig: Any = cls.__getattr__) -> Any:
+            if not name.startswith("__"):
+                lookups.append(name)
+            return _orig(self, name)
+        cls.__getattr__ = counting  # type: ignore[method-assign]
+
+    def converting(e: Any, _orig: Any = captured.convert_exception) -> Any:
+        exceptions.append(str(e).splitlines()[0][:120])
+        return _orig(e)
+    captured.convert_exception = converting
+    try:
+        yield lookups, exceptions
+    finally:
+        for owner, attr, value in saved:
+            setattr(owner, attr, value)
