@@ -187,7 +187,7 @@ def _run(tmp_path: Path, redis_url: str, *, events: int, batch_max_events: int, 
             return procs[name]
 
         def tail(name: str) -> str:
-            return (logs / f"{name}.log").read_text(errors="replace")[-4000:]
+            return _log_tail(tmp_path, name, 4000)
 
         stop, done, errors = threading.Event(), [0], []
         writers = [threading.Thread(target=_writer, args=(src, stop, s, done, errors)) for s in range(4)]
