@@ -244,7 +244,7 @@ class Applier:
             self.stats.rejected["producer-mismatch"] += 1
             self.sub.dead_letter(d, f"payload names producer {batch.producer_id!r}, envelope {pid!r}")
             return
-        verdict = self.offer(pid, seq, batch, opened.fence, spill.cost(len(opened.payload)))
+        verdict = self.offer(pid, seq, batch, opened.fence, spill.cost(len(opened.payload), batch.changes))
         if verdict.verdict is Verdict.DEAD:
             self.stats.rejected["fenced"] += 1
             log.error("rejected envelope %s (seq %d of %s): %s; moved to the dead-letter stream", d.id, seq, pid,

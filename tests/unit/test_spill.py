@@ -183,3 +183,19 @@ def test_a_ddl_right_after_a_large_transaction(tmp_path: Path, per_read: int) ->
     assert store.parts >= 3
     assert store.states["p"].position == source.end
     assert_target_at(store, source)
+
+
+def test_column_wise_runs_are_costed_at_their_own_expansion() -> None:
+    """An envelope of runs only (a snapshot chunk) keeps its values in Arrow
+    arrays: x RUN_EXPANSION of its payload, not EXPANSION (which ended Spark
+    flushes of an initial load at a third of the rows memory allowed)."""
+    from cynomys.applier import spill
+    from cynomys.core.columnar import InsertRun
+    from cynomys.core.model import Change, Op, Position
+
+    schema = TableSchema("d", "t", (ColumnDef("id", "int"),), ("id",))
+    run = InsertRun(Op.READ, "d", "t", "tid", Position("f", 4), 0, schema, count=5000)
+    row = Change(Op.INSERT, "d", "t", "tid", Position("f", 4), 0, schema, None, (1,))
+    assert spill.cost(1000, [run, run]) == 1000 * spill.RUN_EXPANSION
+    assert spill.cost(1000, [run, row]) == spill.cost(1000, [row]) == spill.cost(1000) == 1000 * spill.EXPANSION
+    assert spill.RUN_EXPANSION < spill.EXPANSION
