@@ -466,6 +466,66 @@ def test_dblog_snapshot_under_writers_with_sigkill(fresh_mariadb: MariaDBServer,
 
 
 @pytest.mark.slow
+@pytest.mark.spark
+def test_dblog_snapshot_into_iceberg_with_applier_sigkills(fresh_mariadb: MariaDBServer, tmp_path: Path) -> None:
+    """The same recorded stream (a snapshot under 4 writers, the producer
+    SIGKILLed inside it) into Spark/Iceberg, where snapshot rows new to the
+    table are appended as data files of their own beside the flush's MERGE
+    (targets/spark/direct.py): the applier SIGKILLed twice while it does
+    that, restarted, then the table equals the source."""
+    pytest.importorskip("pyspark")
+    from cynomys.applier.loop import run_applier
+    from cynomys.applier.targets.base import open_target
+    from cynomys.core import compiled
+
+    srv = fresh_mariadb
+    _load(srv)
+    keys = generate_keys(tmp_path / "keys", rsa_bits=2048)
+    common: dict[str, Any] = dict(transport={"kind": "file", "path": str(tmp_path / "transport.bin")},
+                                  security={k: str(v) for k, v in keys.items()})
+    cfg_path = write_config(
+        tmp_path / "c.toml", srv, source={"include_tables": ["w.t"], "start": "current"},
+        producer={"id": "p1", "batch_max_events": 2000, "batch_max_delay_ms": 100},
+        snapshot={"chunk_size": 1000, "throttle_ms": 10}, **common)
+    cfg, numbers = _run_with_crash(srv, tmp_path, cfg_path, lambda cfg: "initial")
+    _check(srv, cfg, numbers)
+    spark_path = write_config(
+        tmp_path / "s.toml", srv, source={"include_tables": ["w.t"]}, producer={"id": "p1"},
+        applier={"buffer_rows": 5000, "max_buffer_rows": 10_000, "max_delay_ms": 300, "consumer_name": "a1"},
+        target={"kind": "spark"}, target__spark={"master": "local[2]", "warehouse": str(tmp_path / "warehouse")},
+        **common)
+    log = tmp_path / "applier.log"
+
+    def directly() -> int:
+        return log.read_text(errors="replace").count("appended directly") if log.exists() else 0
+
+    for kill in (1, 2):
+        proc = subprocess.Popen([sys.executable, "-m", "cynomys.cli", "--log-level", "INFO", "apply", "-c",
+                                 str(spark_path)], cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+        try:
+            seen = directly()
+
+            def appending() -> bool:
+                assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+                return directly() > seen or not compiled.available()  # the reference decoder makes no runs
+            wait_for(appending, 180, f"the applier appending snapshot rows directly (start {kill})")
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+    spark_cfg = load_config(spark_path, env={})
+    run_applier(spark_cfg, threading.Event(), until_idle_s=3.0)
+    reader = open_target(spark_cfg)
+    reader.connect()
+    try:
+        got = sorted(tuple(r) for r in reader.fetch_rows("w", "t"))
+    finally:
+        reader.close()
+    want = sorted(tuple(r) for r in srv.execute("SELECT id, val, ver, pad FROM w.t"))
+    assert len(got) == len(want) and got == want, (len(got), len(want))
+    assert directly() >= 2 or not compiled.available()
+
+
+@pytest.mark.slow
 def test_read_only_snapshot_under_writers_with_sigkill(fresh_mariadb: MariaDBServer, tmp_path: Path) -> None:
     srv = fresh_mariadb
     _load(srv)

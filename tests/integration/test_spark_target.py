@@ -18,11 +18,12 @@ from typing import Iterator
 
 import pytest
 
-from cynomys.applier.targets.base import Flush, open_target
+from cynomys.applier.targets.base import Flush, build_flush, open_target
 from cynomys.applier.targets.spark.merge import TablePlan, marker_of
 from cynomys.applier.targets.spark.target import SparkTarget
+from cynomys.core.columnar import InsertRun
 from cynomys.core.errors import TargetRejectedError
-from cynomys.core.model import AppliedState, ColumnDef, Op, RawTemporal, TableSchema
+from cynomys.core.model import AppliedState, Change, ColumnDef, Op, Position, RawTemporal, TableSchema
 from tests.integration import target_contract as contract
 from tests.integration.target_setups import Factory
 from tests.integration.target_setups import spark as spark_setup
@@ -290,6 +291,178 @@ def test_scattered_keys_beside_a_dense_stretch_prune_to_themselves(target: Spark
     want = {k: "old" for k in old} | {7: "upd", 2998: "upd", 500_000: "new"} | {k: "read" for k in range(100_000, 100_400)}
     del want[1501]
     contract.assert_rows(target, a, sorted(want.items()))
+
+
+# --------------------------------------------------------------------------
+# Snapshot rows new to a table: a data file of their own (direct.py)
+# --------------------------------------------------------------------------
+def _reads(schema: TableSchema, rows: list[tuple[object, ...]]) -> list[Change]:
+    """READ changes as the applier decodes a snapshot chunk: one run."""
+    from cynomys.core.model import Batch
+    from cynomys.schemas import codec
+
+    out = codec.decode_columnar(codec.encode(Batch("p", tuple(
+        contract.change(Op.READ, schema, after=r) for r in rows), Position("f", 9)))).changes
+    assert [(type(c), c.op) for c in out] == [(InsertRun, Op.READ)]
+    return list(out)
+
+
+def _direct_files(target: SparkTarget, db: str, table: str) -> list[int]:
+    """Record counts of the table's live data files written by direct.py."""
+    return [r.record_count for r in target.spark.sql(
+        f"SELECT file_path, record_count FROM {target.qualified(db, table)}.files WHERE content = 0").collect()
+        if "/cynomys-" in r.file_path]
+
+
+class MergeOnlyTarget(SparkTarget):
+    """Every snapshot row through the MERGE (the path before direct.py)."""
+
+    direct_reads = False
+
+
+def test_snapshot_rows_of_every_type_appended_directly_read_back_as_merged(factory: Factory, target: SparkTarget,
+                                                                        db: str) -> None:
+    """A data file written by pyarrow must read back exactly as Spark's own
+    (field ids, decimals, timestamps with and without zone, binary, the
+    zero-date companions), after a restart too."""
+    rows = contract.ALL_TYPES_ROWS
+    direct_schema, merged_schema = contract.all_types_schema(db, "direct"), contract.all_types_schema(db, "merged")
+    with contract.compiled_path():
+        # One envelope per row: a zero date makes its column mixed (not a run, so through the MERGE).
+        direct = contract.column_wise([contract.change(Op.READ, direct_schema, after=r) for r in rows])
+        merged = contract.column_wise([contract.change(Op.READ, merged_schema, after=r) for r in rows])
+    assert any(type(c) is InsertRun and c.op is Op.READ for c in direct)
+    target.apply(build_flush(direct, contract.state(), columnar=True))
+    factory(cls=MergeOnlyTarget).apply(build_flush(merged, contract.state(), columnar=True))
+    assert sum(_direct_files(target, db, "direct")) == sum(type(c) is InsertRun for c in direct)
+    assert not _direct_files(target, db, "merged")
+    contract.assert_rows(target, direct_schema, rows)
+    fresh = factory()
+    def by_id(rows: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
+        return sorted(rows, key=lambda r: r[0])  # type: ignore[arg-type,return-value]
+
+    assert by_id(fresh.fetch_rows(db, "direct")) == by_id(fresh.fetch_rows(db, "merged"))
+    cols = "zd, zd__cynomys_raw, tm, bi_u, dec, ts, dtt"
+    assert target.spark.sql(f"SELECT {cols} FROM {target.qualified(db, 'direct')} ORDER BY id").collect() == \
+        target.spark.sql(f"SELECT {cols} FROM {target.qualified(db, 'merged')} ORDER BY id").collect()
+
+
+def test_snapshot_rows_the_table_or_the_flush_holds_keys_of_are_merged(target: SparkTarget, db: str) -> None:
+    """Only keys the table lacks are appended: a key the log wrote before
+    the chunk was read is replaced (not doubled); the flush's log changes
+    and other rows stay as they were."""
+    a, _ = _tables(db)
+    target.apply(contract.flush([contract.change(Op.INSERT, a, after=(k, "old")) for k in (1, 2, 3, 50, 60)]))
+    with contract.compiled_path():
+        reads = _reads(a, [(k, f"read {k}") for k in range(40, 80)])
+    changes = [contract.change(Op.DELETE, a, before=(1, "old")),
+               contract.change(Op.UPDATE, a, before=(2, "old"), after=(2, "upd")),
+               *reads,
+               contract.change(Op.INSERT, a, after=(100, "new"))]
+    target.apply(build_flush(changes, contract.state(), columnar=True))
+    want = {2: "upd", 3: "old"} | {k: f"read {k}" for k in range(40, 80)} | {100: "new"}
+    contract.assert_rows(target, a, sorted(want.items()))
+    # 40..79 less the held 50 and 60.
+    assert _direct_files(target, db, "a") == [38]
+    ops = _operations(target, db, "a")
+    assert ops[-2:] == ["append", "overwrite"]  # the part, then the MERGE carrying the flush marker
+    snap = target.iceberg.current(db, "a")
+    assert snap is not None and marker_of(snap.summary, contract.PRODUCER) is not None
+
+
+def test_a_chunk_of_new_keys_alone_is_one_append_with_the_flush_marker(target: SparkTarget, db: str) -> None:
+    a, _ = _tables(db)
+    target.apply(contract.flush([contract.change(Op.INSERT, a, after=(1, "old"))]))
+    with contract.compiled_path():
+        reads = _reads(a, [(k, "r") for k in range(10, 20)])
+    st = contract.state()
+    target.apply(build_flush(reads, st, columnar=True))
+    assert _operations(target, db, "a") == ["append", "append"]
+    snap = target.iceberg.current(db, "a")
+    assert snap is not None and marker_of(snap.summary, contract.PRODUCER) == st
+    contract.assert_rows(target, a, [(1, "old")] + [(k, "r") for k in range(10, 20)])
+
+
+class DiesAfterThePart(SparkTarget):
+    """The process dies after a table's directly appended part committed,
+    before the flush's MERGE of the same table: nothing cleans up."""
+
+    def _write(self, plan: TablePlan, summary: dict[str, str]) -> None:
+        raise Crash(f"killed before the MERGE of {plan.schema.name}")
+
+    def undo_ahead(self, database: str, table: str, producer_id: str, recorded: AppliedState | None) -> None:
+        pass
+
+    def _abort(self, done: list[TablePlan], producer_id: str, recorded: AppliedState | None) -> None:
+        pass
+
+
+class FailsAfterThePart(SparkTarget):
+    """The flush's MERGE of a table fails after its part committed."""
+
+    def _write(self, plan: TablePlan, summary: dict[str, str]) -> None:
+        raise TargetRejectedError(f"refusing the MERGE of {plan.schema.name}")
+
+
+def _part_then_merge(db: str, producer: str) -> tuple[TableSchema, Flush, list[tuple[int, str]]]:
+    a, _ = _tables(db)
+    with contract.compiled_path():
+        reads = _reads(a, [(k, f"r{k}") for k in range(10, 30)])
+    fl = build_flush([contract.change(Op.UPDATE, a, before=(1, "old"), after=(1, "new")), *reads],
+                     contract.state(seq=2, producer=producer), columnar=True)
+    return a, fl, [(1, "new")] + [(k, f"r{k}") for k in range(10, 30)]
+
+
+def test_death_between_the_part_and_the_merge_is_rolled_back_then_applied_once(factory: Factory, db: str) -> None:
+    producer = f"part-{db}"
+    good = factory()
+    a, fl, want = _part_then_merge(db, producer)
+    s1 = contract.state(seq=1, producer=producer)
+    good.apply(contract.flush([contract.change(Op.INSERT, a, after=(1, "old"))], s1))
+    dying = factory(cls=DiesAfterThePart)
+    with pytest.raises(Crash):
+        dying.apply(fl)
+    dying.close()
+    # The part is in the table (the window a crash leaves, as between two tables' commits) ...
+    assert len(good.fetch_rows(db, "a")) == 21 and good.applied(producer) == s1
+    restarted = factory()
+    restarted.apply(fl)  # ... and the replay rolls it back first: each row once
+    contract.assert_rows(restarted, a, want)
+    assert restarted.applied(producer) == fl.state
+    assert _direct_files(restarted, db, "a") == [20]
+
+
+def test_death_between_the_part_and_the_merge_then_a_replay_cut_differently(factory: Factory, db: str) -> None:
+    producer = f"partcut-{db}"
+    good = factory()
+    a, fl, want = _part_then_merge(db, producer)
+    good.apply(contract.flush([contract.change(Op.INSERT, a, after=(1, "old"))],
+                              contract.state(seq=1, producer=producer)))
+    with pytest.raises(Crash):
+        factory(cls=DiesAfterThePart).apply(fl)
+    # The replay flushes the update alone first: the part goes, nothing of it stays.
+    restarted = factory()
+    restarted.apply(contract.flush([contract.change(Op.UPDATE, a, before=(1, "old"), after=(1, "new"))],
+                                   contract.state(seq=2, pos=1500, producer=producer)))
+    contract.assert_rows(restarted, a, [(1, "new")])
+    with contract.compiled_path():
+        reads = _reads(a, [(k, f"r{k}") for k in range(10, 30)])
+    restarted.apply(build_flush(reads, contract.state(seq=3, producer=producer), columnar=True))
+    contract.assert_rows(restarted, a, want)
+
+
+def test_a_failed_merge_after_the_part_rolls_the_part_back_at_once(factory: Factory, db: str) -> None:
+    producer = f"partfail-{db}"
+    good = factory()
+    a, fl, want = _part_then_merge(db, producer)
+    s1 = contract.state(seq=1, producer=producer)
+    good.apply(contract.flush([contract.change(Op.INSERT, a, after=(1, "old"))], s1))
+    with pytest.raises(TargetRejectedError, match="refusing the MERGE"):
+        factory(cls=FailsAfterThePart).apply(fl)
+    contract.assert_rows(good, a, [(1, "old")])
+    assert good.applied(producer) == s1
+    good.apply(fl)
+    contract.assert_rows(good, a, want)
 
 
 def _direct_memory_mb(target: SparkTarget) -> float:

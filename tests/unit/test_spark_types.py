@@ -14,10 +14,12 @@ pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
 from cynomys.applier.targets.base import TableFlush  # noqa: E402
+from cynomys.applier.targets.spark import direct  # noqa: E402
 from cynomys.applier.targets.spark import session as spark_session  # noqa: E402
 from cynomys.applier.targets.spark import types as st  # noqa: E402
 from cynomys.applier.targets.spark.config import SparkConfig  # noqa: E402
 from cynomys.applier.targets.spark.merge import (  # noqa: E402
+    PART_MARK,
     key_prune,
     key_range,
     key_spans,
@@ -29,6 +31,8 @@ from cynomys.applier.targets.spark.merge import (  # noqa: E402
     marker,
     marker_of,
     order,
+    part_marker,
+    part_state,
 )
 from cynomys.core.config import Config, TargetConfig  # noqa: E402
 from cynomys.core.errors import ConfigError  # noqa: E402
@@ -311,3 +315,28 @@ def test_maintenance_settings(tmp_path: Path) -> None:
     p.write_text("[target.spark]\nmaintenance_every = 3\n")
     with pytest.raises(ConfigError, match="unknown key"):
         load_config(p)
+
+
+def test_a_part_names_its_flush_without_being_taken_for_it() -> None:
+    """A directly appended part (direct.py) carries its flush under other
+    keys: marker_of must not see the flush in it (the replay would skip the
+    MERGE that never came), part_state must."""
+    s = AppliedState("p", 7, Position("mysql-bin.000010", 4, "0-1-9"), 123)
+    summary = part_marker(s)
+    assert summary[PART_MARK] == "p"
+    assert marker_of(summary, "p") is None
+    assert part_state(summary) == s
+    assert part_state({PART_MARK: "p"}) is None  # a staged transaction's part says only its producer
+    assert part_state(marker(s)) is None
+
+
+def test_direct_append_takes_flat_iceberg_types_and_local_files_only() -> None:
+    assert direct.arrow_type("long") == pa.int64() and direct.arrow_type("timestamptz") == pa.timestamp("us", "UTC")
+    assert direct.arrow_type("decimal(38, 10)") == pa.decimal128(38, 10)
+    assert direct.arrow_type("fixed[16]") == pa.binary(16)
+    for refused in ("uuid", "time", "timestamp_ns", "variant", {"type": "struct", "fields": []}):
+        assert direct.arrow_type(refused) is None
+    assert direct.local_path("file:/w/db/t/data/x.parquet") == "/w/db/t/data/x.parquet"
+    assert direct.local_path("file:///w/x.parquet") == "/w/x.parquet"
+    assert direct.local_path("/w/x.parquet") == "/w/x.parquet"
+    assert direct.local_path("s3://bucket/w/x.parquet") is None and direct.local_path("hdfs://nn/w") is None

@@ -41,6 +41,26 @@ def marker(state: AppliedState) -> dict[str, str]:
     return {MARKS[k]: v for k, v in applied_state.as_text(state).items()}
 
 
+#: Prefix of the flush marker inside a part commit's summary: a part that
+#: precedes its flush's own commit (snapshot rows appended directly,
+#: ``direct.py``) names its flush without being taken for it.
+PART_PREFIX = "cynomys.part."
+
+
+def part_marker(state: AppliedState) -> dict[str, str]:
+    """Snapshot summary of a commit made ahead of ``state``'s own commit of
+    the same table in one flush: rolled back with it, or alone when the
+    flush's commit never came (``SparkTarget._ahead``)."""
+    return {PART_MARK: state.producer_id, **{PART_PREFIX + k[len("cynomys."):]: v for k, v in marker(state).items()}}
+
+
+def part_state(summary: dict[str, str]) -> AppliedState | None:
+    """The flush a part commit was made for (``part_marker``), if it says."""
+    producer = summary.get(PART_MARK)
+    inner = {"cynomys." + k[len(PART_PREFIX):]: v for k, v in summary.items() if k.startswith(PART_PREFIX)}
+    return marker_of(inner, producer) if producer and inner else None
+
+
 def marker_of(summary: dict[str, str], producer_id: str) -> AppliedState | None:
     """The flush a snapshot summary names, if it is one of ``producer_id``'s."""
     if summary.get(MARK_PRODUCER) != producer_id:
@@ -90,6 +110,15 @@ class TablePlan:
     spark_schema: T.StructType
     sql: str                           # the statement; {src} stands for the source view
     rows: int = 0
+    #: Snapshot rows that may go to the table as a data file of their own
+    #: (``direct.py``): the rows of ``data`` from here on are READ rows;
+    #: ``written``/``match``/``null_safe`` rebuild the MERGE of the rest.
+    reads_from: int | None = None
+    written: list[str] = field(default_factory=list)
+    match: list[str] = field(default_factory=list)
+    null_safe: frozenset[str] = frozenset()
+    #: What the flush log line adds for this table (direct appends).
+    note: str = ""
 
 
 @dataclass

@@ -57,6 +57,16 @@ state.  On the next flush of such a table:
   upserts would survive a double application, but keyless multisets would
   not: rollback keeps both exact.
 
+Snapshot rows new to a table (``direct.py``) are appended as a data file
+written by pyarrow, in a commit of their own *before* the flush's MERGE of
+the rest of the table: that commit carries ``cynomys.part-of`` and the
+flush under ``cynomys.part.*`` (not the marker: the replay must not take
+the table for done), the MERGE the marker.  A crash between the two leaves
+the part as the table's newest snapshot above the last flush: ``_ahead``
+counts such parts ahead, so the next flush of the table rolls them back
+first (a failure between them rolls back at once), and when the rest is
+empty the append itself carries the marker.
+
 A failure inside ``apply`` rolls back the tables this flush already
 committed the same way, so a rejected flush leaves nothing behind.  This
 assumes Cynomys is the only writer of its tables (maintenance jobs that
@@ -119,8 +129,9 @@ from pathlib import Path
 from typing import Any, ClassVar, ContextManager, Iterator, Mapping, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from cynomys.applier.targets import state as applied_state
@@ -133,6 +144,7 @@ from cynomys.applier.targets.spark import types as st
 from cynomys.applier.targets.spark import verify as spark_verify
 from cynomys.applier.targets.spark import warmup as spark_warmup
 from cynomys.applier.targets.spark.config import SparkConfig
+from cynomys.applier.targets.spark.direct import DirectAppend
 from cynomys.applier.targets.spark.iceberg import IcebergApi, Snapshot
 from cynomys.applier.targets.spark.maintenance import Maintenance
 from cynomys.applier.targets.spark.merge import (
@@ -153,6 +165,8 @@ from cynomys.applier.targets.spark.merge import (
     marker,
     marker_of,
     order,
+    part_marker,
+    part_state,
     q,
     same_flush,
 )
@@ -162,7 +176,7 @@ from cynomys.applier.targets.stateful import StatefulTarget
 from cynomys.core.columnar import InsertRun
 from cynomys.core.config import Config
 from cynomys.core.errors import CynomysError, TargetRejectedError, TargetUnavailableError
-from cynomys.core.model import AppliedState, Change, ColumnDef, Op, RawTemporal, Row, TableSchema, Value
+from cynomys.core.model import AppliedState, Change, ColumnDef, Op, Position, RawTemporal, Row, TableSchema, Value
 from cynomys.verify.checksum import KeyRange
 
 log = logging.getLogger(__name__)
@@ -221,6 +235,12 @@ class SparkTarget(StatefulTarget):
     #: Sources of at least this many rows go to Spark as a Parquet file on a
     #: local master (see _spool); 0 turns it off.
     parquet_handoff_rows: ClassVar[int] = 2000
+    #: A flush's snapshot rows whose keys the table does not hold go to it
+    #: as a data file written by pyarrow (``direct.py``), not through the MERGE.
+    direct_reads: ClassVar[bool] = True
+    #: ... unless the table holds more than this share of their keys (a
+    #: snapshot of a table already loaded): then all of them are MERGEd.
+    direct_reads_present: ClassVar[float] = 0.1
 
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
@@ -232,6 +252,7 @@ class SparkTarget(StatefulTarget):
         self._spark: SparkSession | None = None
         self._generation = 0
         self._iceberg: IcebergApi | None = None
+        self._direct: DirectAppend | None = None
         # Tables known to match a schema: (db, table) -> (schema, layout); cleared by DDL and errors.
         self._ready: dict[tuple[str, str], tuple[TableSchema, Layout]] = {}
         self._views = itertools.count(1)  # source view names
@@ -270,6 +291,13 @@ class SparkTarget(StatefulTarget):
         assert self._iceberg is not None
         return self._iceberg
 
+    @property
+    def direct(self) -> DirectAppend:
+        if self._direct is None:
+            self.connect()
+        assert self._direct is not None
+        return self._direct
+
     @contextlib.contextmanager
     def edge(self, what: str, hint: str | None = None) -> Iterator[None]:
         """Translate Py4J/Spark errors raised inside into Cynomys errors."""
@@ -295,6 +323,7 @@ class SparkTarget(StatefulTarget):
             raise TargetUnavailableError(f"cannot start Spark for {self.where}: {spark_session.first_line(exc)}",
                                          hint="check [target.spark] master and that Java 17 is installed") from exc
         self._spark, self._iceberg = spark, IcebergApi(spark, self.catalog)
+        self._direct = DirectAppend(self._iceberg)
         try:
             with self.edge(f"creating the state table on {self.where}"):
                 self.sql(f"CREATE NAMESPACE IF NOT EXISTS {self.qualified(self.state_namespace)}")
@@ -319,7 +348,7 @@ class SparkTarget(StatefulTarget):
             # Let a warm-up finish its statement (seconds) before the session may go.
             self._warming.join(timeout=15)
             self._warming = None
-        self._spark, self._iceberg = None, None
+        self._spark, self._iceberg, self._direct = None, None, None
         self._ready.clear()
         if self._spool_dir is not None:
             shutil.rmtree(self._spool_dir, ignore_errors=True)
@@ -626,7 +655,9 @@ class SparkTarget(StatefulTarget):
             rows, ops, counts = keyless_rows(tf)
         # InsertRuns (keyed tables only: keyless_runs is off here): new keys, unique in the flush (the
         # fold took out rows a later change replaced), after the rows.
-        runs = tf.runs
+        # READ runs last: from ``reads_from`` on, the rows may be appended directly (_commit).
+        runs = [r for r in tf.runs if r.op is not Op.READ] + [r for r in tf.runs if r.op is Op.READ]
+        n_reads = sum(r.rows for r in runs if r.op is Op.READ)
         if not rows and not runs:
             return None
         mappings = [self.mapping(schema.name, c) for c in schema.columns]
@@ -688,6 +719,10 @@ class SparkTarget(StatefulTarget):
                     by, data.column(cols.names.index(by)), self.prune_partition_keys)) if c)
             # -- end layout
             sql = keyed_merge(name, written, match, null_safe, prune)
+            if n_reads and branch is None and by is None and first not in null_safe and self.direct_reads \
+                    and _exact_key(data.column(cols.names.index(first)).type):
+                return TablePlan(schema, name, data, T.StructType(cols.fields), sql, tf.rows,
+                                 rows_total - n_reads, written, match, null_safe)
         elif tf.delete_rows:
             sql = keyless_merge(name, written)
         else:
@@ -741,7 +776,7 @@ class SparkTarget(StatefulTarget):
         def record(plan: TablePlan, committed: bool, seconds: float) -> None:
             if committed:
                 done.append(plan)
-            spent.append(f"{plan.schema.table} {plan.data.num_rows} rows {seconds:.2f}s")
+            spent.append(f"{plan.schema.table} {plan.data.num_rows} rows {seconds:.2f}s{plan.note}")
 
         threads = min(self.settings.commit_threads, len(plans))
         if threads <= 1:
@@ -770,7 +805,23 @@ class SparkTarget(StatefulTarget):
         if ahead:
             self._undo(db, table, ahead, recorded)
             current = self.iceberg.current(db, table)
-        self._write(plan, marker(state))
+        split = self._split_reads(plan) if plan.reads_from is not None else None
+        if split is None:
+            self._write(plan, marker(state))
+        else:
+            reads, keep, rest = split
+            t0 = time.monotonic()
+            n = self.direct.append(db, table, reads, keep, marker(state) if rest is None else part_marker(state))
+            plan.note += f"; {n} appended directly in {time.monotonic() - t0:.2f}s)"
+            if rest is not None:
+                try:
+                    self._write(rest, marker(state))
+                except BaseException:
+                    # The part alone is not the flush: roll it back now (the
+                    # next flush of the table would, _ahead), not leave it visible.
+                    with contextlib.suppress(Exception):
+                        self.undo_ahead(db, table, state.producer_id, recorded)
+                    raise
         after = self.iceberg.current(db, table)
         if after is not None and (current is None or after.id != current.id) \
                 and marker_of(after.summary, state.producer_id) is None:
@@ -779,6 +830,57 @@ class SparkTarget(StatefulTarget):
             raise TargetRejectedError(f"table {plan.schema.name}: the commit lacks its flush marker",
                                       hint="run the applier with PYSPARK_PIN_THREAD unset or 'true'")
         return True
+
+    def _split_reads(self, plan: TablePlan) -> tuple[pa.Table, pa.ChunkedArray, TablePlan | None] | None:
+        """A plan's snapshot rows with the mask of those the table holds no
+        key of, to append as a data file (``direct.py``; a mask, not a copy:
+        the file is written piece by piece), and the plan of the rest (None:
+        nothing left); None when all of it goes through the MERGE.  Read
+        after any rollback (_commit): the keys are the table's as of the state.
+
+        A READ row goes to the MERGE when the table holds a row with its
+        first key column's value (a change the log applied before the chunk
+        was read) or the flush's other rows have one (they must not be
+        applied after it); per first-column value, not per whole key:
+        conservative, and the MERGE is right for any row."""
+        db, table = plan.schema.database, plan.schema.table
+        assert plan.reads_from is not None
+        data, n = plan.data, plan.reads_from
+        reads, others = data.slice(n), data.slice(0, n)
+        columns = [c for c in data.column_names if c != OP_COLUMN]
+        layout = self.direct.layout(db, table)
+        if layout is None or any(c.lower() not in layout.fields for c in columns):
+            return None
+        first = plan.schema.key[0]
+        prune = key_prune(first, reads.column(first), self.prune_key_values)
+        if not prune:
+            return None
+        cap = max(100, int(reads.num_rows * self.direct_reads_present))
+        t0 = time.monotonic()
+        held = DataFrame(self.spark._jsparkSession.sql(
+            f"SELECT t.{q(first)} FROM {plan.name} t WHERE {prune} LIMIT {cap + 1}"), self.spark).collect()
+        if len(held) > cap:
+            plan.note = f" (the table holds more than {cap} of its {reads.num_rows} snapshot rows' keys: all MERGEd)"
+            return None
+        key_type = reads.column(first).type
+        blocked = pa.concat_arrays([pa.array([r[0] for r in held], type=key_type),
+                                    others.column(first).combine_chunks().cast(key_type)])
+        to_merge = pc.is_in(reads.column(first), value_set=blocked)
+        n_merge = pc.sum(to_merge).as_py() or 0
+        if n_merge == reads.num_rows:
+            plan.note = " (the table or the flush holds every snapshot row's key: all MERGEd)"
+            return None
+        merged = pa.concat_tables([others, reads.filter(to_merge)])
+        # Closed by _commit with what the append took.
+        plan.note = f" ({len(held)} table rows in the snapshot rows' key ranges, {time.monotonic() - t0:.2f}s; " \
+                    f"{merged.num_rows} rows MERGEd"
+        keep = pc.invert(to_merge)
+        if merged.num_rows == 0:
+            return reads.select(columns), keep, None
+        sql = keyed_merge(plan.name, plan.written, plan.match, plan.null_safe,
+                          key_prune(first, merged.column(first), self.prune_key_values))
+        return reads.select(columns), keep, TablePlan(plan.schema, plan.name, merged, plan.spark_schema, sql,
+                                                      merged.num_rows)
 
     def _write(self, plan: TablePlan, summary: dict[str, str]) -> None:
         """Run a plan's statement, its commit carrying ``summary``."""
@@ -926,20 +1028,30 @@ class SparkTarget(StatefulTarget):
         current: Snapshot | None = None
         latest: AppliedState | None = None
         ahead: list[tuple[Snapshot, AppliedState]] = []
+        # Parts newer than any flush of the producer: a flush that stopped
+        # between a table's part commit and its own (direct snapshot rows).
+        orphans: list[tuple[Snapshot, AppliedState]] = []
         for snap in self.iceberg.ancestry(database, table):
             current = current or snap
             found = marker_of(snap.summary, producer_id)
             if found is None:
-                if ahead and snap.summary.get(PART_MARK) == producer_id:
-                    # A part of the transaction published with the flush
-                    # just found ahead: rolled back with it.
-                    ahead.append((snap, ahead[-1][1]))
+                if snap.summary.get(PART_MARK) == producer_id:
+                    if ahead:
+                        # A part of the flush just found ahead (or of the
+                        # transaction published with it): rolled back with it.
+                        ahead.append((snap, ahead[-1][1]))
+                    elif latest is None:
+                        orphans.append((snap, part_state(snap.summary) or recorded
+                                        or AppliedState(producer_id, 0, Position("", 0))))
                 continue
+            if latest is None:
+                ahead += orphans
+                orphans = []
             latest = latest or found
             if recorded is not None and order(found) <= order(recorded):
                 break
             ahead.append((snap, found))
-        return current, latest, ahead
+        return current, latest, ahead + orphans
 
     def undo_ahead(self, database: str, table: str, producer_id: str, recorded: AppliedState | None) -> None:
         """Roll back the commit of a flush the state does not record (a crash
@@ -1051,6 +1163,13 @@ class SparkTarget(StatefulTarget):
                 i += 2 if raw_at is not None else 1
             rows.append(tuple(values))
         return rows
+
+
+def _exact_key(t: pa.DataType) -> bool:
+    """A key column whose values Spark returns as the same Python values
+    Arrow holds (snapshot rows appended directly match the table's keys on
+    it, ``_split_reads``)."""
+    return bool(pa.types.is_integer(t) or pa.types.is_string(t))
 
 
 def _identity(v: Any) -> Value:
