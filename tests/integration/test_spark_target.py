@@ -23,7 +23,7 @@ from cynomys.applier.targets.spark.merge import TablePlan, marker_of
 from cynomys.applier.targets.spark.target import SparkTarget
 from cynomys.core.columnar import InsertRun
 from cynomys.core.errors import TargetRejectedError
-from cynomys.core.model import AppliedState, Change, ColumnDef, Op, Position, RawTemporal, TableSchema
+from cynomys.core.model import AppliedState, Change, ColumnDef, Op, Position, RawTemporal, Row, TableSchema
 from tests.integration import target_contract as contract
 from tests.integration.target_setups import Factory
 from tests.integration.target_setups import spark as spark_setup
@@ -296,7 +296,7 @@ def test_scattered_keys_beside_a_dense_stretch_prune_to_themselves(target: Spark
 # --------------------------------------------------------------------------
 # Snapshot rows new to a table: a data file of their own (direct.py)
 # --------------------------------------------------------------------------
-def _reads(schema: TableSchema, rows: list[tuple[object, ...]]) -> list[Change]:
+def _reads(schema: TableSchema, rows: list[Row]) -> list[Change]:
     """READ changes as the applier decodes a snapshot chunk: one run."""
     from cynomys.core.model import Batch
     from cynomys.schemas import codec
@@ -404,21 +404,24 @@ class FailsAfterThePart(SparkTarget):
         raise TargetRejectedError(f"refusing the MERGE of {plan.schema.name}")
 
 
-def _part_then_merge(db: str, producer: str) -> tuple[TableSchema, Flush, list[tuple[int, str]]]:
+def _part_then_merge(factory: Factory, db: str, producer: str
+                     ) -> tuple[SparkTarget, TableSchema, AppliedState, Flush, list[tuple[int, str]]]:
+    """A target holding flush 1 (key 1), flush 2 (an update of key 1 and 20
+    snapshot rows of new keys: a part, then the MERGE) and its rows."""
+    good = factory()
     a, _ = _tables(db)
+    s1 = contract.state(seq=1, producer=producer)
+    good.apply(contract.flush([contract.change(Op.INSERT, a, after=(1, "old"))], s1))
     with contract.compiled_path():
         reads = _reads(a, [(k, f"r{k}") for k in range(10, 30)])
     fl = build_flush([contract.change(Op.UPDATE, a, before=(1, "old"), after=(1, "new")), *reads],
                      contract.state(seq=2, producer=producer), columnar=True)
-    return a, fl, [(1, "new")] + [(k, f"r{k}") for k in range(10, 30)]
+    return good, a, s1, fl, [(1, "new")] + [(k, f"r{k}") for k in range(10, 30)]
 
 
 def test_death_between_the_part_and_the_merge_is_rolled_back_then_applied_once(factory: Factory, db: str) -> None:
     producer = f"part-{db}"
-    good = factory()
-    a, fl, want = _part_then_merge(db, producer)
-    s1 = contract.state(seq=1, producer=producer)
-    good.apply(contract.flush([contract.change(Op.INSERT, a, after=(1, "old"))], s1))
+    good, a, s1, fl, want = _part_then_merge(factory, db, producer)
     dying = factory(cls=DiesAfterThePart)
     with pytest.raises(Crash):
         dying.apply(fl)
@@ -434,10 +437,7 @@ def test_death_between_the_part_and_the_merge_is_rolled_back_then_applied_once(f
 
 def test_death_between_the_part_and_the_merge_then_a_replay_cut_differently(factory: Factory, db: str) -> None:
     producer = f"partcut-{db}"
-    good = factory()
-    a, fl, want = _part_then_merge(db, producer)
-    good.apply(contract.flush([contract.change(Op.INSERT, a, after=(1, "old"))],
-                              contract.state(seq=1, producer=producer)))
+    _, a, _, fl, want = _part_then_merge(factory, db, producer)
     with pytest.raises(Crash):
         factory(cls=DiesAfterThePart).apply(fl)
     # The replay flushes the update alone first: the part goes, nothing of it stays.
@@ -453,10 +453,7 @@ def test_death_between_the_part_and_the_merge_then_a_replay_cut_differently(fact
 
 def test_a_failed_merge_after_the_part_rolls_the_part_back_at_once(factory: Factory, db: str) -> None:
     producer = f"partfail-{db}"
-    good = factory()
-    a, fl, want = _part_then_merge(db, producer)
-    s1 = contract.state(seq=1, producer=producer)
-    good.apply(contract.flush([contract.change(Op.INSERT, a, after=(1, "old"))], s1))
+    good, a, s1, fl, want = _part_then_merge(factory, db, producer)
     with pytest.raises(TargetRejectedError, match="refusing the MERGE"):
         factory(cls=FailsAfterThePart).apply(fl)
     contract.assert_rows(good, a, [(1, "old")])
