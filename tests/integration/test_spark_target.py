@@ -381,6 +381,13 @@ def test_a_chunk_of_new_keys_alone_is_one_append_with_the_flush_marker(target: S
     snap = target.iceberg.current(db, "a")
     assert snap is not None and marker_of(snap.summary, contract.PRODUCER) == st
     contract.assert_rows(target, a, [(1, "old")] + [(k, "r") for k in range(10, 20)])
+    # Rows of the file written outside Spark are updated and deleted like any
+    # (a v3 table's MERGE reads their inherited row ids).
+    target.apply(contract.flush([contract.change(Op.UPDATE, a, before=(12, "r"), after=(12, "u")),
+                                 contract.change(Op.DELETE, a, before=(15, "r"))]))
+    contract.assert_rows(target, a, [(1, "old")] + [(k, "u" if k == 12 else "r") for k in range(10, 20) if k != 15])
+    rows = target.spark.sql(f"SELECT id, _row_id FROM {target.qualified(db, 'a')} ORDER BY id").collect()
+    assert len({r._row_id for r in rows}) == len(rows) == 10 and all(r._row_id is not None for r in rows)
 
 
 class DiesAfterThePart(SparkTarget):
