@@ -390,6 +390,25 @@ def test_a_chunk_of_new_keys_alone_is_one_append_with_the_flush_marker(target: S
     assert len({r._row_id for r in rows}) == len(rows) == 10 and all(r._row_id is not None for r in rows)
 
 
+def test_a_merge_that_changes_nothing_after_the_part_still_marks_the_flush(target: SparkTarget, db: str) -> None:
+    """The rest of the flush only deletes keys the table lacks (rows deleted
+    before their chunk was read): the table still ends on the flush marker,
+    and the replay finds itself there.  (Iceberg 1.10 commits a snapshot for
+    a MERGE that changes nothing; were it to stop, the part would be the
+    table's head and _commit would refuse the flush: this test says so.)"""
+    a, _ = _tables(db)
+    target.apply(contract.flush([contract.change(Op.INSERT, a, after=(1, "old"))]))
+    with contract.compiled_path():
+        reads = _reads(a, [(k, "r") for k in range(10, 20)])
+    fl = build_flush([contract.change(Op.DELETE, a, before=(500, "gone")), *reads], contract.state(), columnar=True)
+    target.apply(fl)
+    snap = target.iceberg.current(db, "a")
+    assert snap is not None and marker_of(snap.summary, contract.PRODUCER) == fl.state
+    target.apply(fl)  # the replay: skipped, nothing doubled
+    contract.assert_rows(target, a, [(1, "old")] + [(k, "r") for k in range(10, 20)])
+    assert target.iceberg.current(db, "a") == snap
+
+
 class DiesAfterThePart(SparkTarget):
     """The process dies after a table's directly appended part committed,
     before the flush's MERGE of the same table: nothing cleans up."""
