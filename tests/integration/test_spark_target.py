@@ -409,6 +409,24 @@ def test_a_merge_that_changes_nothing_after_the_part_still_marks_the_flush(targe
     assert target.iceberg.current(db, "a") == snap
 
 
+def test_a_table_partitioned_or_sorted_later_takes_snapshot_rows_through_the_merge(target: SparkTarget,
+                                                                                  db: str) -> None:
+    """A file written here has no partition values and no write order: once
+    the table's layout evolves, its snapshot rows go back to the MERGE."""
+    a, _ = _tables(db)
+    with contract.compiled_path():
+        first, second, third = (_reads(a, [(k, "r") for k in range(n, n + 10)]) for n in (10, 20, 30))
+    target.apply(build_flush(first, contract.state(), columnar=True))
+    assert _direct_files(target, db, "a") == [10]
+    target.sql(f"ALTER TABLE {target.qualified(db, 'a')} ADD PARTITION FIELD bucket(4, id)")
+    target.apply(build_flush(second, contract.state(), columnar=True))
+    target.sql(f"ALTER TABLE {target.qualified(db, 'a')} DROP PARTITION FIELD bucket(4, id)")
+    target.sql(f"ALTER TABLE {target.qualified(db, 'a')} WRITE LOCALLY ORDERED BY v")
+    target.apply(build_flush(third, contract.state(), columnar=True))
+    assert _direct_files(target, db, "a") == [10]
+    contract.assert_rows(target, a, [(k, "r") for k in range(10, 40)])
+
+
 class DiesAfterThePart(SparkTarget):
     """The process dies after a table's directly appended part committed,
     before the flush's MERGE of the same table: nothing cleans up."""

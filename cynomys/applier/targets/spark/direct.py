@@ -17,7 +17,7 @@ before (``target.py``: ``_commit``).
 
 Only where a file written outside Spark is exactly what Spark would write:
 an unpartitioned table without a sort order, columns of flat Iceberg types,
-a warehouse on the local file system.  Anything else (``eligible`` returns
+a warehouse on the local file system.  Anything else (``layout`` returns
 None) keeps the MERGE path.  Columns carry the table's field ids, so readers
 resolve them as they do Spark's files (renames included); the file's
 metrics (row count, column bounds that later MERGEs prune on) are read
@@ -98,7 +98,7 @@ class DirectAppend:
 
     def __init__(self, iceberg: IcebergApi) -> None:
         self.iceberg = iceberg
-        self._layouts: dict[tuple[str, str, int], Layout | None] = {}
+        self._layouts: dict[tuple[str, str, int, int, int], Layout | None] = {}
 
     @functools.cached_property
     def _classes(self) -> dict[str, Any]:
@@ -114,7 +114,9 @@ class DirectAppend:
         """The table's file layout, or None when it cannot take a file written here."""
         tbl = jtable if jtable is not None else self.iceberg.load(database, table)
         schema = tbl.schema()
-        key = (database, table, int(schema.schemaId()))
+        # A schema change, partition evolution or a new write order (layout_changes
+        # = "evolve") makes it a new layout.
+        key = (database, table, int(schema.schemaId()), int(tbl.spec().specId()), int(tbl.sortOrder().orderId()))
         if key in self._layouts:
             return self._layouts[key]
         self._layouts[key] = found = self._layout(tbl, schema, key[2])
