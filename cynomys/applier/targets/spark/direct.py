@@ -92,6 +92,10 @@ class Layout:
     codec: str
     level: int | None
 
+    def takes(self, columns: list[str]) -> bool:
+        """Every one of ``columns`` is a column of the table (the rest are NULL)."""
+        return all(c.lower() in self.fields for c in columns)
+
 
 class DirectAppend:
     """Parquet files of Arrow rows, added to a table in one Iceberg commit."""
@@ -154,7 +158,7 @@ class DirectAppend:
         (``layout`` None: callers check first)."""
         tbl = self.iceberg.load(database, table)
         layout = self.layout(database, table, tbl)
-        if layout is None or any(n.lower() not in layout.fields for n in data.column_names):
+        if layout is None or not layout.takes(data.column_names):
             raise ValueError(f"table {database}.{table} cannot take a data file written outside Spark")
         fields = [pa.field(layout.names[n.lower()], layout.fields[n.lower()][1], True,
                            metadata={b"PARQUET:field_id": str(layout.fields[n.lower()][0]).encode()})

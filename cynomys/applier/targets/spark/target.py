@@ -849,7 +849,7 @@ class SparkTarget(StatefulTarget):
         reads, others = data.slice(n), data.slice(0, n)
         columns = [c for c in data.column_names if c != OP_COLUMN]
         layout = self.direct.layout(db, table)
-        if layout is None or any(c.lower() not in layout.fields for c in columns):
+        if layout is None or not layout.takes(columns):
             return None
         first = plan.schema.key[0]
         prune = key_prune(first, reads.column(first), self.prune_key_values)
