@@ -58,6 +58,9 @@ class ListSink:
     fence_term = ""
     bytes_sent = 0
 
+    def fence_holds(self) -> bool:
+        return True
+
     def __init__(self) -> None:
         self.batches: list[tuple[int, Batch]] = []
 

@@ -48,7 +48,7 @@ from typing import Any, Protocol
 
 from cynomys.core import compiled
 from cynomys.core.config import Config
-from cynomys.core.errors import CynomysError, TerminalError
+from cynomys.core.errors import CynomysError, LeaseLost, TerminalError
 from cynomys.core.model import Batch, Change, EnvelopeMeta, Op, Position
 from cynomys.metrics.events import ProducerTurn
 from cynomys.metrics.monitor import ProducerMonitor
@@ -78,6 +78,9 @@ class BatchSink(Protocol):
     @property
     def fence_term(self) -> str:
         """That term's lease value ("token:owner"; "" without HA)."""
+
+    def fence_holds(self) -> bool:
+        """Whether the HA lease still holds this term's value (True without HA)."""
 
     def send(self, seq: int, batch: Batch, stop: threading.Event) -> None:
         """Return once the batch is durably accepted downstream."""
@@ -195,6 +198,16 @@ class Producer:
         # counter deleted and counted from 1 again), went backwards.
         if token and (token < self.state.fence or token == self.state.fence and self.state.term
                       and term != self.state.term):
+            if not self.sink.fence_holds():
+                # Deposed, not reset: while this term's Producer restarted
+                # (a transient error, e.g. Redis down longer than the lease),
+                # the lease expired and a standby worked under a newer
+                # token.  Measured under Redis host crashes: the state read
+                # here was the newer term's.  Stand by, as a refused write does.
+                raise LeaseLost(
+                    f"the HA lease of producer {self.cfg.producer.id!r} is no longer this term's (token {token}): "
+                    f"a standby took over and worked under token {self.state.fence}",
+                    hint="nothing to do: this producer stands by again")
             raise TerminalError(
                 f"this HA lease term has fencing token {token}, but producer {self.cfg.producer.id!r} already "
                 f"worked under token {self.state.fence}: the fencing counter in Redis went backwards (deleted?)",

@@ -62,6 +62,11 @@ class SealedSink:
         # in Redis, even by this very process re-acquiring) does not.
         self.fence_token, self.fence_term = token, f"{lease_value}/{uuid.uuid4().hex[:8]}"
 
+    def fence_holds(self) -> bool:
+        """Whether the lease still holds this term's value (True without HA)."""
+        holds = getattr(self.publisher, "lease_holds", None)
+        return True if not self.fence_token or holds is None else bool(holds())
+
     def describe(self) -> str:
         return self._where
 

@@ -255,6 +255,16 @@ class _RedisPublisherBase:
         """Publish from now on only while ``lease_key`` holds ``lease_value``."""
         self._lease_key, self._lease_value = lease_key, lease_value
 
+    def lease_holds(self) -> bool:
+        """Whether the lease key holds our value now (True without a lease)."""
+        if not self._lease_value:
+            return True
+        try:
+            v = self._r.get(self._lease_key)
+        except redis.RedisError as exc:
+            raise translate(exc, self._cfg.url, f"reading the HA lease {self._lease_key}") from exc
+        return v is not None and _text(v) == self._lease_value
+
     def _fenced(self, result: int, seq: int, producer_id: str) -> None:
         if result == FENCED:
             raise LeaseLost(

@@ -138,6 +138,63 @@ def test_state_in_redis_is_signed_and_a_forgery_is_refused(tmp_path: Path, redis
         lease.close()
 
 
+def test_a_deposed_leader_restarting_its_producer_stands_by_and_does_not_stop(tmp_path: Path,
+                                                                             redis_url: str) -> None:
+    """Seen under Redis host crashes: a leader's Producer hit a transient
+    error (Redis down), its lease expired meanwhile, a standby took the next
+    token and saved the state under it; the old term's Producer, restarted
+    by run_with_retry, read that state.  Its token is lower than the state's
+    -- not because the counter went backwards, but because it is deposed:
+    it must stand by (LeaseLost), not stop the daemon.  With the lease still
+    its own, a lower token is a counter that went backwards: terminal."""
+    from types import SimpleNamespace
+
+    from cynomys.core.errors import TerminalError
+    from cynomys.producer import Producer
+    from cynomys.producer.ha import RedisStateStore
+    from cynomys.transport.channel import SealedSink
+
+    keys = generate_keys(tmp_path / "keys", rsa_bits=2048)
+    no_source: Any = SimpleNamespace(port=1)  # _recover_pending runs before the source is opened
+    cfg = load_config(write_config(tmp_path / "c.toml", no_source, producer={"id": "p1", "ha": True, "lease_ms": 300},
+                                   transport={"url": redis_url, "stream": "ha-deposed"},
+                                   security={k: str(v) for k, v in keys.items()}), env={})
+    tcfg = cfg.transport
+    a, b = (RedisLease(tcfg, "p1", f"host:{n}", lease_ms=300) for n in ("a", "b"))
+    sinks: list[SealedSink] = []
+    try:
+        def term(lease: RedisLease) -> tuple[SealedSink, RedisStateStore]:
+            token = lease.acquire()
+            assert token is not None
+            sink = SealedSink(cfg)
+            sinks.append(sink)
+            sink.fence(token, lease.key, lease.value)
+            return sink, RedisStateStore(lease, tmp_path / "mirror.json", sink.sealer)
+
+        sink_a, store_a = term(a)
+        Producer(cfg, sink_a, store=store_a)._recover_pending()  # a leads, token 1, saves its state
+        time.sleep(0.5)  # a's renewer is stuck (Redis down): the lease expires
+        sink_b, store_b = term(b)
+        assert sink_b.fence_token == 2
+        Producer(cfg, sink_b, store=store_b)._recover_pending()  # b works under token 2
+        assert store_a.load().fence == 2
+        with pytest.raises(LeaseLost, match="no longer this term's"):
+            Producer(cfg, sink_a, store=store_a)._recover_pending()  # a's term, restarted
+        # The counter reset while b holds its lease: b's next term gets token 1.
+        with redis.Redis.from_url(redis_url) as r:
+            r.delete(b.fence_key, b.key)
+        sink_b2, store_b2 = term(b)
+        assert sink_b2.fence_token == 1
+        with pytest.raises(TerminalError, match="fencing counter in Redis went backwards") as err:
+            Producer(cfg, sink_b2, store=store_b2)._recover_pending()
+        assert not isinstance(err.value, LeaseLost)
+    finally:
+        for s in sinks:
+            s.close()
+        for x in (a, b):
+            x.close()
+
+
 # -- the HA pair for the e2e harness ----------------------------------------
 class HaPair:
     """Two `cynomys produce` with the same config (``[producer] ha = true``).

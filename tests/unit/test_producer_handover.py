@@ -44,6 +44,9 @@ class RecordingSink:
     def fence_term(self) -> str:
         return ""
 
+    def fence_holds(self) -> bool:
+        return True
+
     def send(self, seq: int, batch: Batch, stop: threading.Event) -> None:
         self.sent.append(batch)
 

@@ -22,6 +22,9 @@ class HoldsOne:
     fence_term = ""
     bytes_sent = 0
 
+    def fence_holds(self) -> bool:
+        return True
+
     def last_sequence(self) -> int:
         return 1
 
