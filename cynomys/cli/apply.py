@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
-from typing import Any, MutableMapping
+from typing import Any, Mapping, MutableMapping
 
 from cynomys.cli.common import config_of, stop_on_signals, with_config
 
@@ -22,8 +23,36 @@ def choose_arrow_pool(env: MutableMapping[str, str]) -> str:
     return env.setdefault("ARROW_DEFAULT_MEMORY_POOL", APPLIER_ARROW_POOL)
 
 
+#: glibc malloc settings of the applier (mallopt), unless the environment
+#: sets them (MALLOC_ARENA_MAX, MALLOC_MMAP_THRESHOLD_).  Arrow's system pool
+#: is glibc's malloc, whose defaults keep freed memory: an arena per thread
+#: that allocated (commit threads, the transport reader), and a threshold
+#: for mmap that rises to the largest buffer freed so far, after which every
+#: buffer comes from the heap and stays there.  Measured on a Spark initial
+#: load of 3M lineitem rows with 345k-row flushes (bench/initial_load.py):
+#: peak RSS 450 MB with the defaults, 401 MB with these, the RSS falling
+#: back by ~100 MB after each flush instead of staying at its peak.
+APPLIER_MALLOC = {"MALLOC_ARENA_MAX": 2, "MALLOC_MMAP_THRESHOLD_": 128 * 1024}
+_MALLOPT = {"MALLOC_ARENA_MAX": -8, "MALLOC_MMAP_THRESHOLD_": -3}  # M_ARENA_MAX, M_MMAP_THRESHOLD (malloc.h)
+
+
+def tune_malloc(env: Mapping[str, str]) -> dict[str, int]:
+    """Apply APPLIER_MALLOC to this process's glibc malloc, each setting
+    unless ``env`` has its own; returns what was set (nothing off glibc)."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return {}
+    done: dict[str, int] = {}
+    for name, value in APPLIER_MALLOC.items():
+        if name not in env and mallopt(_MALLOPT[name], value) == 1:
+            done[name] = value
+    return done
+
+
 def run(args: argparse.Namespace) -> int:
     choose_arrow_pool(os.environ)  # before anything imports pyarrow
+    tune_malloc(os.environ)  # before the threads that allocate start
     from cynomys.applier.loop import run_applier
     from cynomys.metrics import ApplierMonitor
     from cynomys.metrics.clock import ApplierClock
