@@ -359,6 +359,7 @@ class FakeStream:
         self.acked: list[str] = []
         self.dead: list[tuple[str, str]] = []
         self.reads = 0
+        self.counts: list[int] = []           # the count each read asked for
         self.crash_at_read: int | None = None
 
     def publish(self, envelope: bytes) -> str:
@@ -394,6 +395,7 @@ class FakeSubscriber:
     def read(self, count: int, block_ms: int) -> list[Delivery]:
         s = self.stream
         s.reads += 1
+        s.counts.append(count)
         if s.crash_at_read is not None and s.reads == s.crash_at_read:
             s.crash_at_read = None
             raise Crash(f"the applier dies at read {s.reads}")

@@ -44,7 +44,9 @@ from cynomys.verify.applier import VERIFY_OPS, Verifier
 
 log = logging.getLogger(__name__)
 
-READ_COUNT = 200  # envelopes per transport read
+READ_COUNT = 200  # envelopes per transport read, at most (spill.read_count)
+#: A first read's envelopes, before their size is known (then spill.read_count).
+FIRST_READ_COUNT = 20
 RAW_FACTOR = 10  # x max_buffer_rows raw changes also end a backlog flush (bounds the replay after a crash)
 
 
@@ -93,6 +95,8 @@ class Applier:
         self.shaping = Shaping(cfg, self.target)  # modes and schema-change policy ([shape.targets])
         # The memory bound (applier/spill.py): estimated bytes the buffer may hold.
         self.budget = spill.budget(cfg.applier.max_memory_mb)
+        self.max_memory_mb = cfg.applier.max_memory_mb
+        self.envelope_bytes = 0.0  # the recent envelopes' size, largest first (spill.read_count)
         self.parts = 0            # parts of the open source transaction applied into the target
         self.open_pid = ""        # the producer whose transaction is open
         self.sealed_acks = 0      # unacknowledged envelopes of the sealed part (whole transactions)
@@ -110,7 +114,9 @@ class Applier:
     def run(self, until_idle_s: float = 0.0) -> None:
         self.start()
         while not self.stop.is_set():
-            deliveries = self.sub.read(READ_COUNT, int(self.buffer.wait_s() * 1000))
+            count = spill.read_count(self.max_memory_mb, self.envelope_bytes, READ_COUNT) \
+                if self.envelope_bytes else FIRST_READ_COUNT
+            deliveries = self.sub.read(count, int(self.buffer.wait_s() * 1000))
             if deliveries:
                 self.last_delivery = time.monotonic()
             for d in deliveries:
@@ -121,7 +127,7 @@ class Applier:
                     self.relieve()  # the memory bound, likewise
             # Behind (the read came back full: more is waiting): take the
             # backlog into this flush rather than commit once per buffer_rows.
-            behind = len(deliveries) >= READ_COUNT
+            behind = len(deliveries) >= count
             if self.buffer.due() and not behind:
                 self.flush()
             self._ack()  # envelopes seen again after a restart: nothing to commit for them
@@ -229,6 +235,9 @@ class Applier:
     # ------------------------------------------------------------------
     def handle(self, d: Delivery) -> None:
         self.monitor.envelope(len(d.envelope))
+        # Up at once, down slowly: the first snapshot envelopes after small
+        # ones shrink the next read, and one small envelope does not widen it.
+        self.envelope_bytes = max(float(len(d.envelope)), 0.9 * self.envelope_bytes)
         try:
             opened = self.opener.open(d.envelope)
             batch = codec.decode_columnar(opened.payload)  # INSERT runs stay column-wise

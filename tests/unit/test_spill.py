@@ -199,3 +199,29 @@ def test_column_wise_runs_are_costed_at_their_own_expansion() -> None:
     assert spill.cost(1000, [run, run]) == 1000 * spill.RUN_EXPANSION
     assert spill.cost(1000, [run, row]) == spill.cost(1000, [row]) == spill.cost(1000) == 1000 * spill.EXPANSION
     assert spill.RUN_EXPANSION < spill.EXPANSION
+
+
+def test_a_transport_read_brings_in_a_bounded_share_of_the_memory(tmp_path: Path) -> None:
+    """A read asks for READ_COUNT envelopes, fewer when they are large (a
+    read of 200 snapshot envelopes took the applier 90 MB above its level):
+    at most READ_SHARE of max_memory_mb, judged by the largest recent size;
+    the first read, before any size is known, asks for FIRST_READ_COUNT."""
+    from cynomys.applier import loop, spill
+
+    assert spill.read_count(500, 0, 200) == 200
+    assert spill.read_count(500, 2_000, 200) == 200  # OLTP envelopes: the whole count
+    assert spill.read_count(500, 200_000, 200) == int(500 * 1024 * 1024 * spill.READ_SHARE / 200_000) < 200
+    assert spill.read_count(500, 1 << 30, 200) == 1
+    source = random_workload(FakeSource(), 1, txns=300, big=15, big_every=4)
+    store, stream, wire = checked_store(source), FakeStream(), Wire()
+    publish(stream, wire, FakeProducer(source, max_events=4).run())
+    largest = max(len(e) for _, e in stream.entries)
+    mb = 1  # the smallest bound: ~45 of the fakes' envelopes (<1 KB) a read
+    per_read = spill.read_count(mb, largest, loop.READ_COUNT)
+    assert 1 < per_read < len(stream.entries) // 3, "the stream must take several reads for this test to say anything"
+    run_until_settled(fake_config(tmp_path, max_memory_mb=mb), store, stream, wire)
+    assert stream.counts[0] == loop.FIRST_READ_COUNT
+    assert max(stream.counts[1:]) <= spill.read_count(mb, min(len(e) for _, e in stream.entries), loop.READ_COUNT)
+    assert min(stream.counts[1:]) >= per_read
+    assert store.states["p"].position == source.end
+    assert_target_at(store, source)
