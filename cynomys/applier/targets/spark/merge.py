@@ -126,10 +126,10 @@ class Columns:
     """The columns of a MERGE source being built: names, Arrow arrays, Spark fields."""
 
     names: list[str] = field(default_factory=list)
-    arrays: list[pa.Array] = field(default_factory=list)
+    arrays: list[pa.Array | pa.ChunkedArray] = field(default_factory=list)
     fields: list[T.StructField] = field(default_factory=list)
 
-    def add(self, name: str, array: pa.Array, spark_type: T.DataType) -> None:
+    def add(self, name: str, array: pa.Array | pa.ChunkedArray, spark_type: T.DataType) -> None:
         # Every column nullable: a key of zero dates is NULL in its typed column.
         self.names.append(name)
         self.arrays.append(array)

@@ -108,10 +108,10 @@ def run_images(runs: Sequence[InsertRun]) -> list[Row]:
 
 
 def run_columns(schema: TableSchema, mappings: Sequence[st.Mapping], runs: list[InsertRun]
-                ) -> tuple[list[Any], dict[int, list[str | None]]]:
-    """One Arrow array per column of ``schema`` holding the runs' rows (in
-    order, without excluded rows), typed as ``mappings`` say, and the
-    companion texts of columns holding zero dates (by column index).
+                ) -> tuple[list[pa.ChunkedArray], dict[int, list[str | None]]]:
+    """One Arrow array (chunked: one chunk per run piece) per column of
+    ``schema`` holding the runs' rows (in order, without excluded rows),
+    typed as ``mappings`` say, and the companion texts of columns holding zero dates (by column index).
     Raises ``types.ValueRejected`` (with the row index) for a value the
     column refuses."""
     pieces: list[list[Any]] = [[] for _ in schema.columns]
@@ -137,7 +137,10 @@ def run_columns(schema: TableSchema, mappings: Sequence[st.Mapping], runs: list[
                 raise
             if raw is not None:
                 raws[i] = raw
-            columns.append(array)
+            columns.append(pa.chunked_array([array], type=array.type))
         else:
-            columns.append(pieces[i][0] if len(pieces[i]) == 1 else pa.concat_arrays(pieces[i]))
+            # Chunked, not concatenated: a copy of a snapshot flush's
+            # columns (~30 MB per 200k lineitem rows) would only be
+            # sliced again (_split_reads, direct.py writes in pieces).
+            columns.append(pa.chunked_array(pieces[i], type=pieces[i][0].type))
     return columns, raws

@@ -188,7 +188,7 @@ class SparkTarget(StatefulTarget):
 
     capabilities: ClassVar[Capabilities] = Capabilities(
         transactional_ddl=False, max_statement_rows=1_000_000, supports_keys=False, backlog_factor=3,
-        backlog_rows=200_000, columnar_inserts=True, applies_parts=True)
+        backlog_rows=400_000, columnar_inserts=True, applies_parts=True)
     #: The branch a transaction applied in parts is staged on (+ the producer).
     stage_prefix: ClassVar[str] = "cynomys_stage_"
     #: Where the applier state lives: a table property of the Iceberg table
@@ -673,7 +673,9 @@ class SparkTarget(StatefulTarget):
                 raise self._rejected(schema, col, m, rows[exc.row] if exc.row is not None else None,
                                      str(exc)) from None
             if runs:
-                array = pa.concat_arrays([array, run_arrays[i]]) if rows else run_arrays[i]
+                # Chunks, not a copy (runs.run_columns): the rows first, then the runs.
+                chunks = ([array] if rows else []) + list(run_arrays[i].chunks)
+                array = pa.chunked_array(chunks, type=chunks[0].type)
                 if raw is not None or i in run_raws:
                     raw = (raw or [None] * len(rows)) + run_raws.get(i, [None] * n_runs)
             cols.add(col.name, array, m.spark)
@@ -730,7 +732,7 @@ class SparkTarget(StatefulTarget):
         return TablePlan(schema, name, data, T.StructType(cols.fields), sql, tf.rows)
 
     def _run_columns(self, schema: TableSchema, mappings: list[st.Mapping], runs: list[InsertRun]
-                     ) -> tuple[list[Any], dict[int, list[str | None]]]:
+                     ) -> tuple[list[pa.ChunkedArray], dict[int, list[str | None]]]:
         try:
             return run_columns(schema, mappings, runs)
         except st.ValueRejected as exc:
