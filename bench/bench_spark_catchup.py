@@ -45,8 +45,9 @@ def flush_profile(log: Path) -> dict[str, Any]:
     for line in log.read_text(errors="replace").splitlines():
         m = FLUSH.match(line)
         if m:
-            tables = {t.split()[0]: float(t.rsplit(" ", 1)[1].rstrip("s")) for t in m.group(6).split("; ")
-                      if t != "no rows"}
+            # A table's note in parentheses (snapshot rows appended directly) holds "; " too.
+            parts = re.sub(r" \([^()]*\)", "", m.group(6)).split("; ")
+            tables = {t.split()[0]: float(t.rsplit(" ", 1)[1].rstrip("s")) for t in parts if t != "no rows"}
             flushes.append({"at": m.group(1), "seq": int(m.group(2)), "net_changes": int(m.group(3)),
                             "seconds": float(m.group(4)), "plan_s": float(m.group(5)), "tables_s": tables,
                             "state_s": float(m.group(7))})
