@@ -198,16 +198,7 @@ class Producer:
         # counter deleted and counted from 1 again), went backwards.
         if token and (token < self.state.fence or token == self.state.fence and self.state.term
                       and term != self.state.term):
-            if not self.sink.fence_holds():
-                # Deposed, not reset: while this term's Producer restarted
-                # (a transient error, e.g. Redis down longer than the lease),
-                # the lease expired and a standby worked under a newer
-                # token.  Measured under Redis host crashes: the state read
-                # here was the newer term's.  Stand by, as a refused write does.
-                raise LeaseLost(
-                    f"the HA lease of producer {self.cfg.producer.id!r} is no longer this term's (token {token}): "
-                    f"a standby took over and worked under token {self.state.fence}",
-                    hint="nothing to do: this producer stands by again")
+            self._unless_deposed()
             raise TerminalError(
                 f"this HA lease term has fencing token {token}, but producer {self.cfg.producer.id!r} already "
                 f"worked under token {self.state.fence}: the fencing counter in Redis went backwards (deleted?)",
@@ -216,6 +207,7 @@ class Producer:
         if token:
             self.state.fence, self.state.term = token, term
         if accepted > sent and (self.state.seq or self.state.checkpoint is not None):
+            self._unless_deposed()
             raise TerminalError(
                 f"the transport {self.sink.describe()} claims to hold envelope {accepted} of producer "
                 f"{self.cfg.producer.id!r}, but this producer sent only up to {sent} "
@@ -236,6 +228,20 @@ class Producer:
             self.new_life = True
             log.info("new producer incarnation %s", self.state.incarnation)
         self.save()
+
+    def _unless_deposed(self) -> None:
+        """Before an HA Producer stops on state that disagrees with its own
+        term: raise LeaseLost instead when the lease is no longer this
+        term's.  Deposed, not broken: while this term's Producer restarted
+        (a transient error, e.g. Redis down longer than the lease), a standby
+        took the lease and worked on, and the state or the transport read
+        here is already its (seen under Redis host crashes: a state saved
+        under a newer token).  Stand by, as a refused write does."""
+        if self.sink.fence_token and not self.sink.fence_holds():
+            raise LeaseLost(
+                f"the HA lease of producer {self.cfg.producer.id!r} is no longer this term's (token "
+                f"{self.sink.fence_token}): a standby took over",
+                hint="nothing to do: this producer stands by again")
 
     def _abandon_snapshot_read(self) -> None:
         """We stopped inside the fragments of a keyless snapshot read

@@ -150,7 +150,8 @@ def test_a_deposed_leader_restarting_its_producer_stands_by_and_does_not_stop(tm
     from types import SimpleNamespace
 
     from cynomys.core.errors import TerminalError
-    from cynomys.producer import Producer
+    from cynomys.core.model import Batch, Position
+    from cynomys.producer import Producer, ProducerState
     from cynomys.producer.ha import RedisStateStore
     from cynomys.transport.channel import SealedSink
 
@@ -188,6 +189,14 @@ def test_a_deposed_leader_restarting_its_producer_stands_by_and_does_not_stop(tm
         with pytest.raises(TerminalError, match="fencing counter in Redis went backwards") as err:
             Producer(cfg, sink_b2, store=store_b2)._recover_pending()
         assert not isinstance(err.value, LeaseLost)
+        # The race a moment earlier: a's restarted Producer read its own
+        # term's state before the standby saved one, and the transport after
+        # the standby published: the transport is ahead of the state.
+        early = Producer(cfg, sink_a, store=store_a)
+        early.state = ProducerState(seq=0, fence=1, term=sink_a.fence_term, checkpoint=Position("f", 4))
+        sink_b2.send(1, Batch("p1", (), Position("f", 4)), threading.Event())
+        with pytest.raises(LeaseLost, match="no longer this term's"):
+            early._recover_pending()
     finally:
         for s in sinks:
             s.close()
