@@ -95,7 +95,6 @@ class Applier:
         self.shaping = Shaping(cfg, self.target)  # modes and schema-change policy ([shape.targets])
         # The memory bound (applier/spill.py): estimated bytes the buffer may hold.
         self.budget = spill.budget(cfg.applier.max_memory_mb)
-        self.max_memory_mb = cfg.applier.max_memory_mb
         self.envelope_bytes = 0.0  # the recent envelopes' size, largest first (spill.read_count)
         self.parts = 0            # parts of the open source transaction applied into the target
         self.open_pid = ""        # the producer whose transaction is open
@@ -114,7 +113,7 @@ class Applier:
     def run(self, until_idle_s: float = 0.0) -> None:
         self.start()
         while not self.stop.is_set():
-            count = spill.read_count(self.max_memory_mb, self.envelope_bytes, READ_COUNT) \
+            count = spill.read_count(self.cfg.applier.max_memory_mb, self.envelope_bytes, READ_COUNT) \
                 if self.envelope_bytes else FIRST_READ_COUNT
             deliveries = self.sub.read(count, int(self.buffer.wait_s() * 1000))
             if deliveries:
