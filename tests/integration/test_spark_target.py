@@ -12,9 +12,10 @@ from __future__ import annotations
 import datetime
 import itertools
 import random
+import threading
 from decimal import Decimal
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -24,6 +25,7 @@ from cynomys.applier.targets.spark.target import SparkTarget
 from cynomys.core.columnar import InsertRun
 from cynomys.core.errors import TargetRejectedError
 from cynomys.core.model import AppliedState, Change, ColumnDef, Op, Position, RawTemporal, Row, TableSchema
+from cynomys.reducer.fold import fold
 from tests.integration import target_contract as contract
 from tests.integration.target_setups import Factory
 from tests.integration.target_setups import spark as spark_setup
@@ -362,8 +364,9 @@ def test_snapshot_rows_the_table_or_the_flush_holds_keys_of_are_merged(target: S
     target.apply(build_flush(changes, contract.state(), columnar=True))
     want = {2: "upd", 3: "old"} | {k: f"read {k}" for k in range(40, 80)} | {100: "new"}
     contract.assert_rows(target, a, sorted(want.items()))
-    # 40..79 less the held 50 and 60.
-    assert _direct_files(target, db, "a") == [38]
+    # 40..79 less the held 50 and 60 (and the first flush's five new keys,
+    # appended as a data file of their own too).
+    assert sorted(_direct_files(target, db, "a")) == [5, 38]
     ops = _operations(target, db, "a")
     assert ops[-2:] == ["append", "overwrite"]  # the part, then the MERGE carrying the flush marker
     snap = target.iceberg.current(db, "a")
@@ -476,7 +479,8 @@ def test_death_between_the_part_and_the_merge_is_rolled_back_then_applied_once(f
     restarted.apply(fl)  # ... and the replay rolls it back first: each row once
     contract.assert_rows(restarted, a, want)
     assert restarted.applied(producer) == fl.state
-    assert _direct_files(restarted, db, "a") == [20]
+    # The 20 snapshot rows once (and flush 1's row, appended directly too).
+    assert sorted(_direct_files(restarted, db, "a")) == [1, 20]
 
 
 def test_death_between_the_part_and_the_merge_then_a_replay_cut_differently(factory: Factory, db: str) -> None:
@@ -549,7 +553,7 @@ def test_a_warm_flush_resolves_no_java_name_and_raises_no_java_exception(target:
         target.apply(contract.flush([contract.change(Op.UPDATE, a, before=(k, "v"), after=(k, "w")) for k in (3, 30)]
                                     + [contract.change(Op.DELETE, b, before=(1, "s"))]))
         target.apply(contract.flush([contract.change(Op.INSERT, a, after=(k, "n")) for k in (100, 101)]))
-    assert (lookups, exceptions) == ([], [])
+    assert (exceptions, lookups) == ([], [])
     contract.assert_rows(target, a, [(k, "w" if k in (3, 30) else "v") for k in range(50)] + [(100, "n"), (101, "n")])
 
 
@@ -759,6 +763,134 @@ def test_warm_up_uses_a_scratch_table_once_per_session_and_leaves_nothing(factor
     assert target.fetch_rows("warm_db", "t") == before
 
 
+# --------------------------------------------------------------------------
+# Small keyed flushes as row deltas, no Spark job (delta.py)
+# --------------------------------------------------------------------------
+def _jobs(target: SparkTarget) -> int:
+    """Spark jobs run so far in the session (after the warm-up's: warmup.py),
+    once the listener bus has delivered every event (it is asynchronous)."""
+    for thread in threading.enumerate():
+        if thread.name == "spark-warm-up":  # whichever target of the session started it
+            thread.join()
+    target.spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()
+    return len(target.spark.sparkContext.statusTracker().getJobIdsForGroup())
+
+
+def _our_deletion_vectors(target: SparkTarget, db: str, table: str) -> int:
+    """Live deletion vectors of the table written by delta.py."""
+    return sum(1 for r in target.spark.sql(
+        f"SELECT file_path FROM {target.qualified(db, table)}.delete_files").collect() if "/cynomys-" in r.file_path)
+
+
+def _row_delta_tables(db: str) -> tuple[TableSchema, TableSchema]:
+    # Composite keys of a string and an integer; a date and an unsigned
+    # bigint (decimal(20,0) in Iceberg); values of other types beside them.
+    t1 = TableSchema(db, "t1", (ColumnDef("k", "varchar(10)"), ColumnDef("n", "int"), ColumnDef("v", "varchar(20)"),
+                                ColumnDef("d", "decimal(10,2)"), ColumnDef("ts", "datetime(6)")), ("k", "n"))
+    t2 = TableSchema(db, "t2", (ColumnDef("day", "date"), ColumnDef("u", "bigint unsigned"),
+                                ColumnDef("v", "int")), ("day", "u"))
+    return t1, t2
+
+
+def test_small_keyed_flushes_are_row_deltas_equal_to_the_merge(factory: Factory, target: SparkTarget, db: str) -> None:
+    """Random inserts, updates, key changes and deletes on composite keys of
+    several types, in 15 flushes: applied as row deltas (deletion vectors
+    and a data file, committed without any Spark job) and, on tables of
+    their own, through the MERGE statement: both equal to the model, and
+    the row deltas really ran (their deletion vectors are the tables')."""
+    merge_only = factory(cls=spark_setup.parquet_handoff_target())
+    rng = random.Random(28)
+    schemas = {name: _row_delta_tables(name) for name in (db, db + "_m")}
+    models: list[dict[tuple[Any, ...], Row]] = [{}, {}]
+    base = datetime.date(2024, 1, 1)
+
+    def new_row(i: int, k: int) -> Row:
+        if i == 0:
+            key: tuple[Any, ...] = (rng.choice(["a", "b", "ü"]), k)
+            return key + (f"v{rng.randrange(10**6)}", Decimal(rng.randrange(-10**6, 10**6)).scaleb(-2),
+                          datetime.datetime(2024, 5, 1, 12) + datetime.timedelta(microseconds=rng.randrange(10**12)))
+        return (base + datetime.timedelta(days=k % 40), 2**64 - 1 - k, rng.randrange(1000))
+
+    keys = itertools.count(1)
+    for round_ in range(15):
+        changes: dict[str, list[Change]] = {name: [] for name in schemas}
+        for i in range(2):
+            model = models[i]
+            for _ in range(rng.randrange(1, 12)):
+                op = rng.random()
+                old = rng.choice(list(model.values())) if model else None
+                width = 2
+                if old is None or op < 0.35:
+                    row, before = new_row(i, next(keys)), None
+                    kind = Op.INSERT
+                elif op < 0.7:
+                    row, before, kind = old[:width] + new_row(i, 0)[width:], old, Op.UPDATE
+                elif op < 0.85:
+                    row, before, kind = new_row(i, next(keys))[:width] + old[width:], old, Op.UPDATE
+                else:
+                    row, before, kind = None, old, Op.DELETE
+                if before is not None:
+                    del model[before[:width]]
+                if row is not None:
+                    model[row[:width]] = row
+                for name, tables in schemas.items():
+                    changes[name].append(contract.change(kind, tables[i], before=before, after=row))
+        jobs = _jobs(target)
+        # Folded per key first, as the applier does (build_flush takes net changes).
+        target.apply(contract.flush(fold(changes[db])))
+        if round_:  # the first flush creates the tables (DDL runs Spark jobs)
+            assert _jobs(target) == jobs, f"flush {round_} ran a Spark job"
+        merge_only.apply(contract.flush(fold(changes[db + "_m"]), contract.state(producer="merge-only")))
+    for name, tables in schemas.items():
+        for schema, model in zip(tables, models, strict=True):
+            contract.assert_rows(target if name == db else merge_only, schema, list(model.values()))
+    assert _our_deletion_vectors(target, db, "t1") and _our_deletion_vectors(target, db, "t2")
+    assert not _our_deletion_vectors(merge_only, db + "_m", "t1")
+
+
+def test_a_key_held_twice_or_a_float_key_goes_through_the_merge(target: SparkTarget, db: str) -> None:
+    """What a row delta cannot decide as the MERGE would: two live rows
+    with one key (a table written by something else) -- the MERGE updates
+    both -- and a floating-point key (``=`` on doubles is not Arrow's)."""
+    a, _ = _tables(db)
+    target.apply(contract.flush([contract.change(Op.INSERT, a, after=(1, "one"))]))
+    target.sql(f"INSERT INTO {target.qualified(db, 'a')} VALUES (1, 'twin')")
+    target.apply(contract.flush([contract.change(Op.UPDATE, a, before=(1, "one"), after=(1, "new"))]))
+    contract.assert_rows(target, a, [(1, "new"), (1, "new")])
+    assert not _our_deletion_vectors(target, db, "a")
+    f = TableSchema(db, "f", (ColumnDef("x", "double"), ColumnDef("v", "int")), ("x",))
+    target.apply(contract.flush([contract.change(Op.INSERT, f, after=(0.5, 1)), contract.change(Op.INSERT, f, after=(2.0, 2))]))
+    target.apply(contract.flush([contract.change(Op.UPDATE, f, before=(0.5, 1), after=(0.5, 3)),
+                                 contract.change(Op.DELETE, f, before=(2.0, 2))]))
+    contract.assert_rows(target, f, [(0.5, 3)])
+    assert not _our_deletion_vectors(target, db, "f")
+
+
+def test_a_row_delta_keeps_an_updated_rows_lineage_id(target: SparkTarget, db: str) -> None:
+    """Format v3 row lineage, as Spark's MERGE keeps it: an updated row keeps
+    its ``_row_id`` (from its file's first id and position, or the id its
+    file holds after an earlier update) and takes the new sequence number;
+    a new row gets a fresh id."""
+    a, _ = _tables(db)
+    target.apply(contract.flush([contract.change(Op.INSERT, a, after=(k, "v")) for k in range(5)]))
+
+    def lineage() -> dict[int, tuple[int, int]]:
+        return {r.id: (r._row_id, r._last_updated_sequence_number) for r in target.spark.sql(
+            f"SELECT id, _row_id, _last_updated_sequence_number FROM {target.qualified(db, 'a')}").collect()}
+
+    first = lineage()
+    for value in ("w", "x"):  # the second update finds the id in the first one's file
+        target.apply(contract.flush([contract.change(Op.UPDATE, a, before=(3, "v"), after=(3, value)),
+                                     contract.change(Op.INSERT, a, after=(ord(value), value))]))
+        now = lineage()
+        assert now[3][0] == first[3][0] and now[3][1] > first[3][1]
+        assert now[ord(value)][0] not in {ids for ids, _ in first.values()}
+        assert {k: v for k, v in now.items() if k in first and k != 3} == {k: v for k, v in first.items() if k != 3}
+    assert _our_deletion_vectors(target, db, "a")
+    assert len({ids for ids, _ in lineage().values()}) == 7
+
+
+# --------------------------------------------------------------------------
 # Last: kills the module's JVM
 # --------------------------------------------------------------------------
 def test_jvm_death_is_transient_then_a_new_target_recovers(factory: Factory, db: str) -> None:
@@ -777,4 +909,3 @@ def test_jvm_death_is_transient_then_a_new_target_recovers(factory: Factory, db:
     again = factory()
     again.apply(fl)
     contract.assert_rows(again, a, [(1, "a"), (2, "b")])
-

@@ -2,8 +2,11 @@
 
 One Spark session serves a whole test module (starting one costs ~10 s on a
 small machine): every target made shares it, and the resource keeps one
-target connected until the module ends.  Variants: Arrow sources through
-Py4J, and Parquet files (the path large flushes take on a local master).
+target connected until the module ends.  Variants: the defaults (small
+flushes as row deltas and appends without a Spark job, the rest as
+statements with Arrow sources through Py4J), and every flush a statement
+with a Parquet file as its source (the path large flushes take on a local
+master).
 """
 from __future__ import annotations
 
@@ -43,12 +46,15 @@ def make_config(warehouse: Path, skip_ddl: list[str] | None = None, catalog: str
 
 @functools.cache
 def parquet_handoff_target() -> type[SparkTarget]:
-    """A SparkTarget whose every flush source goes to Spark as a Parquet
-    file, whatever its size."""
+    """A SparkTarget whose every flush goes through a Spark statement (no
+    direct append, no row delta: spark/delta.py), its source handed to
+    Spark as a Parquet file whatever its size."""
     from cynomys.applier.targets.spark.target import SparkTarget
 
     class ParquetHandoffTarget(SparkTarget):
         parquet_handoff_rows = 1
+        fast_appends = False
+        row_delta_rows = 0
 
     return ParquetHandoffTarget
 

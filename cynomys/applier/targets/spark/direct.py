@@ -53,6 +53,9 @@ _ARROW: dict[str, pa.DataType] = {
 }
 _DECIMAL = re.compile(r"decimal\((\d+),\s*(\d+)\)")
 _FIXED = re.compile(r"fixed\[(\d+)\]")
+#: A v3 table's row lineage id (Iceberg's reserved metadata column).
+ROW_ID_COLUMN = "_row_id"
+ROW_ID_FIELD = 2147483540
 #: Rows written (and filtered, cast) at once: a row group each.
 PIECE_ROWS = 65_536
 #: Iceberg's default Parquet codec (``write.parquet.compression-codec``).
@@ -160,9 +163,31 @@ class DirectAppend:
         layout = self.layout(database, table, tbl)
         if layout is None or not layout.takes(data.column_names):
             raise ValueError(f"table {database}.{table} cannot take a data file written outside Spark")
+        data_file, written = self.write(tbl, layout, data, keep)
+        # A commit that fails may still have been taken (Iceberg cannot
+        # always tell), so its file stays: if it was not taken, it is an
+        # orphan file (Iceberg's remove_orphan_files procedure finds it).
+        commit = tbl.newAppend().appendFile(data_file)
+        for k, v in summary.items():
+            commit = commit.set(k, v)
+        commit.commit()
+        return written
+
+    def write(self, tbl: Any, layout: Layout, data: pa.Table, keep: pa.ChunkedArray | pa.Array | None = None,
+              row_ids: pa.Array | None = None) -> tuple[Any, int]:
+        """One Parquet data file of the rows of ``data`` that ``keep``
+        selects, not yet committed: its Java ``DataFile`` and the rows
+        written.  ``row_ids`` (with no ``keep``): the rows' lineage ids
+        (``_row_id`` of a v3 table; NULL: inherited), as Spark writes them
+        for rows a MERGE updated."""
         fields = [pa.field(layout.names[n.lower()], layout.fields[n.lower()][1], True,
                            metadata={b"PARQUET:field_id": str(layout.fields[n.lower()][0]).encode()})
                   for n in data.column_names]
+        if row_ids is not None:
+            assert keep is None and len(row_ids) == data.num_rows
+            data = data.append_column(ROW_ID_COLUMN, row_ids)
+            fields.append(pa.field(ROW_ID_COLUMN, pa.int64(), True,
+                                   metadata={b"PARQUET:field_id": str(ROW_ID_FIELD).encode()}))
         schema = pa.schema(fields)
         location = str(tbl.locationProvider().newDataLocation(f"cynomys-{uuid.uuid4().hex}.parquet"))
         path = local_path(location)
@@ -192,11 +217,4 @@ class DirectAppend:
             with contextlib.suppress(OSError):
                 os.unlink(path)  # nothing refers to it yet
             raise
-        # A commit that fails may still have been taken (Iceberg cannot
-        # always tell), so its file stays: if it was not taken, it is an
-        # orphan file (Iceberg's remove_orphan_files procedure finds it).
-        commit = tbl.newAppend().appendFile(data_file)
-        for k, v in summary.items():
-            commit = commit.set(k, v)
-        commit.commit()
-        return written
+        return data_file, written

@@ -119,6 +119,10 @@ class TablePlan:
     null_safe: frozenset[str] = frozenset()
     #: What the flush log line adds for this table (direct appends).
     note: str = ""
+    #: A way to commit it without a Spark job, tried before the statement
+    #: (target.py ``_fast``): "append" (a data file, ``direct.py``),
+    #: "upsert" (a row delta, ``delta.py``) or "" (the statement only).
+    fast: str = ""
 
 
 @dataclass

@@ -57,6 +57,12 @@ state.  On the next flush of such a table:
   upserts would survive a double application, but keyless multisets would
   not: rollback keeps both exact.
 
+Small flushes run no Spark job: a keyed flush of at most ``row_delta_rows``
+net changes is committed as an Iceberg row delta (deletion vectors and a
+data file, ``delta.py``) and an append as a data file (``direct.py``), each
+one commit carrying the marker like the statement it replaces, where the
+table allows it (``_fast``); otherwise the statement runs.
+
 Snapshot rows new to a table (``direct.py``) are appended as a data file
 written by pyarrow, in a commit of their own *before* the flush's MERGE of
 the rest of the table: that commit carries ``cynomys.part-of`` and the
@@ -144,6 +150,7 @@ from cynomys.applier.targets.spark import types as st
 from cynomys.applier.targets.spark import verify as spark_verify
 from cynomys.applier.targets.spark import warmup as spark_warmup
 from cynomys.applier.targets.spark.config import SparkConfig
+from cynomys.applier.targets.spark.delta import RowDelta
 from cynomys.applier.targets.spark.direct import DirectAppend
 from cynomys.applier.targets.spark.iceberg import IcebergApi, Snapshot
 from cynomys.applier.targets.spark.maintenance import Maintenance
@@ -241,6 +248,14 @@ class SparkTarget(StatefulTarget):
     #: ... unless the table holds more than this share of their keys (a
     #: snapshot of a table already loaded): then all of them are MERGEd.
     direct_reads_present: ClassVar[float] = 0.1
+    #: Appends (keyed flushes of new keys only, keyless inserts) go to the
+    #: table as a data file written by pyarrow (``direct.py``), not through
+    #: a Spark job, where the table's layout allows it.
+    fast_appends: ClassVar[bool] = True
+    #: Keyed flushes of at most this many net changes are tried as a row
+    #: delta (``delta.py``: deletion vectors and a data file, no Spark job)
+    #: before the MERGE; 0 turns it off.
+    row_delta_rows: ClassVar[int] = 100_000
 
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
@@ -253,6 +268,7 @@ class SparkTarget(StatefulTarget):
         self._generation = 0
         self._iceberg: IcebergApi | None = None
         self._direct: DirectAppend | None = None
+        self._row_delta: RowDelta | None = None
         # Tables known to match a schema: (db, table) -> (schema, layout); cleared by DDL and errors.
         self._ready: dict[tuple[str, str], tuple[TableSchema, Layout]] = {}
         self._views = itertools.count(1)  # source view names
@@ -298,6 +314,13 @@ class SparkTarget(StatefulTarget):
         assert self._direct is not None
         return self._direct
 
+    @property
+    def row_delta(self) -> RowDelta:
+        if self._row_delta is None:
+            self.connect()
+        assert self._row_delta is not None
+        return self._row_delta
+
     @contextlib.contextmanager
     def edge(self, what: str, hint: str | None = None) -> Iterator[None]:
         """Translate Py4J/Spark errors raised inside into Cynomys errors."""
@@ -324,6 +347,7 @@ class SparkTarget(StatefulTarget):
                                          hint="check [target.spark] master and that Java 17 is installed") from exc
         self._spark, self._iceberg = spark, IcebergApi(spark, self.catalog)
         self._direct = DirectAppend(self._iceberg)
+        self._row_delta = RowDelta(self._iceberg, self._direct)
         try:
             with self.edge(f"creating the state table on {self.where}"):
                 self.sql(f"CREATE NAMESPACE IF NOT EXISTS {self.qualified(self.state_namespace)}")
@@ -348,7 +372,7 @@ class SparkTarget(StatefulTarget):
             # Let a warm-up finish its statement (seconds) before the session may go.
             self._warming.join(timeout=15)
             self._warming = None
-        self._spark, self._iceberg, self._direct = None, None, None
+        self._spark, self._iceberg, self._direct, self._row_delta = None, None, None, None
         self._ready.clear()
         if self._spool_dir is not None:
             shutil.rmtree(self._spool_dir, ignore_errors=True)
@@ -708,6 +732,7 @@ class SparkTarget(StatefulTarget):
             # scan of the table.  (Updates come with a delete key, and
             # snapshot reads are upserts: they never take this path.)
             sql = append(name, written, absent)
+            fast = "append" if branch is None and self.fast_appends else ""
         elif schema.key:
             null_safe = frozenset(match) if self.null_safe_keys else frozenset(
                 k for k in schema.key if layout.has(k + st.COMPANION_SUFFIX)) | frozenset(match[len(schema.key):])
@@ -721,15 +746,18 @@ class SparkTarget(StatefulTarget):
                     by, data.column(cols.names.index(by)), self.prune_partition_keys)) if c)
             # -- end layout
             sql = keyed_merge(name, written, match, null_safe, prune)
+            fast = "upsert" if branch is None and not null_safe and not n_reads \
+                and rows_total <= self.row_delta_rows else ""
             if n_reads and branch is None and by is None and first not in null_safe and self.direct_reads \
                     and _exact_key(data.column(cols.names.index(first)).type):
                 return TablePlan(schema, name, data, T.StructType(cols.fields), sql, tf.rows,
                                  rows_total - n_reads, written, match, null_safe)
         elif tf.delete_rows:
-            sql = keyless_merge(name, written)
+            sql, fast = keyless_merge(name, written), ""
         else:
             sql = append(name, written, absent)
-        return TablePlan(schema, name, data, T.StructType(cols.fields), sql, tf.rows)
+            fast = "append" if branch is None and self.fast_appends else ""
+        return TablePlan(schema, name, data, T.StructType(cols.fields), sql, tf.rows, written=written, fast=fast)
 
     def _run_columns(self, schema: TableSchema, mappings: list[st.Mapping], runs: list[InsertRun]
                      ) -> tuple[list[pa.ChunkedArray], dict[int, list[str | None]]]:
@@ -809,7 +837,8 @@ class SparkTarget(StatefulTarget):
             current = self.iceberg.current(db, table)
         split = self._split_reads(plan) if plan.reads_from is not None else None
         if split is None:
-            self._write(plan, marker(state))
+            if not self._fast(plan, marker(state)):
+                self._write(plan, marker(state))
         else:
             reads, keep, rest = split
             t0 = time.monotonic()
@@ -832,6 +861,28 @@ class SparkTarget(StatefulTarget):
             raise TargetRejectedError(f"table {plan.schema.name}: the commit lacks its flush marker",
                                       hint="run the applier with PYSPARK_PIN_THREAD unset or 'true'")
         return True
+
+    def _fast(self, plan: TablePlan, summary: dict[str, str]) -> bool:
+        """Commit ``plan`` without a Spark job where it can be (``plan.fast``):
+        an append as a data file written by pyarrow (``direct.py``), a small
+        keyed MERGE as a row delta (``delta.py``).  False, with nothing
+        written, when the statement must do it."""
+        db, table = plan.schema.database, plan.schema.table
+        t0 = time.monotonic()
+        if plan.fast == "append":
+            layout = self.direct.layout(db, table)
+            if layout is None or not layout.takes(plan.written):
+                return False
+            n = self.direct.append(db, table, plan.data.select(plan.written), None, summary)
+            plan.note += f" (appended directly: {n} rows in {time.monotonic() - t0:.2f}s)"
+            return True
+        if plan.fast == "upsert":
+            note = self.row_delta.upsert(db, table, plan.data.select(plan.written + [OP_COLUMN]),
+                                         plan.schema.key, summary)
+            if note is not None:
+                plan.note += note
+                return True
+        return False
 
     def _split_reads(self, plan: TablePlan) -> tuple[pa.Table, pa.ChunkedArray, TablePlan | None] | None:
         """A plan's snapshot rows with the mask of those the table holds no

@@ -1,0 +1,334 @@
+"""A small keyed flush as one Iceberg row delta, written here and committed
+through Iceberg's Java API -- deletion vectors for the rows it replaces or
+deletes, a data file of its final images -- with no Spark job.
+
+Why (issue #28, freshness): a MERGE of a few rows costs ~1 s of driver work
+on this 2-core box whatever its size (analysis, planning, adaptive
+re-planning, a shuffle of the pruned target side: bench/README.md, "Py4J
+inside every Spark flush"), and a flush of a mixed workload is several of
+them side by side: p99 freshness was two such flushes, 5-8 s against a goal
+of 5.  What the MERGE works out with a join, a small flush works out here:
+Iceberg plans the data files whose column bounds may hold the flush's keys
+(``in`` on the first key column), pyarrow reads those files' key columns,
+and the live rows holding a key of the flush are the ones to delete.  They
+are deleted as Spark's merge-on-read MERGE deletes them on a v3 table: one
+deletion vector per data file (a Puffin blob; the file's earlier vector is
+merged into the new one and removed in the same commit, as Iceberg requires
+of v3 tables), and the final images are appended as a data file written by
+pyarrow (``direct.py``).  One commit, carrying the flush marker like the
+MERGE's: exactly-once and the rollback of a table ahead of the state
+(``target.py``) hold as before.
+
+Only where the result is the MERGE's: a v3 table ``direct.py`` can append to
+(unpartitioned, unsorted, flat types, a local warehouse), every column of
+the table in the flush (a MERGE keeps the columns it does not set), key
+columns of exact types without NULLs, deletes that are all deletion vectors,
+at most ``MAX_FILES`` data files holding at most ``MAX_ROWS`` rows to read,
+and no key held by two live rows.  Otherwise ``upsert`` returns None before
+anything was written, and the caller runs the MERGE.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+import struct
+import time
+import uuid
+import zlib
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyroaring import BitMap64
+
+from cynomys.applier.targets.spark.direct import ROW_ID_FIELD, DirectAppend, Layout, local_path
+from cynomys.applier.targets.spark.iceberg import IcebergApi
+from cynomys.applier.targets.spark.merge import OP_COLUMN
+
+log = logging.getLogger(__name__)
+
+#: Candidate data files (those whose bounds may hold a key of the flush)
+#: beyond which the MERGE does it: each is opened and its key columns read.
+MAX_FILES = 64
+#: ... and rows in them.
+MAX_ROWS = 4_000_000
+#: First-key values handed to Iceberg's planner as ``in`` (more: a range).
+MAX_IN = 1_000
+#: Iceberg's reserved field id of a row's position (``_pos``): the field a
+#: deletion vector is computed for.
+ROW_POSITION_FIELD = 2147483545
+DV_TYPE = "deletion-vector-v1"
+DV_MAGIC = bytes.fromhex("d1d33964")
+_POS = "__cynomys_pos"
+_ROW_ID = "__cynomys_row_id"
+_INDEX = "__cynomys_index"
+
+
+def exact_key_type(t: pa.DataType) -> bool:
+    """Key types whose Arrow equality is the MERGE's ``=``: not floating
+    point (``-0.0 = 0.0`` and NaN equal to itself there)."""
+    return bool(pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_binary(t)
+                or pa.types.is_fixed_size_binary(t) or pa.types.is_date(t) or pa.types.is_timestamp(t)
+                or pa.types.is_decimal(t) or pa.types.is_boolean(t))
+
+
+def dv_blob(positions: BitMap64) -> bytes:
+    """A ``deletion-vector-v1`` blob (Puffin spec): length and magic, the
+    positions as a portable 64-bit Roaring bitmap, a CRC-32 of magic and
+    bitmap; lengths and CRC big-endian."""
+    body = DV_MAGIC + positions.serialize()
+    return struct.pack(">I", len(body)) + body + struct.pack(">I", zlib.crc32(body))
+
+
+def read_dv(blob: bytes, where: str) -> BitMap64:
+    """The positions of a ``deletion-vector-v1`` blob (checked as Iceberg checks it)."""
+    (length,) = struct.unpack(">I", blob[:4])
+    body = blob[4:4 + length]
+    if length != len(blob) - 8 or body[:4] != DV_MAGIC \
+            or struct.unpack(">I", blob[4 + length:])[0] != zlib.crc32(body):
+        raise ValueError(f"deletion vector {where} is not a deletion-vector-v1 blob (length, magic or CRC)")
+    return BitMap64.deserialize(body[4:])
+
+
+@dataclass
+class _File:
+    """A data file that may hold keys of the flush."""
+
+    task: Any                 # its Java FileScanTask (the old vector is removed through it)
+    location: str             # as the table's metadata names it
+    path: str                 # on the local file system
+    records: int
+    first_row_id: int | None  # the lineage id of its first row (v3), when assigned
+    dv: dict[str, Any] | None  # its deletion vector, as ScanTaskParser writes it
+
+
+class RowDelta:
+    """Small keyed flushes committed as Iceberg row deltas (module doc)."""
+
+    def __init__(self, iceberg: IcebergApi, direct: DirectAppend) -> None:
+        self.iceberg = iceberg
+        self.direct = direct
+
+    @functools.cached_property
+    def _classes(self) -> dict[str, Any]:
+        """Resolved once: each Py4J name lookup is a class-path search (iceberg.py)."""
+        jvm = self.iceberg._jvm
+        ice = jvm.org.apache.iceberg
+        return {"Expressions": ice.expressions.Expressions, "ScanTaskParser": ice.ScanTaskParser,
+                "Puffin": ice.puffin.Puffin, "Blob": ice.puffin.Blob, "ByteBuffer": jvm.java.nio.ByteBuffer,
+                "FileMetadata": ice.FileMetadata, "PUFFIN": ice.FileFormat.PUFFIN}
+
+    def upsert(self, database: str, table: str, data: pa.Table, key: Sequence[str],
+               summary: dict[str, str]) -> str | None:
+        """Commit ``data`` (final images 'U' and deleted keys 'D' in
+        ``OP_COLUMN``, at most one row per key, as ``merge.keyed_rows`` makes
+        them) as one row delta carrying ``summary``: a note for the flush
+        log line, or None -- nothing written -- where the MERGE must do it."""
+        t0 = time.monotonic()
+        tbl = self.iceberg.load(database, table)
+        if int(tbl.operations().current().formatVersion()) < 3:
+            return None  # v2 deletes are position-delete files: Spark's MERGE writes those
+        layout = self.direct.layout(database, table, tbl)
+        columns = [c for c in data.column_names if c != OP_COLUMN]
+        if layout is None or {c.lower() for c in columns} != set(layout.fields) \
+                or any(k.lower() not in layout.fields for k in key):
+            return None
+        types = [layout.fields[k.lower()][1] for k in key]
+        if not all(exact_key_type(t) for t in types):
+            return None
+        keys = pa.table([data.column(k).cast(t) for k, t in zip(key, types, strict=True)], names=list(key))
+        if any(c.null_count for c in keys.columns):
+            return None
+        snap = tbl.currentSnapshot()
+        files: list[_File] = []
+        if snap is not None:
+            found = self._candidates(tbl, snap, keys, layout)
+            if found is None:
+                return None
+            files = found
+        found_hits = self._hits(files, keys, layout)
+        if found_hits is None:
+            return None
+        hits, held = found_hits
+        t_find = time.monotonic()
+        is_upsert = pc.equal(data.column(OP_COLUMN), "U")
+        upserts = data.filter(is_upsert).select(columns)
+        row_ids = _row_ids(keys.filter(is_upsert), held)
+        deleted = sum(len(new) for _, _, new in hits)
+        self._commit(tbl, layout, snap, upserts, row_ids, hits, summary)
+        return (f" (row delta: {deleted} rows deleted in {len(hits)} of {len(files)} files, "
+                f"{upserts.num_rows} written; found in {t_find - t0:.2f}s, "
+                f"committed in {time.monotonic() - t_find:.2f}s)")
+
+    # -- which rows ------------------------------------------------------------
+    def _candidates(self, tbl: Any, snap: Any, keys: pa.Table, layout: Layout) -> list[_File] | None:
+        """The data files of the current snapshot whose bounds may hold a
+        key of ``keys``; None when there are too many or a delete of theirs
+        is not a deletion vector."""
+        c = self._classes
+        first = keys.column_names[0]
+        name = layout.names[first.lower()]
+        values = pc.unique(keys.column(0))
+        t = values.type
+        if (pa.types.is_integer(t) or pa.types.is_string(t)) and len(values) <= MAX_IN:
+            expr = getattr(c["Expressions"], "in")(name, values.to_pylist())
+        elif pa.types.is_integer(t) or pa.types.is_string(t):
+            lo, hi = (v.as_py() for v in pc.min_max(values).values())
+            expr = getattr(c["Expressions"], "and")(c["Expressions"].greaterThanOrEqual(name, lo),
+                                                    c["Expressions"].lessThanOrEqual(name, hi))
+        else:
+            expr = c["Expressions"].alwaysTrue()
+        tasks = tbl.newScan().useSnapshot(snap.snapshotId()).filter(expr).ignoreResiduals().planFiles()
+        files: list[_File] = []
+        rows = 0
+        try:
+            it = tasks.iterator()
+            while it.hasNext():
+                task = it.next()
+                if len(files) >= MAX_FILES:
+                    return None
+                j = json.loads(str(c["ScanTaskParser"].toJson(task)))
+                f = j["data-file"]
+                path = local_path(f["file-path"])
+                deletes = j.get("delete-files") or []
+                if path is None or f.get("file-format") != "PARQUET" or len(deletes) > 1 or any(
+                        d.get("content") != "POSITION_DELETES" or d.get("file-format") != "PUFFIN"
+                        or d.get("referenced-data-file") != f["file-path"] for d in deletes):
+                    return None
+                rows += int(f["record-count"])
+                if rows > MAX_ROWS:
+                    return None
+                first = f.get("first-row-id")
+                files.append(_File(task, f["file-path"], path, int(f["record-count"]),
+                                   None if first is None else int(first), deletes[0] if deletes else None))
+        finally:
+            tasks.close()
+        return files
+
+    def _hits(self, files: list[_File], keys: pa.Table, layout: Layout
+              ) -> tuple[list[tuple[_File, BitMap64 | None, BitMap64]], pa.Table] | None:
+        """Per data file holding live rows with a key of ``keys``: its old
+        deletion vector and the positions to delete now; and the keys found
+        with their rows' lineage ids.  None when a key is held twice (the
+        MERGE decides what that means) or a file lacks a key column (a
+        column added later: the MERGE reads it as NULL)."""
+        names = keys.column_names
+        ids = [layout.fields[k.lower()][0] for k in names]
+        out: list[tuple[_File, BitMap64 | None, BitMap64]] = []
+        matched: list[pa.Table] = []
+        for f in files:
+            pf = pq.ParquetFile(f.path)
+            by_id = {int(fld.metadata[b"PARQUET:field_id"]): fld.name for fld in pf.schema_arrow
+                     if fld.metadata and b"PARQUET:field_id" in fld.metadata}
+            if any(i not in by_id for i in ids):
+                return None
+            held = pf.read(columns=[by_id[i] for i in ids + ([ROW_ID_FIELD] if ROW_ID_FIELD in by_id else [])],
+                           use_threads=False)
+            cols = [held.column(by_id[i]).cast(keys.schema.field(n).type) for i, n in zip(ids, names, strict=True)]
+            old = self._old_dv(f) if f.dv is not None else None
+            pos = pa.array(np.arange(held.num_rows, dtype=np.int64))
+            # A row's lineage id: the one its file holds, else its file's first plus its position.
+            inherited = pa.nulls(held.num_rows, pa.int64()) if f.first_row_id is None \
+                else pc.add(pos, f.first_row_id)
+            row_ids = pc.coalesce(held.column(by_id[ROW_ID_FIELD]).cast(pa.int64()), inherited) \
+                if ROW_ID_FIELD in by_id else inherited
+            side = pa.table(cols + [pos, row_ids], names=names + [_POS, _ROW_ID])
+            if old is not None and len(old):
+                side = side.filter(pc.invert(pc.is_in(pos, value_set=pa.array(old.to_array(), type=pa.int64()))))
+            hit = side.join(keys, keys=names, join_type="inner")
+            if hit.num_rows:
+                matched.append(hit.select(names + [_ROW_ID]))
+                out.append((f, old, BitMap64(hit.column(_POS).to_numpy())))
+        every = pa.concat_tables(matched) if matched else keys.schema.empty_table().append_column(
+            _ROW_ID, pa.array([], pa.int64()))
+        if every.group_by(names).aggregate([]).num_rows != every.num_rows:
+            log.info("a key of the flush is held by more than one live row: the MERGE applies it")
+            return None
+        return out, every
+
+    def _old_dv(self, f: _File) -> BitMap64:
+        assert f.dv is not None
+        path = local_path(f.dv["file-path"])
+        if path is None:
+            raise ValueError(f"deletion vector {f.dv['file-path']} is not on the local file system")
+        with open(path, "rb") as fh:
+            fh.seek(int(f.dv["content-offset"]))
+            blob = fh.read(int(f.dv["content-size-in-bytes"]))
+        return read_dv(blob, f"{f.dv['file-path']}@{f.dv['content-offset']}")
+
+    # -- the commit ------------------------------------------------------------
+    def _commit(self, tbl: Any, layout: Layout, snap: Any, upserts: pa.Table, row_ids: pa.Array,
+                hits: list[tuple[_File, BitMap64 | None, BitMap64]], summary: dict[str, str]) -> None:
+        written: list[str] = []  # local files no commit refers to yet
+        try:
+            delta = tbl.newRowDelta()
+            if upserts.num_rows:
+                data_file, _ = self.direct.write(tbl, layout, upserts, row_ids=row_ids)
+                written.append(str(local_path(str(data_file.location()))))
+                delta = delta.addRows(data_file)
+            if hits:
+                for dv in self._write_dvs(tbl, hits, written):
+                    delta = delta.addDeletes(dv)
+                for f, old, _ in hits:
+                    if old is not None:
+                        delta = delta.removeDeletes(f.task.deletes().get(0))
+            if snap is not None:
+                # The applier is the table's only writer; should anything
+                # else have committed since the planning, fail, not lose it.
+                delta = delta.validateFromSnapshot(snap.snapshotId()) \
+                    .validateDataFilesExist([f.location for f, _, _ in hits]) \
+                    .validateNoConflictingDeleteFiles()
+            for k, v in summary.items():
+                delta = delta.set(k, v)
+        except BaseException:
+            for path in written:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            raise
+        # A commit that fails may still have been taken (Iceberg cannot
+        # always tell): its files stay (direct.py says the same).
+        delta.commit()
+
+    def _write_dvs(self, tbl: Any, hits: list[tuple[_File, BitMap64 | None, BitMap64]],
+                   written: list[str]) -> list[Any]:
+        """One Puffin file with a deletion vector per data file hit (the old
+        positions and the new): their Java ``DeleteFile``s."""
+        c = self._classes
+        location = str(tbl.locationProvider().newDataLocation(f"cynomys-{uuid.uuid4().hex}-deletes.puffin"))
+        path = local_path(location)
+        assert path is not None
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        written.append(path)
+        vectors = [(f, (old | new) if old is not None else new) for f, old, new in hits]
+        writer = c["Puffin"].write(tbl.io().newOutputFile(location)).createdBy("cynomys").build()
+        try:
+            for f, positions in vectors:
+                writer.write(c["Blob"](DV_TYPE, [ROW_POSITION_FIELD], -1, -1,
+                                       c["ByteBuffer"].wrap(bytearray(dv_blob(positions))), None,
+                                       {"referenced-data-file": f.location, "cardinality": str(len(positions))}))
+        finally:
+            writer.close()
+        size = writer.fileSize()
+        blobs = writer.writtenBlobsMetadata()
+        metas = [blobs.get(i) for i in range(blobs.size())]  # not iterated: that ends in a Java exception
+        return [c["FileMetadata"].deleteFileBuilder(tbl.spec()).ofPositionDeletes().withFormat(c["PUFFIN"])
+                .withPath(location).withFileSizeInBytes(size).withRecordCount(len(positions))
+                .withReferencedDataFile(f.location).withContentOffset(meta.offset())
+                .withContentSizeInBytes(meta.length()).build()
+                for (f, positions), meta in zip(vectors, metas, strict=True)]
+
+
+def _row_ids(upserts: pa.Table, held: pa.Table) -> pa.Array:
+    """The lineage id of each final image, in its order: the id of the row
+    it replaces (the key held before), else NULL (a new row: the id is
+    inherited from the new file's first id and the row's position)."""
+    names = upserts.column_names
+    indexed = upserts.append_column(_INDEX, pa.array(np.arange(upserts.num_rows, dtype=np.int64)))
+    joined = indexed.join(held, keys=names, join_type="left outer").sort_by(_INDEX)
+    return joined.column(_ROW_ID).combine_chunks()
