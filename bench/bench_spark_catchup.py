@@ -39,15 +39,21 @@ FLUSH = re.compile(r"^(\S+ \S+) INFO \S+: flush seq (\d+): (\d+) net changes in 
                    r"state ([\d.]+)s\)")
 
 
+def table_seconds(tables: str) -> dict[str, float]:
+    """Each table's seconds in a flush line's table part ("a 10 rows 0.52s
+    (a note); b ...").  A table's note in parentheses (direct appends, row
+    deltas) holds "; " too: notes are dropped first."""
+    parts = re.sub(r" \([^()]*\)", "", tables).split("; ")
+    return {t.split()[0]: float(t.rsplit(" ", 1)[1].rstrip("s")) for t in parts if t != "no rows"}
+
+
 def flush_profile(log: Path) -> dict[str, Any]:
     """Summary of the applier's flushes in one test's log (every incarnation)."""
     flushes: list[dict[str, Any]] = []
     for line in log.read_text(errors="replace").splitlines():
         m = FLUSH.match(line)
         if m:
-            # A table's note in parentheses (snapshot rows appended directly) holds "; " too.
-            parts = re.sub(r" \([^()]*\)", "", m.group(6)).split("; ")
-            tables = {t.split()[0]: float(t.rsplit(" ", 1)[1].rstrip("s")) for t in parts if t != "no rows"}
+            tables = table_seconds(m.group(6))
             flushes.append({"at": m.group(1), "seq": int(m.group(2)), "net_changes": int(m.group(3)),
                             "seconds": float(m.group(4)), "plan_s": float(m.group(5)), "tables_s": tables,
                             "state_s": float(m.group(7))})

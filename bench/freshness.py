@@ -41,6 +41,7 @@ import dataclasses
 import json
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -267,17 +268,20 @@ def spark_flushes(log: Path, t0: float, t1: float) -> dict[str, Any] | None:
     table's commit and the state's."""
     import datetime
 
-    from bench.bench_spark_catchup import FLUSH
+    from bench.bench_spark_catchup import FLUSH, table_seconds
 
     rows = []
+    row_deltas = statements = 0  # table commits without a Spark job (spark/delta.py), and with one
     for line in log.read_text(errors="replace").splitlines():
         m = FLUSH.match(line)
         if not m:
             continue
         at = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
         if t0 <= at <= t1:
-            tables = {t.split()[0]: float(t.rsplit(" ", 1)[1].rstrip("s")) for t in m.group(6).split("; ")
-                      if t != "no rows"}
+            tables = table_seconds(m.group(6))
+            row_deltas += m.group(6).count("(row delta:")
+            statements += sum(1 for t in re.sub(r" \([^()]*\)", "", m.group(6)).split("; ") if t != "no rows") \
+                - m.group(6).count("(row delta:") - m.group(6).count("(appended directly")
             rows.append((float(m.group(4)), float(m.group(5)), tables.get("beat"), float(m.group(7))))
     if not rows:
         return None
@@ -286,7 +290,8 @@ def spark_flushes(log: Path, t0: float, t1: float) -> dict[str, Any] | None:
     return {"flushes": len(rows), "flush_s_median": round(med(r[0] for r in rows), 3),
             "plan_s_median": round(med(r[1] for r in rows), 3),
             "beat_table_commit_s_median": round(med(beat), 3) if beat else None,
-            "state_s_median": round(med(r[3] for r in rows), 3)}
+            "state_s_median": round(med(r[3] for r in rows), 3),
+            "table_commits_as_row_deltas": row_deltas, "table_commits_as_statements": statements}
 
 
 def _round(v: float | None) -> float | None:

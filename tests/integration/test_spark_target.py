@@ -13,6 +13,7 @@ import datetime
 import itertools
 import random
 import threading
+from collections import Counter
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Iterator
@@ -846,6 +847,42 @@ def test_small_keyed_flushes_are_row_deltas_equal_to_the_merge(factory: Factory,
             contract.assert_rows(target if name == db else merge_only, schema, list(model.values()))
     assert _our_deletion_vectors(target, db, "t1") and _our_deletion_vectors(target, db, "t2")
     assert not _our_deletion_vectors(merge_only, db + "_m", "t1")
+
+
+def test_small_keyless_flushes_are_row_deltas_equal_to_the_merge(factory: Factory, target: SparkTarget,
+                                                                  db: str) -> None:
+    """A keyless table is a multiset: random inserts of a few values (so
+    that copies pile up, NULLs among them) and deletes of one copy, in 12
+    flushes, as row deltas -- each deleted value's copies found NULL-safe on
+    every column, so many of them deleted -- and through the MERGE: both
+    equal to the model, the row deltas without a Spark job."""
+    merge_only = factory(cls=spark_setup.parquet_handoff_target())
+    rng = random.Random(24)
+    tables = {name: TableSchema(name, "k", (ColumnDef("x", "int"), ColumnDef("s", "varchar(5)"),
+                                            ColumnDef("dt", "date")), ()) for name in (db, db + "_m")}
+    model: Counter[Row] = Counter()
+    for round_ in range(12):
+        changes: dict[str, list[Change]] = {name: [] for name in tables}
+        for _ in range(rng.randrange(1, 15)):
+            if model.total() and rng.random() < 0.4:
+                row = rng.choice(sorted(model.elements(), key=repr))
+                model[row] -= 1
+                kind, before, after = Op.DELETE, row, None
+            else:
+                row = (rng.choice([1, 2, None]), rng.choice(["a", "ü", None]),
+                       rng.choice([datetime.date(2024, 1, 1), None]))
+                model[row] += 1
+                kind, before, after = Op.INSERT, None, row
+            for name, schema in tables.items():
+                changes[name].append(contract.change(kind, schema, before=before, after=after))
+        jobs = _jobs(target)
+        target.apply(contract.flush(fold(changes[db])))
+        if round_:
+            assert _jobs(target) == jobs, f"flush {round_} ran a Spark job"
+        merge_only.apply(contract.flush(fold(changes[db + "_m"]), contract.state(producer="merge-only")))
+    contract.assert_rows(target, tables[db], list(model.elements()))
+    contract.assert_rows(merge_only, tables[db + "_m"], list(model.elements()))
+    assert _our_deletion_vectors(target, db, "k")
 
 
 def test_a_key_held_twice_or_a_float_key_goes_through_the_merge(target: SparkTarget, db: str) -> None:

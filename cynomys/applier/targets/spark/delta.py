@@ -1,4 +1,4 @@
-"""A small keyed flush as one Iceberg row delta, written here and committed
+"""A small flush of a table as one Iceberg row delta, written here and committed
 through Iceberg's Java API -- deletion vectors for the rows it replaces or
 deletes, a data file of its final images -- with no Spark job.
 
@@ -10,7 +10,10 @@ them side by side: p99 freshness was two such flushes, 5-8 s against a goal
 of 5.  What the MERGE works out with a join, a small flush works out here:
 Iceberg plans the data files whose column bounds may hold the flush's keys
 (``in`` on the first key column), pyarrow reads those files' key columns,
-and the live rows holding a key of the flush are the ones to delete.  They
+and the live rows holding a key of the flush are the ones to delete.  A
+keyless table's flush deletes so many copies of each row value
+(``multiset``): the live rows equal to it on every column, NULL-safe as the
+MERGE's ``<=>``, the first so many of them.  They
 are deleted as Spark's merge-on-read MERGE deletes them on a v3 table: one
 deletion vector per data file (a Puffin blob; the file's earlier vector is
 merged into the new one and removed in the same commit, as Iceberg requires
@@ -22,14 +25,16 @@ MERGE's: exactly-once and the rollback of a table ahead of the state
 Only where the result is the MERGE's: a v3 table ``direct.py`` can append to
 (unpartitioned, unsorted, flat types, a local warehouse), every column of
 the table in the flush (a MERGE keeps the columns it does not set), key
-columns of exact types without NULLs, deletes that are all deletion vectors,
-at most ``MAX_FILES`` data files holding at most ``MAX_ROWS`` rows to read,
-and no key held by two live rows.  Otherwise ``upsert`` returns None before
+columns (a keyless table's: every column) of exact types, keys without
+NULLs, deletes that are all deletion vectors, at most ``MAX_FILES`` data
+files holding at most ``MAX_ROWS`` rows and ``MAX_BYTES`` to read (files a
+deletion vector empties are not read), and no key held by two live rows.  Otherwise ``upsert`` returns None before
 anything was written, and the caller runs the MERGE.
 """
 from __future__ import annotations
 
 import contextlib
+import decimal
 import functools
 import json
 import logging
@@ -49,7 +54,7 @@ from pyroaring import BitMap64
 
 from cynomys.applier.targets.spark.direct import ROW_ID_FIELD, DirectAppend, Layout, local_path
 from cynomys.applier.targets.spark.iceberg import IcebergApi
-from cynomys.applier.targets.spark.merge import OP_COLUMN
+from cynomys.applier.targets.spark.merge import COUNT_COLUMN, OP_COLUMN
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +63,8 @@ log = logging.getLogger(__name__)
 MAX_FILES = 64
 #: ... and rows in them.
 MAX_ROWS = 4_000_000
+#: ... and bytes (a keyless table's files are read whole).
+MAX_BYTES = 256 << 20
 #: First-key values handed to Iceberg's planner as ``in`` (more: a range).
 MAX_IN = 1_000
 #: Iceberg's reserved field id of a row's position (``_pos``): the field a
@@ -109,7 +116,7 @@ class _File:
 
 
 class RowDelta:
-    """Small keyed flushes committed as Iceberg row deltas (module doc)."""
+    """Small flushes committed as Iceberg row deltas (module doc)."""
 
     def __init__(self, iceberg: IcebergApi, direct: DirectAppend) -> None:
         self.iceberg = iceberg
@@ -131,27 +138,20 @@ class RowDelta:
         them) as one row delta carrying ``summary``: a note for the flush
         log line, or None -- nothing written -- where the MERGE must do it."""
         t0 = time.monotonic()
-        tbl = self.iceberg.load(database, table)
-        if int(tbl.operations().current().formatVersion()) < 3:
-            return None  # v2 deletes are position-delete files: Spark's MERGE writes those
-        layout = self.direct.layout(database, table, tbl)
         columns = [c for c in data.column_names if c != OP_COLUMN]
-        if layout is None or {c.lower() for c in columns} != set(layout.fields) \
-                or any(k.lower() not in layout.fields for k in key):
+        opened = self._open(database, table, columns)
+        if opened is None or any(k.lower() not in opened[1].fields for k in key):
             return None
+        tbl, layout, snap = opened
         types = [layout.fields[k.lower()][1] for k in key]
         if not all(exact_key_type(t) for t in types):
             return None
         keys = pa.table([data.column(k).cast(t) for k, t in zip(key, types, strict=True)], names=list(key))
         if any(c.null_count for c in keys.columns):
             return None
-        snap = tbl.currentSnapshot()
-        files: list[_File] = []
-        if snap is not None:
-            found = self._candidates(tbl, snap, keys, layout)
-            if found is None:
-                return None
-            files = found
+        files = self._candidates(tbl, snap, keys, layout) if snap is not None else []
+        if files is None:
+            return None
         found_hits = self._hits(files, keys, layout)
         if found_hits is None:
             return None
@@ -166,17 +166,69 @@ class RowDelta:
                 f"{upserts.num_rows} written; found in {t_find - t0:.2f}s, "
                 f"committed in {time.monotonic() - t_find:.2f}s)")
 
+    def multiset(self, database: str, table: str, data: pa.Table, summary: dict[str, str]) -> str | None:
+        """Commit a keyless flush (``merge.keyless_rows``: row values to
+        delete 'D' with how many copies in ``COUNT_COLUMN``, rows to insert
+        'I') as one row delta carrying ``summary``: that many live copies of
+        each deleted value get a deletion vector (all there are, when fewer:
+        as the MERGE), the new rows a data file.  Rows compare NULL-safe on
+        every column, as the MERGE's ``<=>``; a table with a floating-point
+        column keeps the MERGE (``-0.0 <=> 0.0`` and NaN there are not
+        Arrow's equality).  A note, or None (nothing written)."""
+        t0 = time.monotonic()
+        columns = [c for c in data.column_names if c not in (OP_COLUMN, COUNT_COLUMN)]
+        opened = self._open(database, table, columns)
+        if opened is None:
+            return None
+        tbl, layout, snap = opened
+        types = [layout.fields[c.lower()][1] for c in columns]
+        if not all(exact_key_type(t) for t in types):
+            return None
+        is_delete = pc.equal(data.column(OP_COLUMN), "D")
+        gone = data.filter(is_delete)
+        values = pa.table([gone.column(c).cast(t) for c, t in zip(columns, types, strict=True)], names=columns)
+        counts = gone.column(COUNT_COLUMN).to_numpy(zero_copy_only=False)
+        files = self._candidates(tbl, snap, values, layout) if snap is not None and gone.num_rows else []
+        if files is None:
+            return None
+        hits = self._copies(files, values, counts, layout)
+        if hits is None:
+            return None
+        t_find = time.monotonic()
+        inserts = data.filter(pc.invert(is_delete)).select(columns)
+        deleted = sum(len(new) for _, _, new in hits)
+        self._commit(tbl, layout, snap, inserts, None, hits, summary)
+        return (f" (row delta: {deleted} copies deleted in {len(hits)} of {len(files)} files, "
+                f"{inserts.num_rows} written; found in {t_find - t0:.2f}s, "
+                f"committed in {time.monotonic() - t_find:.2f}s)")
+
+    def _open(self, database: str, table: str, columns: list[str]) -> tuple[Any, Layout, Any] | None:
+        """The table, its layout and current snapshot, where a flush of
+        ``columns`` can be a row delta: a v3 table that takes files written
+        here (direct.py) whose columns are exactly ``columns`` (a MERGE
+        keeps the columns it does not set)."""
+        tbl = self.iceberg.load(database, table)
+        if int(tbl.operations().current().formatVersion()) < 3:
+            return None  # v2 deletes are position-delete files: Spark's MERGE writes those
+        layout = self.direct.layout(database, table, tbl)
+        if layout is None or {c.lower() for c in columns} != set(layout.fields):
+            return None
+        return tbl, layout, tbl.currentSnapshot()
+
     # -- which rows ------------------------------------------------------------
     def _candidates(self, tbl: Any, snap: Any, keys: pa.Table, layout: Layout) -> list[_File] | None:
         """The data files of the current snapshot whose bounds may hold a
-        key of ``keys``; None when there are too many or a delete of theirs
-        is not a deletion vector."""
+        row of ``keys`` (by its first column), less those a deletion vector
+        empties; None when there are too many or a delete of theirs is not
+        a deletion vector."""
         c = self._classes
         first = keys.column_names[0]
         name = layout.names[first.lower()]
         values = pc.unique(keys.column(0))
         t = values.type
-        if (pa.types.is_integer(t) or pa.types.is_string(t)) and len(values) <= MAX_IN:
+        if values.null_count:
+            expr = c["Expressions"].alwaysTrue()  # NULL-safe rows (keyless): bounds say nothing of NULLs
+        elif (pa.types.is_integer(t) or pa.types.is_string(t)) and len(values) <= MAX_IN:
             expr = getattr(c["Expressions"], "in")(name, values.to_pylist())
         elif pa.types.is_integer(t) or pa.types.is_string(t):
             lo, hi = (v.as_py() for v in pc.min_max(values).values())
@@ -186,13 +238,11 @@ class RowDelta:
             expr = c["Expressions"].alwaysTrue()
         tasks = tbl.newScan().useSnapshot(snap.snapshotId()).filter(expr).ignoreResiduals().planFiles()
         files: list[_File] = []
-        rows = 0
+        rows = size = 0
         try:
             it = tasks.iterator()
             while it.hasNext():
                 task = it.next()
-                if len(files) >= MAX_FILES:
-                    return None
                 j = json.loads(str(c["ScanTaskParser"].toJson(task)))
                 f = j["data-file"]
                 path = local_path(f["file-path"])
@@ -201,8 +251,11 @@ class RowDelta:
                         d.get("content") != "POSITION_DELETES" or d.get("file-format") != "PUFFIN"
                         or d.get("referenced-data-file") != f["file-path"] for d in deletes):
                     return None
+                if deletes and int(deletes[0]["record-count"]) >= int(f["record-count"]):
+                    continue  # every row deleted (a row updated again and again: each flush's file)
                 rows += int(f["record-count"])
-                if rows > MAX_ROWS:
+                size += int(f["file-size-in-bytes"])
+                if len(files) >= MAX_FILES or rows > MAX_ROWS or size > MAX_BYTES:
                     return None
                 first = f.get("first-row-id")
                 files.append(_File(task, f["file-path"], path, int(f["record-count"]),
@@ -252,6 +305,51 @@ class RowDelta:
             return None
         return out, every
 
+    def _copies(self, files: list[_File], values: pa.Table, counts: Any, layout: Layout
+                ) -> list[tuple[_File, BitMap64 | None, BitMap64]] | None:
+        """Per data file: its old deletion vector and the positions of the
+        copies to delete now -- for row value i, its first ``counts[i]`` live
+        copies in file order.  None when a file lacks a column."""
+        names = values.column_names
+        ids = [layout.fields[n.lower()][0] for n in names]
+        gone = _null_safe(values).append_column(_INDEX, pa.array(np.arange(values.num_rows, dtype=np.int64)))
+        keys = [n for n in gone.column_names if n != _INDEX]
+        matched: list[tuple[int, Any, Any]] = []  # (file, positions, value index)
+        olds: list[BitMap64 | None] = []
+        for n, f in enumerate(files):
+            pf = pq.ParquetFile(f.path)
+            by_id = {int(fld.metadata[b"PARQUET:field_id"]): fld.name for fld in pf.schema_arrow
+                     if fld.metadata and b"PARQUET:field_id" in fld.metadata}
+            if any(i not in by_id for i in ids):
+                return None
+            held = pf.read(columns=[by_id[i] for i in ids], use_threads=False)
+            cols = pa.table([held.column(by_id[i]).cast(values.schema.field(c).type)
+                             for i, c in zip(ids, names, strict=True)], names=names)
+            side = _null_safe(cols).append_column(_POS, pa.array(np.arange(held.num_rows, dtype=np.int64)))
+            old = self._old_dv(f) if f.dv is not None else None
+            olds.append(old)
+            if old is not None and len(old):
+                side = side.filter(pc.invert(pc.is_in(side.column(_POS),
+                                                      value_set=pa.array(old.to_array(), type=pa.int64()))))
+            hit = side.join(gone, keys=keys, join_type="inner")
+            if hit.num_rows:
+                matched.append((n, hit.column(_POS).to_numpy(), hit.column(_INDEX).to_numpy()))
+        if not matched:
+            return []
+        file_of = np.concatenate([np.full(len(p), n, dtype=np.int64) for n, p, _ in matched])
+        pos = np.concatenate([p for _, p, _ in matched])
+        value = np.concatenate([v for _, _, v in matched])
+        order = np.lexsort((pos, file_of, value))
+        file_of, pos, value = file_of[order], pos[order], value[order]
+        # Each copy's rank among its value's copies: keep the first counts[value].
+        starts = np.flatnonzero(np.r_[True, value[1:] != value[:-1]])
+        rank = np.arange(len(value)) - np.repeat(starts, np.diff(np.r_[starts, len(value)]))
+        keep = rank < np.asarray(counts, dtype=np.int64)[value]
+        out: list[tuple[_File, BitMap64 | None, BitMap64]] = []
+        for n in np.unique(file_of[keep]):
+            out.append((files[n], olds[n], BitMap64(pos[keep & (file_of == n)])))
+        return out
+
     def _old_dv(self, f: _File) -> BitMap64:
         assert f.dv is not None
         path = local_path(f.dv["file-path"])
@@ -263,7 +361,7 @@ class RowDelta:
         return read_dv(blob, f"{f.dv['file-path']}@{f.dv['content-offset']}")
 
     # -- the commit ------------------------------------------------------------
-    def _commit(self, tbl: Any, layout: Layout, snap: Any, upserts: pa.Table, row_ids: pa.Array,
+    def _commit(self, tbl: Any, layout: Layout, snap: Any, upserts: pa.Table, row_ids: pa.Array | None,
                 hits: list[tuple[_File, BitMap64 | None, BitMap64]], summary: dict[str, str]) -> None:
         written: list[str] = []  # local files no commit refers to yet
         try:
@@ -332,3 +430,32 @@ def _row_ids(upserts: pa.Table, held: pa.Table) -> pa.Array:
     indexed = upserts.append_column(_INDEX, pa.array(np.arange(upserts.num_rows, dtype=np.int64)))
     joined = indexed.join(held, keys=names, join_type="left outer").sort_by(_INDEX)
     return joined.column(_ROW_ID).combine_chunks()
+
+
+def _zero(t: pa.DataType) -> pa.Scalar:
+    """A value of type ``t`` standing in for NULL beside a NULL flag."""
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return pa.scalar("", t)
+    if pa.types.is_fixed_size_binary(t):
+        return pa.scalar(b"\0" * t.byte_width, t)
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return pa.scalar(b"", t)
+    if pa.types.is_boolean(t):
+        return pa.scalar(False, t)
+    if pa.types.is_date32(t):
+        return pa.scalar(0, pa.int32()).cast(t)
+    if pa.types.is_decimal(t):
+        return pa.scalar(decimal.Decimal(0), t)
+    return pa.scalar(0, pa.int64()).cast(t)
+
+
+def _null_safe(table: pa.Table) -> pa.Table:
+    """``table`` with each nullable column as (value with NULL replaced,
+    NULL flag): Arrow's join never matches NULLs, the MERGE's ``<=>`` does."""
+    arrays, names = [], []
+    for name, col in zip(table.column_names, table.columns, strict=True):
+        arrays.append(pc.fill_null(col, _zero(col.type)) if col.null_count else col)
+        names.append(name)
+        arrays.append(pc.is_null(col))
+        names.append(name + "__cynomys_null")
+    return pa.table(arrays, names=names)

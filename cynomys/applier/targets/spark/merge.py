@@ -121,7 +121,8 @@ class TablePlan:
     note: str = ""
     #: A way to commit it without a Spark job, tried before the statement
     #: (target.py ``_fast``): "append" (a data file, ``direct.py``),
-    #: "upsert" (a row delta, ``delta.py``) or "" (the statement only).
+    #: "upsert" or "multiset" (a keyed or keyless row delta, ``delta.py``)
+    #: or "" (the statement only).
     fast: str = ""
 
 

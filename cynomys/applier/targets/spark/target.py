@@ -252,9 +252,9 @@ class SparkTarget(StatefulTarget):
     #: table as a data file written by pyarrow (``direct.py``), not through
     #: a Spark job, where the table's layout allows it.
     fast_appends: ClassVar[bool] = True
-    #: Keyed flushes of at most this many net changes are tried as a row
-    #: delta (``delta.py``: deletion vectors and a data file, no Spark job)
-    #: before the MERGE; 0 turns it off.
+    #: Flushes of a table with at most this many net changes are tried as a
+    #: row delta (``delta.py``: deletion vectors and a data file, no Spark
+    #: job) before the MERGE; 0 turns it off.
     row_delta_rows: ClassVar[int] = 100_000
 
     def __init__(self, cfg: Config) -> None:
@@ -753,7 +753,8 @@ class SparkTarget(StatefulTarget):
                 return TablePlan(schema, name, data, T.StructType(cols.fields), sql, tf.rows,
                                  rows_total - n_reads, written, match, null_safe)
         elif tf.delete_rows:
-            sql, fast = keyless_merge(name, written), ""
+            sql = keyless_merge(name, written)
+            fast = "multiset" if branch is None and rows_total <= self.row_delta_rows else ""
         else:
             sql = append(name, written, absent)
             fast = "append" if branch is None and self.fast_appends else ""
@@ -865,7 +866,7 @@ class SparkTarget(StatefulTarget):
     def _fast(self, plan: TablePlan, summary: dict[str, str]) -> bool:
         """Commit ``plan`` without a Spark job where it can be (``plan.fast``):
         an append as a data file written by pyarrow (``direct.py``), a small
-        keyed MERGE as a row delta (``delta.py``).  False, with nothing
+        MERGE (keyed or keyless) as a row delta (``delta.py``).  False, with nothing
         written, when the statement must do it."""
         db, table = plan.schema.database, plan.schema.table
         t0 = time.monotonic()
@@ -876,13 +877,17 @@ class SparkTarget(StatefulTarget):
             n = self.direct.append(db, table, plan.data.select(plan.written), None, summary)
             plan.note += f" (appended directly: {n} rows in {time.monotonic() - t0:.2f}s)"
             return True
+        note = None
         if plan.fast == "upsert":
             note = self.row_delta.upsert(db, table, plan.data.select(plan.written + [OP_COLUMN]),
                                          plan.schema.key, summary)
-            if note is not None:
-                plan.note += note
-                return True
-        return False
+        elif plan.fast == "multiset":
+            note = self.row_delta.multiset(db, table, plan.data.select(plan.written + [OP_COLUMN, COUNT_COLUMN]),
+                                           summary)
+        if note is None:
+            return False
+        plan.note += note
+        return True
 
     def _split_reads(self, plan: TablePlan) -> tuple[pa.Table, pa.ChunkedArray, TablePlan | None] | None:
         """A plan's snapshot rows with the mask of those the table holds no
