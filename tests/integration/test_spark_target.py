@@ -885,6 +885,41 @@ def test_small_keyless_flushes_are_row_deltas_equal_to_the_merge(factory: Factor
     assert _our_deletion_vectors(target, db, "k")
 
 
+def test_a_small_table_is_compacted_without_spark_keeping_rows_and_lineage(factory: Factory, db: str) -> None:
+    """Maintenance of a small table (compact.py): one data file of the live
+    rows, no deletion vector left, old snapshots expired, no Spark job --
+    and every row keeps its ``_row_id`` and ``_last_updated_sequence_number``
+    (v3 row lineage, as Spark's rewrite keeps them)."""
+    t = factory(spark={"maintenance_commits": 3, "snapshots_kept": 1, "snapshot_retention_s": 0})
+    a, _ = _tables(db)
+    t.apply(contract.flush([contract.change(Op.INSERT, a, after=(k, "v")) for k in range(10)]))
+    t.apply(contract.flush([contract.change(Op.UPDATE, a, before=(k, "v"), after=(k, "w")) for k in (2, 5)]
+                           + [contract.change(Op.DELETE, a, before=(7, "v"))]))
+    t.apply(contract.flush([contract.change(Op.UPDATE, a, before=(2, "w"), after=(2, "x")),
+                            contract.change(Op.INSERT, a, after=(20, "n"))]))
+
+    def lineage() -> dict[int, tuple[str, int, int]]:
+        return {r.id: (r.v, r._row_id, r._last_updated_sequence_number) for r in t.spark.sql(
+            f"SELECT id, v, _row_id, _last_updated_sequence_number FROM {t.qualified(db, 'a')}").collect()}
+
+    before = lineage()
+    jobs = _jobs(t)
+    t.idle()
+    assert _jobs(t) == jobs
+    run = t.maintenance_report()["tables"][f"{db}.a"]
+    assert run["how"] == "pyarrow" and "error" not in run, run
+    assert run["rewritten_data_files"] == 3 and run["added_data_files"] == 1, run
+    assert lineage() == before and len(before) == 10
+    assert _operations(t, db, "a") == ["replace"]
+    files = t.spark.sql(f"SELECT content, count(*) AS n FROM {t.qualified(db, 'a')}.files GROUP BY content").collect()
+    assert {r.content: r.n for r in files} == {0: 1}
+    # Flushes go on on the compacted table.
+    t.apply(contract.flush([contract.change(Op.UPDATE, a, before=(5, "w"), after=(5, "y"))]))
+    assert lineage()[5][1] == before[5][1]
+    want = {k: "v" for k in range(10) if k != 7} | {2: "x", 5: "y", 20: "n"}
+    contract.assert_rows(t, a, sorted(want.items()))
+
+
 def test_a_key_held_twice_or_a_float_key_goes_through_the_merge(target: SparkTarget, db: str) -> None:
     """What a row delta cannot decide as the MERGE would: two live rows
     with one key (a table written by something else) -- the MERGE updates

@@ -47,14 +47,16 @@ def make_config(warehouse: Path, skip_ddl: list[str] | None = None, catalog: str
 @functools.cache
 def parquet_handoff_target() -> type[SparkTarget]:
     """A SparkTarget whose every flush goes through a Spark statement (no
-    direct append, no row delta: spark/delta.py), its source handed to
-    Spark as a Parquet file whatever its size."""
+    direct append, no row delta: spark/delta.py) and whose maintenance is
+    Spark's procedures, its source handed to Spark as a Parquet file
+    whatever its size."""
     from cynomys.applier.targets.spark.target import SparkTarget
 
     class ParquetHandoffTarget(SparkTarget):
         parquet_handoff_rows = 1
         fast_appends = False
         row_delta_rows = 0
+        small_compaction = False
 
     return ParquetHandoffTarget
 

@@ -352,13 +352,17 @@ class RowDelta:
 
     def _old_dv(self, f: _File) -> BitMap64:
         assert f.dv is not None
-        path = local_path(f.dv["file-path"])
+        return self._old_dv_of(f.dv)
+
+    def _old_dv_of(self, dv: dict[str, Any]) -> BitMap64:
+        """The positions of a deletion vector (its scan task JSON)."""
+        path = local_path(dv["file-path"])
         if path is None:
-            raise ValueError(f"deletion vector {f.dv['file-path']} is not on the local file system")
+            raise ValueError(f"deletion vector {dv['file-path']} is not on the local file system")
         with open(path, "rb") as fh:
-            fh.seek(int(f.dv["content-offset"]))
-            blob = fh.read(int(f.dv["content-size-in-bytes"]))
-        return read_dv(blob, f"{f.dv['file-path']}@{f.dv['content-offset']}")
+            fh.seek(int(dv["content-offset"]))
+            blob = fh.read(int(dv["content-size-in-bytes"]))
+        return read_dv(blob, f"{dv['file-path']}@{dv['content-offset']}")
 
     # -- the commit ------------------------------------------------------------
     def _commit(self, tbl: Any, layout: Layout, snap: Any, upserts: pa.Table, row_ids: pa.Array | None,

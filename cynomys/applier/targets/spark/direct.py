@@ -56,6 +56,9 @@ _FIXED = re.compile(r"fixed\[(\d+)\]")
 #: A v3 table's row lineage id (Iceberg's reserved metadata column).
 ROW_ID_COLUMN = "_row_id"
 ROW_ID_FIELD = 2147483540
+#: ... and the sequence number of its last change.
+LAST_UPDATED_COLUMN = "_last_updated_sequence_number"
+LAST_UPDATED_FIELD = 2147483539
 #: Rows written (and filtered, cast) at once: a row group each.
 PIECE_ROWS = 65_536
 #: Iceberg's default Parquet codec (``write.parquet.compression-codec``).
@@ -174,12 +177,13 @@ class DirectAppend:
         return written
 
     def write(self, tbl: Any, layout: Layout, data: pa.Table, keep: pa.ChunkedArray | pa.Array | None = None,
-              row_ids: pa.Array | None = None) -> tuple[Any, int]:
+              row_ids: pa.Array | None = None, last_updated: pa.Array | None = None) -> tuple[Any, int]:
         """One Parquet data file of the rows of ``data`` that ``keep``
         selects, not yet committed: its Java ``DataFile`` and the rows
         written.  ``row_ids`` (with no ``keep``): the rows' lineage ids
         (``_row_id`` of a v3 table; NULL: inherited), as Spark writes them
-        for rows a MERGE updated."""
+        for rows a MERGE updated; ``last_updated``: their
+        ``_last_updated_sequence_number`` (a compaction keeps it)."""
         fields = [pa.field(layout.names[n.lower()], layout.fields[n.lower()][1], True,
                            metadata={b"PARQUET:field_id": str(layout.fields[n.lower()][0]).encode()})
                   for n in data.column_names]
@@ -188,6 +192,11 @@ class DirectAppend:
             data = data.append_column(ROW_ID_COLUMN, row_ids)
             fields.append(pa.field(ROW_ID_COLUMN, pa.int64(), True,
                                    metadata={b"PARQUET:field_id": str(ROW_ID_FIELD).encode()}))
+        if last_updated is not None:
+            assert keep is None and len(last_updated) == data.num_rows
+            data = data.append_column(LAST_UPDATED_COLUMN, last_updated)
+            fields.append(pa.field(LAST_UPDATED_COLUMN, pa.int64(), True,
+                                   metadata={b"PARQUET:field_id": str(LAST_UPDATED_FIELD).encode()}))
         schema = pa.schema(fields)
         location = str(tbl.locationProvider().newDataLocation(f"cynomys-{uuid.uuid4().hex}.parquet"))
         path = local_path(location)

@@ -149,6 +149,7 @@ from cynomys.applier.targets.spark import session as spark_session
 from cynomys.applier.targets.spark import types as st
 from cynomys.applier.targets.spark import verify as spark_verify
 from cynomys.applier.targets.spark import warmup as spark_warmup
+from cynomys.applier.targets.spark.compact import SmallCompaction
 from cynomys.applier.targets.spark.config import SparkConfig
 from cynomys.applier.targets.spark.delta import RowDelta
 from cynomys.applier.targets.spark.direct import DirectAppend
@@ -256,6 +257,8 @@ class SparkTarget(StatefulTarget):
     #: row delta (``delta.py``: deletion vectors and a data file, no Spark
     #: job) before the MERGE; 0 turns it off.
     row_delta_rows: ClassVar[int] = 100_000
+    #: Maintenance compacts and expires a small table without Spark (``compact.py``).
+    small_compaction: ClassVar[bool] = True
 
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
@@ -269,6 +272,7 @@ class SparkTarget(StatefulTarget):
         self._iceberg: IcebergApi | None = None
         self._direct: DirectAppend | None = None
         self._row_delta: RowDelta | None = None
+        self._compaction: SmallCompaction | None = None
         # Tables known to match a schema: (db, table) -> (schema, layout); cleared by DDL and errors.
         self._ready: dict[tuple[str, str], tuple[TableSchema, Layout]] = {}
         self._views = itertools.count(1)  # source view names
@@ -315,6 +319,13 @@ class SparkTarget(StatefulTarget):
         return self._direct
 
     @property
+    def compaction(self) -> SmallCompaction:
+        if self._compaction is None:
+            self.connect()
+        assert self._compaction is not None
+        return self._compaction
+
+    @property
     def row_delta(self) -> RowDelta:
         if self._row_delta is None:
             self.connect()
@@ -348,6 +359,7 @@ class SparkTarget(StatefulTarget):
         self._spark, self._iceberg = spark, IcebergApi(spark, self.catalog)
         self._direct = DirectAppend(self._iceberg)
         self._row_delta = RowDelta(self._iceberg, self._direct)
+        self._compaction = SmallCompaction(self._direct, self._row_delta)
         try:
             with self.edge(f"creating the state table on {self.where}"):
                 self.sql(f"CREATE NAMESPACE IF NOT EXISTS {self.qualified(self.state_namespace)}")
@@ -372,7 +384,7 @@ class SparkTarget(StatefulTarget):
             # Let a warm-up finish its statement (seconds) before the session may go.
             self._warming.join(timeout=15)
             self._warming = None
-        self._spark, self._iceberg, self._direct, self._row_delta = None, None, None, None
+        self._spark, self._iceberg, self._direct, self._row_delta, self._compaction = None, None, None, None, None
         self._ready.clear()
         if self._spool_dir is not None:
             shutil.rmtree(self._spool_dir, ignore_errors=True)
