@@ -21,7 +21,6 @@ Spark procedures run as before.
 """
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from cynomys.applier.targets.spark.delta import RowDelta
+from cynomys.applier.targets.spark.delta import RowDelta, field_names, readable_here
 from cynomys.applier.targets.spark.direct import LAST_UPDATED_FIELD, ROW_ID_FIELD, DirectAppend, local_path
 
 log = logging.getLogger(__name__)
@@ -106,24 +105,13 @@ class SmallCompaction:
     def _files(self, tbl: Any) -> list[tuple[Any, dict[str, Any]]] | None:
         """Every data file of the current snapshot with its scan task, or
         None when the table is too large or a delete is not a deletion vector."""
-        c = self.row_delta._classes
-        tasks = tbl.newScan().useSnapshot(tbl.currentSnapshot().snapshotId()).ignoreResiduals().planFiles()
         out: list[tuple[Any, dict[str, Any]]] = []
         size = 0
-        try:
-            it = tasks.iterator()
-            while it.hasNext():
-                task = it.next()
-                j = json.loads(str(c["ScanTaskParser"].toJson(task)))
-                f = j["data-file"]
-                deletes = j.get("delete-files") or []
-                size += int(f["file-size-in-bytes"])
-                if size > MAX_BYTES or local_path(f["file-path"]) is None or f.get("file-format") != "PARQUET" \
-                        or len(deletes) > 1 or any(d.get("file-format") != "PUFFIN" for d in deletes):
-                    return None
-                out.append((task, j))
-        finally:
-            tasks.close()
+        for task, j in self.row_delta.scan(tbl, tbl.currentSnapshot().snapshotId()):
+            size += int(j["data-file"]["file-size-in-bytes"])
+            if size > MAX_BYTES or not readable_here(j):
+                return None
+            out.append((task, j))
         return out
 
     def _live(self, task: Any, j: dict[str, Any], layout: Any) -> tuple[pa.Table, pa.Array, pa.Array] | None:
@@ -132,9 +120,7 @@ class SmallCompaction:
         f = j["data-file"]
         path = local_path(f["file-path"])
         assert path is not None
-        pf = pq.ParquetFile(path)
-        by_id = {int(fld.metadata[b"PARQUET:field_id"]): fld.name for fld in pf.schema_arrow
-                 if fld.metadata and b"PARQUET:field_id" in fld.metadata}
+        by_id = field_names(pf := pq.ParquetFile(path))
         wanted = [i for i, _ in layout.fields.values() if i in by_id]
         extra = [i for i in (ROW_ID_FIELD, LAST_UPDATED_FIELD) if i in by_id]
         held = pf.read(columns=[by_id[i] for i in wanted + extra], use_threads=False)

@@ -44,7 +44,7 @@ import time
 import uuid
 import zlib
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -236,33 +236,37 @@ class RowDelta:
                                                     c["Expressions"].lessThanOrEqual(name, hi))
         else:
             expr = c["Expressions"].alwaysTrue()
-        tasks = tbl.newScan().useSnapshot(snap.snapshotId()).filter(expr).ignoreResiduals().planFiles()
         files: list[_File] = []
         rows = size = 0
+        for task, j in self.scan(tbl, snap.snapshotId(), expr):
+            f, deletes = j["data-file"], j.get("delete-files") or []
+            if not readable_here(j):
+                return None
+            if deletes and int(deletes[0]["record-count"]) >= int(f["record-count"]):
+                continue  # every row deleted (a row updated again and again: each flush's file)
+            rows += int(f["record-count"])
+            size += int(f["file-size-in-bytes"])
+            if len(files) >= MAX_FILES or rows > MAX_ROWS or size > MAX_BYTES:
+                return None
+            first = f.get("first-row-id")
+            files.append(_File(task, f["file-path"], str(local_path(f["file-path"])), int(f["record-count"]),
+                               None if first is None else int(first), deletes[0] if deletes else None))
+        return files
+
+    def scan(self, tbl: Any, snapshot_id: int, expr: Any = None) -> Iterator[tuple[Any, dict[str, Any]]]:
+        """The data files of a snapshot (those ``expr`` may match): each
+        one's Java scan task and the task as JSON (Iceberg's
+        ``ScanTaskParser``: one round trip for the file and its deletes)."""
+        c = self._classes
+        scan = tbl.newScan().useSnapshot(snapshot_id).ignoreResiduals()
+        tasks = (scan if expr is None else scan.filter(expr)).planFiles()
         try:
             it = tasks.iterator()
             while it.hasNext():
                 task = it.next()
-                j = json.loads(str(c["ScanTaskParser"].toJson(task)))
-                f = j["data-file"]
-                path = local_path(f["file-path"])
-                deletes = j.get("delete-files") or []
-                if path is None or f.get("file-format") != "PARQUET" or len(deletes) > 1 or any(
-                        d.get("content") != "POSITION_DELETES" or d.get("file-format") != "PUFFIN"
-                        or d.get("referenced-data-file") != f["file-path"] for d in deletes):
-                    return None
-                if deletes and int(deletes[0]["record-count"]) >= int(f["record-count"]):
-                    continue  # every row deleted (a row updated again and again: each flush's file)
-                rows += int(f["record-count"])
-                size += int(f["file-size-in-bytes"])
-                if len(files) >= MAX_FILES or rows > MAX_ROWS or size > MAX_BYTES:
-                    return None
-                first = f.get("first-row-id")
-                files.append(_File(task, f["file-path"], path, int(f["record-count"]),
-                                   None if first is None else int(first), deletes[0] if deletes else None))
+                yield task, json.loads(str(c["ScanTaskParser"].toJson(task)))
         finally:
             tasks.close()
-        return files
 
     def _hits(self, files: list[_File], keys: pa.Table, layout: Layout
               ) -> tuple[list[tuple[_File, BitMap64 | None, BitMap64]], pa.Table] | None:
@@ -277,8 +281,7 @@ class RowDelta:
         matched: list[pa.Table] = []
         for f in files:
             pf = pq.ParquetFile(f.path)
-            by_id = {int(fld.metadata[b"PARQUET:field_id"]): fld.name for fld in pf.schema_arrow
-                     if fld.metadata and b"PARQUET:field_id" in fld.metadata}
+            by_id = field_names(pf)
             if any(i not in by_id for i in ids):
                 return None
             held = pf.read(columns=[by_id[i] for i in ids + ([ROW_ID_FIELD] if ROW_ID_FIELD in by_id else [])],
@@ -318,8 +321,7 @@ class RowDelta:
         olds: list[BitMap64 | None] = []
         for n, f in enumerate(files):
             pf = pq.ParquetFile(f.path)
-            by_id = {int(fld.metadata[b"PARQUET:field_id"]): fld.name for fld in pf.schema_arrow
-                     if fld.metadata and b"PARQUET:field_id" in fld.metadata}
+            by_id = field_names(pf)
             if any(i not in by_id for i in ids):
                 return None
             held = pf.read(columns=[by_id[i] for i in ids], use_threads=False)
@@ -463,3 +465,18 @@ def _null_safe(table: pa.Table) -> pa.Table:
         arrays.append(pc.is_null(col))
         names.append(name + "__cynomys_null")
     return pa.table(arrays, names=names)
+
+
+def field_names(pf: pq.ParquetFile) -> dict[int, str]:
+    """A Parquet file's top-level columns by Iceberg field id."""
+    return {int(fld.metadata[b"PARQUET:field_id"]): fld.name for fld in pf.schema_arrow
+            if fld.metadata and b"PARQUET:field_id" in fld.metadata}
+
+
+def readable_here(task: dict[str, Any]) -> bool:
+    """A scan task (JSON) whose data file pyarrow reads from the local file
+    system and whose deletes are at most one deletion vector of that file."""
+    f, deletes = task["data-file"], task.get("delete-files") or []
+    return local_path(f["file-path"]) is not None and f.get("file-format") == "PARQUET" and len(deletes) <= 1 \
+        and all(d.get("content") == "POSITION_DELETES" and d.get("file-format") == "PUFFIN"
+                and d.get("referenced-data-file") == f["file-path"] for d in deletes)

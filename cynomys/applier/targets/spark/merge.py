@@ -124,6 +124,9 @@ class TablePlan:
     #: "upsert" or "multiset" (a keyed or keyless row delta, ``delta.py``)
     #: or "" (the statement only).
     fast: str = ""
+    #: When its commit ended (time.time(); 0: not committed yet): readers
+    #: see it from there on (the freshness metric's moment).
+    committed_at: float = 0.0
 
 
 @dataclass

@@ -811,9 +811,10 @@ class SparkTarget(StatefulTarget):
         def one(plan: TablePlan) -> tuple[bool, float]:
             t0 = time.monotonic()
             committed = self._commit(plan, state, recorded)
-            # Readable from here on (each table is its own Iceberg commit);
-            # from several threads: one dict store each.
-            self._visible[plan.schema.name] = time.time()
+            # Readable from the commit's end on (each table is its own Iceberg
+            # commit), not from after the marker check; several threads: one
+            # dict store each.
+            self._visible[plan.schema.name] = plan.committed_at or time.time()
             return committed, time.monotonic() - t0
 
         def record(plan: TablePlan, committed: bool, seconds: float) -> None:
@@ -866,6 +867,7 @@ class SparkTarget(StatefulTarget):
                     with contextlib.suppress(Exception):
                         self.undo_ahead(db, table, state.producer_id, recorded)
                     raise
+        plan.committed_at = time.time()
         after = self.iceberg.current(db, table)
         if after is not None and (current is None or after.id != current.id) \
                 and marker_of(after.summary, state.producer_id) is None:
