@@ -920,6 +920,35 @@ def test_a_small_table_is_compacted_without_spark_keeping_rows_and_lineage(facto
     contract.assert_rows(t, a, sorted(want.items()))
 
 
+def test_readers_outside_spark_read_row_deltas_and_small_compactions(factory: Factory, db: str) -> None:
+    """DuckDB's and pyiceberg's readers (``cynomys sql --engine duckdb``)
+    read what row deltas and a compaction without Spark wrote -- deletion
+    vectors, ``_row_id`` columns -- as Spark reads it, keyed and keyless."""
+    from cynomys.applier.targets.spark import readers
+
+    t = factory(spark={"maintenance_commits": 3, "snapshots_kept": 1, "snapshot_retention_s": 0})
+    a, _ = _tables(db)
+    k = TableSchema(db, "k", (ColumnDef("x", "int"), ColumnDef("s", "varchar(10)")), ())
+    t.apply(contract.flush([contract.change(Op.INSERT, a, after=(i, "v")) for i in range(10)]
+                           + [contract.change(Op.INSERT, k, after=(i % 3, None)) for i in range(9)]))
+    t.apply(contract.flush([contract.change(Op.UPDATE, a, before=(2, "v"), after=(2, "w")),
+                            contract.change(Op.DELETE, k, before=(1, None))]))
+    t.apply(contract.flush([contract.change(Op.DELETE, a, before=(3, "v")),
+                            contract.change(Op.DELETE, k, before=(2, None))]))
+    want = {"a": sorted([(i, "w" if i == 2 else "v") for i in range(10) if i != 3]),
+            "k": sorted([(0, None)] * 3 + [(1, None)] * 2 + [(2, None)] * 2)}
+    for moment in ("after the row deltas", "after the compaction"):
+        con = readers.duckdb_connection(t.cfg)
+        for table, rows in want.items():
+            assert sorted(con.execute(f'SELECT * FROM "{db}"."{table}"').fetchall()) == rows, (moment, table)
+            got = readers.pyiceberg_table(t.cfg, db, table).scan().to_arrow().to_pylist()
+            assert sorted(tuple(r.values()) for r in got) == rows, (moment, table)
+        assert _our_deletion_vectors(t, db, "a") or moment != "after the row deltas"
+        t.idle()
+        t.idle()
+    assert {r["how"] for r in t.maintenance_report()["tables"].values()} == {"pyarrow"}
+
+
 def test_a_key_held_twice_or_a_float_key_goes_through_the_merge(target: SparkTarget, db: str) -> None:
     """What a row delta cannot decide as the MERGE would: two live rows
     with one key (a table written by something else) -- the MERGE updates

@@ -16,7 +16,7 @@ each row's lineage (``_row_id``, and ``_last_updated_sequence_number`` from
 its file's data sequence number when the file does not hold it), the
 table's field ids and codec (``direct.py``).  Only a format-v3 table that
 ``direct.py`` can append to, whose deletes are all deletion vectors, of at
-most ``MAX_BYTES`` of data files; otherwise ``run`` returns None and the
+most ``MAX_BYTES`` of data files (its rows are held in memory); otherwise ``run`` returns None and the
 Spark procedures run as before.
 """
 from __future__ import annotations
@@ -35,8 +35,10 @@ from cynomys.applier.targets.spark.direct import LAST_UPDATED_FIELD, ROW_ID_FIEL
 
 log = logging.getLogger(__name__)
 
-#: Tables with more data than this are compacted by Spark's procedures.
-MAX_BYTES = 64 << 20
+#: Tables with more data files than this (compressed, on disk) are compacted
+#: by Spark's procedures: the live rows are held in the applier's memory
+#: (Arrow: several times their Parquet size), within ``[applier] max_memory_mb``.
+MAX_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -74,12 +76,10 @@ class SmallCompaction:
         if len(files) > 1 or deletes:
             parts, ids, seqs = [], [], []
             for task, j in files:
-                got = self._live(task, j, layout)
-                if got is None:
-                    return None
-                parts.append(got[0])
-                ids.append(got[1])
-                seqs.append(got[2])
+                part, part_ids, part_seqs = self._live(task, j, layout)
+                parts.append(part)
+                ids.append(part_ids)
+                seqs.append(part_seqs)
             rows = pa.concat_tables(parts) if parts else None
             rewrite = tbl.newRewrite().validateFromSnapshot(snap.snapshotId())
             for task, j in files:
@@ -114,7 +114,7 @@ class SmallCompaction:
             out.append((task, j))
         return out
 
-    def _live(self, task: Any, j: dict[str, Any], layout: Any) -> tuple[pa.Table, pa.Array, pa.Array] | None:
+    def _live(self, task: Any, j: dict[str, Any], layout: Any) -> tuple[pa.Table, pa.Array, pa.Array]:
         """A data file's live rows (the table's columns, by field id), their
         lineage ids and last-updated sequence numbers."""
         f = j["data-file"]
@@ -130,10 +130,8 @@ class SmallCompaction:
         row_ids = pa.nulls(n, pa.int64()) if first is None else pc.add(pos, int(first))
         if ROW_ID_FIELD in by_id:
             row_ids = pc.coalesce(held.column(by_id[ROW_ID_FIELD]).cast(pa.int64()), row_ids)
-        seq = task.file().dataSequenceNumber()
-        seqs = pa.array(np.full(n, -1 if seq is None else int(seq), dtype=np.int64))
-        if seq is None:
-            seqs = pa.nulls(n, pa.int64())
+        seq = task.file().dataSequenceNumber()  # what a row without its own number inherits
+        seqs = pa.nulls(n, pa.int64()) if seq is None else pa.array(np.full(n, int(seq), dtype=np.int64))
         if LAST_UPDATED_FIELD in by_id:
             seqs = pc.coalesce(held.column(by_id[LAST_UPDATED_FIELD]).cast(pa.int64()), seqs)
         cols = []

@@ -27,9 +27,11 @@ Only where the result is the MERGE's: a v3 table ``direct.py`` can append to
 the table in the flush (a MERGE keeps the columns it does not set), key
 columns (a keyless table's: every column) of exact types, keys without
 NULLs, deletes that are all deletion vectors, at most ``MAX_FILES`` data
-files holding at most ``MAX_ROWS`` rows and ``MAX_BYTES`` to read (files a
-deletion vector empties are not read), and no key held by two live rows.  Otherwise ``upsert`` returns None before
-anything was written, and the caller runs the MERGE.
+files holding at most ``MAX_ROWS`` rows and ``MAX_BYTES`` (keyless:
+``MAX_KEYLESS_BYTES``) to read (files a deletion vector empties are not
+read), and no key held by two live rows.  Otherwise ``upsert`` and
+``multiset`` return None before anything was written, and the caller runs
+the MERGE.
 """
 from __future__ import annotations
 
@@ -63,8 +65,11 @@ log = logging.getLogger(__name__)
 MAX_FILES = 64
 #: ... and rows in them.
 MAX_ROWS = 4_000_000
-#: ... and bytes (a keyless table's files are read whole).
+#: ... and bytes on disk (a keyed table's files: only the key columns are read).
 MAX_BYTES = 256 << 20
+#: ... of a keyless table, whose files are read whole (Arrow holds several
+#: times their Parquet size; one file at a time, within ``max_memory_mb``).
+MAX_KEYLESS_BYTES = 32 << 20
 #: First-key values handed to Iceberg's planner as ``in`` (more: a range).
 MAX_IN = 1_000
 #: Iceberg's reserved field id of a row's position (``_pos``): the field a
@@ -188,7 +193,8 @@ class RowDelta:
         gone = data.filter(is_delete)
         values = pa.table([gone.column(c).cast(t) for c, t in zip(columns, types, strict=True)], names=columns)
         counts = gone.column(COUNT_COLUMN).to_numpy(zero_copy_only=False)
-        files = self._candidates(tbl, snap, values, layout) if snap is not None and gone.num_rows else []
+        files = self._candidates(tbl, snap, values, layout, MAX_KEYLESS_BYTES) \
+            if snap is not None and gone.num_rows else []
         if files is None:
             return None
         hits = self._copies(files, values, counts, layout)
@@ -216,7 +222,8 @@ class RowDelta:
         return tbl, layout, tbl.currentSnapshot()
 
     # -- which rows ------------------------------------------------------------
-    def _candidates(self, tbl: Any, snap: Any, keys: pa.Table, layout: Layout) -> list[_File] | None:
+    def _candidates(self, tbl: Any, snap: Any, keys: pa.Table, layout: Layout, max_bytes: int = MAX_BYTES
+                    ) -> list[_File] | None:
         """The data files of the current snapshot whose bounds may hold a
         row of ``keys`` (by its first column), less those a deletion vector
         empties; None when there are too many or a delete of theirs is not
@@ -246,7 +253,7 @@ class RowDelta:
                 continue  # every row deleted (a row updated again and again: each flush's file)
             rows += int(f["record-count"])
             size += int(f["file-size-in-bytes"])
-            if len(files) >= MAX_FILES or rows > MAX_ROWS or size > MAX_BYTES:
+            if len(files) >= MAX_FILES or rows > MAX_ROWS or size > max_bytes:
                 return None
             first = f.get("first-row-id")
             files.append(_File(task, f["file-path"], str(local_path(f["file-path"])), int(f["record-count"]),

@@ -15,7 +15,7 @@ table, the target runs, between two flushes (never inside one):
 3. ``expire_snapshots`` older than ``snapshot_retention_s``, keeping at least
    ``snapshots_kept`` (and always the current one).
 
-A small table (``compact.py``: a v3 table of at most 64 MB that takes files
+A small table (``compact.py``: a v3 table of at most 16 MB that takes files
 written outside Spark) is compacted and expired without Spark: the same
 result in tenths of a second instead of seconds of Spark jobs.
 
