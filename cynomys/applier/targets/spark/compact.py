@@ -25,13 +25,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from cynomys.applier.targets.spark.delta import RowDelta, field_names, readable_here
-from cynomys.applier.targets.spark.direct import LAST_UPDATED_FIELD, ROW_ID_FIELD, DirectAppend, local_path
+from cynomys.applier.targets.spark.delta import LIVE_ROW_ID, LIVE_SEQ, RowDelta, dv_positions, live_rows, readable_here
+from cynomys.applier.targets.spark.direct import DirectAppend, local_path
 
 log = logging.getLogger(__name__)
 
@@ -116,35 +114,18 @@ class SmallCompaction:
 
     def _live(self, task: Any, j: dict[str, Any], layout: Any) -> tuple[pa.Table, pa.Array, pa.Array]:
         """A data file's live rows (the table's columns, by field id), their
-        lineage ids and last-updated sequence numbers."""
+        lineage ids and last-updated sequence numbers (a row without its own
+        inherits its file's data sequence number)."""
         f = j["data-file"]
-        path = local_path(f["file-path"])
-        assert path is not None
-        by_id = field_names(pf := pq.ParquetFile(path))
-        wanted = [i for i, _ in layout.fields.values() if i in by_id]
-        extra = [i for i in (ROW_ID_FIELD, LAST_UPDATED_FIELD) if i in by_id]
-        held = pf.read(columns=[by_id[i] for i in wanted + extra], use_threads=False)
-        n = held.num_rows
-        pos = pa.array(np.arange(n, dtype=np.int64))
-        first = f.get("first-row-id")
-        row_ids = pa.nulls(n, pa.int64()) if first is None else pc.add(pos, int(first))
-        if ROW_ID_FIELD in by_id:
-            row_ids = pc.coalesce(held.column(by_id[ROW_ID_FIELD]).cast(pa.int64()), row_ids)
-        seq = task.file().dataSequenceNumber()  # what a row without its own number inherits
-        seqs = pa.nulls(n, pa.int64()) if seq is None else pa.array(np.full(n, int(seq), dtype=np.int64))
-        if LAST_UPDATED_FIELD in by_id:
-            seqs = pc.coalesce(held.column(by_id[LAST_UPDATED_FIELD]).cast(pa.int64()), seqs)
-        cols = []
-        for name, (field_id, arrow_type) in layout.fields.items():
-            col = held.column(by_id[field_id]).cast(arrow_type) if field_id in by_id else pa.nulls(n, arrow_type)
-            cols.append(col)
-        rows = pa.table(cols, names=[layout.names[k] for k in layout.fields])
         deletes = j.get("delete-files") or []
-        if deletes:
-            gone = self.row_delta._old_dv_of(deletes[0])
-            live = pc.invert(pc.is_in(pos, value_set=pa.array(gone.to_array(), type=pa.int64())))
-            rows, row_ids, seqs = rows.filter(live), row_ids.filter(live), seqs.filter(live)
-        return rows, _array(row_ids), _array(seqs)
+        fields = [(field_id, layout.names[k], t) for k, (field_id, t) in layout.fields.items()]
+        first = f.get("first-row-id")
+        rows = live_rows(str(local_path(f["file-path"])), fields, dv_positions(deletes[0]) if deletes else None,
+                         None if first is None else int(first), lineage=True, missing_as_null=True)
+        assert rows is not None  # missing columns are NULLs
+        seq = task.file().dataSequenceNumber()
+        seqs = rows.column(LIVE_SEQ) if seq is None else pc.coalesce(rows.column(LIVE_SEQ), pa.scalar(int(seq), pa.int64()))
+        return rows.select([name for _, name, _ in fields]), _array(rows.column(LIVE_ROW_ID)), _array(seqs)
 
 
 def _array(a: pa.Array | pa.ChunkedArray) -> pa.Array:

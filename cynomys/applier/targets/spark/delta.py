@@ -54,7 +54,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyroaring import BitMap64
 
-from cynomys.applier.targets.spark.direct import ROW_ID_FIELD, DirectAppend, Layout, local_path
+from cynomys.applier.targets.spark.direct import LAST_UPDATED_FIELD, ROW_ID_FIELD, DirectAppend, Layout, local_path
 from cynomys.applier.targets.spark.iceberg import IcebergApi
 from cynomys.applier.targets.spark.merge import COUNT_COLUMN, OP_COLUMN
 
@@ -77,8 +77,11 @@ MAX_IN = 1_000
 ROW_POSITION_FIELD = 2147483545
 DV_TYPE = "deletion-vector-v1"
 DV_MAGIC = bytes.fromhex("d1d33964")
-_POS = "__cynomys_pos"
-_ROW_ID = "__cynomys_row_id"
+#: The columns ``live_rows`` adds: a row's position in its file, lineage id and
+#: last-updated sequence number.
+LIVE_POS = "__cynomys_pos"
+LIVE_ROW_ID = "__cynomys_row_id"
+LIVE_SEQ = "__cynomys_last_updated"
 _INDEX = "__cynomys_index"
 
 
@@ -145,7 +148,7 @@ class RowDelta:
         t0 = time.monotonic()
         columns = [c for c in data.column_names if c != OP_COLUMN]
         opened = self._open(database, table, columns)
-        if opened is None or any(k.lower() not in opened[1].fields for k in key):
+        if opened is None:  # key columns are among the columns, which are the table's
             return None
         tbl, layout, snap = opened
         types = [layout.fields[k.lower()][1] for k in key]
@@ -283,33 +286,20 @@ class RowDelta:
         MERGE decides what that means) or a file lacks a key column (a
         column added later: the MERGE reads it as NULL)."""
         names = keys.column_names
-        ids = [layout.fields[k.lower()][0] for k in names]
+        fields = [(layout.fields[k.lower()][0], k, keys.schema.field(k).type) for k in names]
         out: list[tuple[_File, BitMap64 | None, BitMap64]] = []
         matched: list[pa.Table] = []
         for f in files:
-            pf = pq.ParquetFile(f.path)
-            by_id = field_names(pf)
-            if any(i not in by_id for i in ids):
+            old = dv_positions(f.dv) if f.dv is not None else None
+            side = live_rows(f.path, fields, old, f.first_row_id, lineage=True)
+            if side is None:
                 return None
-            held = pf.read(columns=[by_id[i] for i in ids + ([ROW_ID_FIELD] if ROW_ID_FIELD in by_id else [])],
-                           use_threads=False)
-            cols = [held.column(by_id[i]).cast(keys.schema.field(n).type) for i, n in zip(ids, names, strict=True)]
-            old = self._old_dv(f) if f.dv is not None else None
-            pos = pa.array(np.arange(held.num_rows, dtype=np.int64))
-            # A row's lineage id: the one its file holds, else its file's first plus its position.
-            inherited = pa.nulls(held.num_rows, pa.int64()) if f.first_row_id is None \
-                else pc.add(pos, f.first_row_id)
-            row_ids = pc.coalesce(held.column(by_id[ROW_ID_FIELD]).cast(pa.int64()), inherited) \
-                if ROW_ID_FIELD in by_id else inherited
-            side = pa.table(cols + [pos, row_ids], names=names + [_POS, _ROW_ID])
-            if old is not None and len(old):
-                side = side.filter(pc.invert(pc.is_in(pos, value_set=pa.array(old.to_array(), type=pa.int64()))))
             hit = side.join(keys, keys=names, join_type="inner")
             if hit.num_rows:
-                matched.append(hit.select(names + [_ROW_ID]))
-                out.append((f, old, BitMap64(hit.column(_POS).to_numpy())))
+                matched.append(hit.select(names + [LIVE_ROW_ID]))
+                out.append((f, old, BitMap64(hit.column(LIVE_POS).to_numpy())))
         every = pa.concat_tables(matched) if matched else keys.schema.empty_table().append_column(
-            _ROW_ID, pa.array([], pa.int64()))
+            LIVE_ROW_ID, pa.array([], pa.int64()))
         if every.group_by(names).aggregate([]).num_rows != every.num_rows:
             log.info("a key of the flush is held by more than one live row: the MERGE applies it")
             return None
@@ -321,28 +311,21 @@ class RowDelta:
         copies to delete now -- for row value i, its first ``counts[i]`` live
         copies in file order.  None when a file lacks a column."""
         names = values.column_names
-        ids = [layout.fields[n.lower()][0] for n in names]
+        fields = [(layout.fields[n.lower()][0], n, values.schema.field(n).type) for n in names]
         gone = _null_safe(values).append_column(_INDEX, pa.array(np.arange(values.num_rows, dtype=np.int64)))
         keys = [n for n in gone.column_names if n != _INDEX]
         matched: list[tuple[int, Any, Any]] = []  # (file, positions, value index)
         olds: list[BitMap64 | None] = []
         for n, f in enumerate(files):
-            pf = pq.ParquetFile(f.path)
-            by_id = field_names(pf)
-            if any(i not in by_id for i in ids):
-                return None
-            held = pf.read(columns=[by_id[i] for i in ids], use_threads=False)
-            cols = pa.table([held.column(by_id[i]).cast(values.schema.field(c).type)
-                             for i, c in zip(ids, names, strict=True)], names=names)
-            side = _null_safe(cols).append_column(_POS, pa.array(np.arange(held.num_rows, dtype=np.int64)))
-            old = self._old_dv(f) if f.dv is not None else None
+            old = dv_positions(f.dv) if f.dv is not None else None
             olds.append(old)
-            if old is not None and len(old):
-                side = side.filter(pc.invert(pc.is_in(side.column(_POS),
-                                                      value_set=pa.array(old.to_array(), type=pa.int64()))))
+            held = live_rows(f.path, fields, old)
+            if held is None:
+                return None
+            side = _null_safe(held.select(names)).append_column(LIVE_POS, held.column(LIVE_POS))
             hit = side.join(gone, keys=keys, join_type="inner")
             if hit.num_rows:
-                matched.append((n, hit.column(_POS).to_numpy(), hit.column(_INDEX).to_numpy()))
+                matched.append((n, hit.column(LIVE_POS).to_numpy(), hit.column(_INDEX).to_numpy()))
         if not matched:
             return []
         file_of = np.concatenate([np.full(len(p), n, dtype=np.int64) for n, p, _ in matched])
@@ -358,20 +341,6 @@ class RowDelta:
         for n in np.unique(file_of[keep]):
             out.append((files[n], olds[n], BitMap64(pos[keep & (file_of == n)])))
         return out
-
-    def _old_dv(self, f: _File) -> BitMap64:
-        assert f.dv is not None
-        return self._old_dv_of(f.dv)
-
-    def _old_dv_of(self, dv: dict[str, Any]) -> BitMap64:
-        """The positions of a deletion vector (its scan task JSON)."""
-        path = local_path(dv["file-path"])
-        if path is None:
-            raise ValueError(f"deletion vector {dv['file-path']} is not on the local file system")
-        with open(path, "rb") as fh:
-            fh.seek(int(dv["content-offset"]))
-            blob = fh.read(int(dv["content-size-in-bytes"]))
-        return read_dv(blob, f"{dv['file-path']}@{dv['content-offset']}")
 
     # -- the commit ------------------------------------------------------------
     def _commit(self, tbl: Any, layout: Layout, snap: Any, upserts: pa.Table, row_ids: pa.Array | None,
@@ -442,7 +411,7 @@ def _row_ids(upserts: pa.Table, held: pa.Table) -> pa.Array:
     names = upserts.column_names
     indexed = upserts.append_column(_INDEX, pa.array(np.arange(upserts.num_rows, dtype=np.int64)))
     joined = indexed.join(held, keys=names, join_type="left outer").sort_by(_INDEX)
-    return joined.column(_ROW_ID).combine_chunks()
+    return joined.column(LIVE_ROW_ID).combine_chunks()
 
 
 def _zero(t: pa.DataType) -> pa.Scalar:
@@ -474,10 +443,50 @@ def _null_safe(table: pa.Table) -> pa.Table:
     return pa.table(arrays, names=names)
 
 
-def field_names(pf: pq.ParquetFile) -> dict[int, str]:
-    """A Parquet file's top-level columns by Iceberg field id."""
-    return {int(fld.metadata[b"PARQUET:field_id"]): fld.name for fld in pf.schema_arrow
-            if fld.metadata and b"PARQUET:field_id" in fld.metadata}
+def dv_positions(dv: dict[str, Any]) -> BitMap64:
+    """The positions of a deletion vector (as its scan task's JSON names it)."""
+    path = local_path(dv["file-path"])
+    if path is None:
+        raise ValueError(f"deletion vector {dv['file-path']} is not on the local file system")
+    with open(path, "rb") as fh:
+        fh.seek(int(dv["content-offset"]))
+        blob = fh.read(int(dv["content-size-in-bytes"]))
+    return read_dv(blob, f"{dv['file-path']}@{dv['content-offset']}")
+
+
+def live_rows(path: str, fields: Sequence[tuple[int, str, pa.DataType]], deleted: BitMap64 | None,
+              first_row_id: int | None = None, lineage: bool = False, missing_as_null: bool = False
+              ) -> pa.Table | None:
+    """The rows of a data file that ``deleted`` (its deletion vector's
+    positions) leaves live: the columns ``fields`` names (field id, name,
+    type), their position in the file (``LIVE_POS``) and, with ``lineage``, the
+    lineage id (``LIVE_ROW_ID``: the one the file holds, else ``first_row_id``
+    plus the position) and the last-updated sequence number the file holds
+    (``LIVE_SEQ``, else NULL: inherited from the file).  A column the file
+    lacks (added to the table later) is NULLs with ``missing_as_null``,
+    else the answer is None."""
+    pf = pq.ParquetFile(path)
+    by_id = {int(fld.metadata[b"PARQUET:field_id"]): fld.name for fld in pf.schema_arrow
+             if fld.metadata and b"PARQUET:field_id" in fld.metadata}
+    if not missing_as_null and any(i not in by_id for i, _, _ in fields):
+        return None
+    meta = [ROW_ID_FIELD, LAST_UPDATED_FIELD] if lineage else []
+    held = pf.read(columns=[by_id[i] for i in [i for i, _, _ in fields] + meta if i in by_id], use_threads=False)
+    n = held.num_rows
+    pos = pa.array(np.arange(n, dtype=np.int64))
+    arrays = [held.column(by_id[i]).cast(t) if i in by_id else pa.nulls(n, t) for i, _, t in fields] + [pos]
+    names = [name for _, name, _ in fields] + [LIVE_POS]
+    if lineage:
+        inherited = pa.nulls(n, pa.int64()) if first_row_id is None else pc.add(pos, first_row_id)
+        arrays.append(pc.coalesce(held.column(by_id[ROW_ID_FIELD]).cast(pa.int64()), inherited)
+                      if ROW_ID_FIELD in by_id else inherited)
+        arrays.append(held.column(by_id[LAST_UPDATED_FIELD]).cast(pa.int64()) if LAST_UPDATED_FIELD in by_id
+                      else pa.nulls(n, pa.int64()))
+        names += [LIVE_ROW_ID, LIVE_SEQ]
+    rows = pa.table(arrays, names=names)
+    if deleted is not None and len(deleted):
+        rows = rows.filter(pc.invert(pc.is_in(pos, value_set=pa.array(deleted.to_array(), type=pa.int64()))))
+    return rows
 
 
 def readable_here(task: dict[str, Any]) -> bool:

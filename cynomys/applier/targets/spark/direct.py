@@ -156,13 +156,14 @@ class DirectAppend:
         return Layout(schema_id, fields, names, codec, int(level) if level else None)
 
     def append(self, database: str, table: str, data: pa.Table, keep: pa.ChunkedArray | pa.Array | None,
-               summary: dict[str, str]) -> int:
+               summary: dict[str, str], jtable: Any = None) -> int:
         """Write the rows of ``data`` that ``keep`` selects (all when None;
         columns named as the table's, its other columns NULL) as one data
         file and commit it with ``summary``: the rows written.  Raises
         ``ValueError``, with nothing written, when the table cannot take it
-        (``layout`` None: callers check first)."""
-        tbl = self.iceberg.load(database, table)
+        (``layout`` None: callers check first, and may hand over the table
+        they loaded for it as ``jtable``)."""
+        tbl = jtable if jtable is not None else self.iceberg.load(database, table)
         layout = self.layout(database, table, tbl)
         if layout is None or not layout.takes(data.column_names):
             raise ValueError(f"table {database}.{table} cannot take a data file written outside Spark")
@@ -187,16 +188,13 @@ class DirectAppend:
         fields = [pa.field(layout.names[n.lower()], layout.fields[n.lower()][1], True,
                            metadata={b"PARQUET:field_id": str(layout.fields[n.lower()][0]).encode()})
                   for n in data.column_names]
-        if row_ids is not None:
-            assert keep is None and len(row_ids) == data.num_rows
-            data = data.append_column(ROW_ID_COLUMN, row_ids)
-            fields.append(pa.field(ROW_ID_COLUMN, pa.int64(), True,
-                                   metadata={b"PARQUET:field_id": str(ROW_ID_FIELD).encode()}))
-        if last_updated is not None:
-            assert keep is None and len(last_updated) == data.num_rows
-            data = data.append_column(LAST_UPDATED_COLUMN, last_updated)
-            fields.append(pa.field(LAST_UPDATED_COLUMN, pa.int64(), True,
-                                   metadata={b"PARQUET:field_id": str(LAST_UPDATED_FIELD).encode()}))
+        for column, field_id, values in ((ROW_ID_COLUMN, ROW_ID_FIELD, row_ids),
+                                         (LAST_UPDATED_COLUMN, LAST_UPDATED_FIELD, last_updated)):
+            if values is not None:
+                assert keep is None and len(values) == data.num_rows
+                data = data.append_column(column, values)
+                fields.append(pa.field(column, pa.int64(), True,
+                                       metadata={b"PARQUET:field_id": str(field_id).encode()}))
         schema = pa.schema(fields)
         location = str(tbl.locationProvider().newDataLocation(f"cynomys-{uuid.uuid4().hex}.parquet"))
         path = local_path(location)

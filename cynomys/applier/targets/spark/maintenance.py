@@ -122,11 +122,7 @@ class Maintenance:
         commit beyond the applier state)."""
         self._commits[(database, table)] = 0
         name = f"{database}.{table}"
-        # With the catalog: a database named like a catalog would be read as one.
-        ident = lit(target.qualified(database, table))
-        proc = f"{q(target.catalog)}.system"
         t0 = time.monotonic()
-        counts: dict[str, int] = {}
         try:
             cutoff = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(
                 seconds=self.cfg.snapshot_retention_s)
@@ -142,30 +138,8 @@ class Maintenance:
                 log.info("maintained Iceberg table %s without Spark in %.2fs: %d data files -> %d, %d deletion "
                          "vectors removed, %d snapshots expired", name, run.seconds, run.rewritten_data_files,
                          run.added_data_files, run.removed_delete_files, run.expired_snapshots)
-                self.runs = (self.runs + [run])[-20:]
-                return run
-            opts = ", ".join(f"{lit(k)}, {lit(v)}" for k, v in REWRITE_DATA_OPTIONS.items())
-            r = _one(target, f"CALL {proc}.rewrite_data_files(table => {ident}, options => map({opts}))")
-            counts["rewritten_data_files"] = int(r.get("rewritten_data_files_count", 0))
-            counts["added_data_files"] = int(r.get("added_data_files_count", 0))
-            removed = int(r.get("removed_delete_files_count", 0) or 0)
-            r = _one(target, f"CALL {proc}.rewrite_position_delete_files(table => {ident}, "
-                             "options => map('rewrite-all', 'true'))")
-            removed += max(0, int(r.get("rewritten_delete_files_count", 0)) - int(r.get("added_delete_files_count", 0)))
-            counts["removed_delete_files"] = removed
-            r = _one(target, f"CALL {proc}.expire_snapshots(table => {ident}, older_than => TIMESTAMP "
-                             f"{lit(cutoff.strftime('%Y-%m-%d %H:%M:%S.%f'))}, "
-                             f"retain_last => {self.cfg.snapshots_kept})")
-            counts["expired_files"] = sum(int(v or 0) for k, v in r.items() if k.startswith("deleted_"))
-            run = MaintenanceRun(name, time.time(), time.monotonic() - t0,
-                                 rewritten_data_files=counts["rewritten_data_files"],
-                                 added_data_files=counts["added_data_files"],
-                                 removed_delete_files=counts["removed_delete_files"],
-                                 expired_files=counts["expired_files"],
-                                 files_after=file_counts(target, database, table))
-            log.info("maintained Iceberg table %s in %.1fs: %d data files -> %d, %d delete files removed, "
-                     "%d expired files deleted; now %s", name, run.seconds, run.rewritten_data_files,
-                     run.added_data_files, run.removed_delete_files, run.expired_files, run.files_after)
+            else:
+                run = self._with_spark(target, database, table, t0, cutoff)
         except Exception as exc:  # logged and reported; the flush before it stands
             from cynomys.applier.targets.spark.session import first_line
 
@@ -173,6 +147,38 @@ class Maintenance:
             log.warning("maintenance of Iceberg table %s failed after %.1fs (%s); it is tried again after "
                         "%d more commits", name, run.seconds, run.error, self.cfg.maintenance_commits)
         self.runs = (self.runs + [run])[-20:]
+        return run
+
+    def _with_spark(self, target: SparkTarget, database: str, table: str, t0: float,
+                    cutoff: datetime.datetime) -> MaintenanceRun:
+        """Iceberg's Spark procedures: compaction, delete files, expiry."""
+        name = f"{database}.{table}"
+        # With the catalog: a database named like a catalog would be read as one.
+        ident = lit(target.qualified(database, table))
+        proc = f"{q(target.catalog)}.system"
+        counts: dict[str, int] = {}
+        opts = ", ".join(f"{lit(k)}, {lit(v)}" for k, v in REWRITE_DATA_OPTIONS.items())
+        r = _one(target, f"CALL {proc}.rewrite_data_files(table => {ident}, options => map({opts}))")
+        counts["rewritten_data_files"] = int(r.get("rewritten_data_files_count", 0))
+        counts["added_data_files"] = int(r.get("added_data_files_count", 0))
+        removed = int(r.get("removed_delete_files_count", 0) or 0)
+        r = _one(target, f"CALL {proc}.rewrite_position_delete_files(table => {ident}, "
+                         "options => map('rewrite-all', 'true'))")
+        removed += max(0, int(r.get("rewritten_delete_files_count", 0)) - int(r.get("added_delete_files_count", 0)))
+        counts["removed_delete_files"] = removed
+        r = _one(target, f"CALL {proc}.expire_snapshots(table => {ident}, older_than => TIMESTAMP "
+                         f"{lit(cutoff.strftime('%Y-%m-%d %H:%M:%S.%f'))}, "
+                         f"retain_last => {self.cfg.snapshots_kept})")
+        counts["expired_files"] = sum(int(v or 0) for k, v in r.items() if k.startswith("deleted_"))
+        run = MaintenanceRun(name, time.time(), time.monotonic() - t0,
+                             rewritten_data_files=counts["rewritten_data_files"],
+                             added_data_files=counts["added_data_files"],
+                             removed_delete_files=counts["removed_delete_files"],
+                             expired_files=counts["expired_files"],
+                             files_after=file_counts(target, database, table))
+        log.info("maintained Iceberg table %s in %.1fs: %d data files -> %d, %d delete files removed, "
+                 "%d expired files deleted; now %s", name, run.seconds, run.rewritten_data_files,
+                 run.added_data_files, run.removed_delete_files, run.expired_files, run.files_after)
         return run
 
 

@@ -57,11 +57,12 @@ state.  On the next flush of such a table:
   upserts would survive a double application, but keyless multisets would
   not: rollback keeps both exact.
 
-Small flushes run no Spark job: a keyed flush of at most ``row_delta_rows``
-net changes is committed as an Iceberg row delta (deletion vectors and a
-data file, ``delta.py``) and an append as a data file (``direct.py``), each
-one commit carrying the marker like the statement it replaces, where the
-table allows it (``_fast``); otherwise the statement runs.
+Small flushes run no Spark job: a table's flush of at most ``row_delta_rows``
+net changes (keyed or keyless) is committed as an Iceberg row delta
+(deletion vectors and a data file, ``delta.py``) and an append as a data
+file (``direct.py``), each one commit carrying the marker like the statement
+it replaces, where the table allows it (``_fast``); otherwise the statement
+runs.  Small tables are maintained without Spark too (``compact.py``).
 
 Snapshot rows new to a table (``direct.py``) are appended as a data file
 written by pyarrow, in a commit of their own *before* the flush's MERGE of
@@ -885,10 +886,11 @@ class SparkTarget(StatefulTarget):
         db, table = plan.schema.database, plan.schema.table
         t0 = time.monotonic()
         if plan.fast == "append":
-            layout = self.direct.layout(db, table)
+            tbl = self.iceberg.load(db, table)  # once, for the check and the append
+            layout = self.direct.layout(db, table, tbl)
             if layout is None or not layout.takes(plan.written):
                 return False
-            n = self.direct.append(db, table, plan.data.select(plan.written), None, summary)
+            n = self.direct.append(db, table, plan.data.select(plan.written), None, summary, tbl)
             plan.note += f" (appended directly: {n} rows in {time.monotonic() - t0:.2f}s)"
             return True
         note = None
