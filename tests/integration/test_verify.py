@@ -104,8 +104,10 @@ class SparkSide:
             self.target.connect()
         for s in sql:
             # Iceberg commits optimistically: a statement that meets one of
-            # the applier's commits fails its validation and is run again.
-            for attempt in range(20):
+            # the applier's commits fails its validation and is run again
+            # (the applier commits about once a second since small flushes
+            # run no Spark job: a slower statement may lose several races).
+            for attempt in range(60):
                 try:
                     self.target.spark.sql(s.replace("app.", f"{self.target.catalog}.app."))
                     break
@@ -113,7 +115,7 @@ class SparkSide:
                     # A conflict is what the applier's own retry policy calls
                     # transient (spark/session.py TRANSIENT_MARKERS).
                     conflict = isinstance(spark_session.translate(exc, "tampering"), TargetUnavailableError)
-                    if not conflict or attempt == 19:
+                    if not conflict or attempt == 59:
                         raise
                     time.sleep(0.5)
 
