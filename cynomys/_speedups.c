@@ -1575,6 +1575,112 @@ done:
     return out;
 }
 
+/* TextConverter(kind, reference): a converter for the snapshot driver
+ * (mysqlclient calls it with each field's text): kind 0 DECIMAL, 1 DATE,
+ * 2 DATETIME/TIMESTAMP.  Equal texts give the same object from a small
+ * direct-mapped cache (prices, quantities, dates repeat), so the chunk rows
+ * allocate less and the Avro writer's str(Decimal) cache (by identity)
+ * hits; a date or datetime in the server's own form is parsed here, any
+ * other text (zero dates, bytes, other forms) goes to ``reference``, the
+ * Python converter this replaces (snapshot/source.py), which stays the
+ * specification: the values are the same (tests/unit/test_text_converter.py). */
+typedef struct {
+    PyObject_HEAD
+    int kind;
+    PyObject *reference;
+    SSlot cache[SCACHE];
+} TextConverter;
+
+static int digits(const char *s, int n, int *out) {
+    int v = 0;
+    for (int i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') return 0;
+        v = v * 10 + (s[i] - '0');
+    }
+    *out = v;
+    return 1;
+}
+
+/* "YYYY-MM-DD" as a date, "YYYY-MM-DD HH:MM:SS[.f{1,6}]" as a datetime
+ * (what datetime.fromisoformat gives for them); NULL without an error when
+ * the text is anything else (the reference decides). */
+static PyObject *parse_temporal(int kind, const char *s, Py_ssize_t len) {
+    int y, m, d, H = 0, M = 0, S = 0, us = 0;
+    if (len < 10 || s[4] != '-' || s[7] != '-' || !digits(s, 4, &y) || !digits(s + 5, 2, &m)
+        || !digits(s + 8, 2, &d) || !valid_date(y, m, d))
+        return NULL;
+    if (kind == 1)
+        return len == 10 ? PyDate_FromDate(y, m, d) : NULL;
+    if (len < 19 || s[10] != ' ' || s[13] != ':' || s[16] != ':' || !digits(s + 11, 2, &H)
+        || !digits(s + 14, 2, &M) || !digits(s + 17, 2, &S) || H > 23 || M > 59 || S > 59)
+        return NULL;
+    if (len > 19) {
+        int nf = (int)len - 20;
+        if (s[19] != '.' || nf < 1 || nf > 6 || !digits(s + 20, nf, &us)) return NULL;
+        us *= (int)POW10[6 - nf];
+    }
+    return PyDateTime_FromDateAndTime(y, m, d, H, M, S, us);
+}
+
+static PyObject *TextConverter_call(TextConverter *self, PyObject *args, PyObject *kw) {
+    PyObject *arg;
+    if (!PyArg_UnpackTuple(args, "TextConverter", 1, 1, &arg)) return NULL;
+    const char *s;
+    Py_ssize_t len;
+    if (!PyUnicode_CheckExact(arg) || !PyUnicode_IS_ASCII(arg))
+        return PyObject_CallOneArg(self->reference, arg);
+    s = (const char *)PyUnicode_DATA(arg);
+    len = PyUnicode_GET_LENGTH(arg);
+    SSlot *slot = NULL;
+    if (len <= SCACHE_MAXLEN) {
+        uint32_t h = 2166136261u;
+        for (Py_ssize_t i = 0; i < len; i++) h = (h ^ (unsigned char)s[i]) * 16777619u;
+        slot = &self->cache[h % SCACHE];
+        if (slot->v && slot->len == len && memcmp(slot->raw, s, (size_t)len) == 0) {
+            Py_INCREF(slot->v);
+            return slot->v;
+        }
+    }
+    PyObject *v = self->kind == 0 ? NULL : parse_temporal(self->kind, s, len);
+    if (!v && !PyErr_Occurred()) v = PyObject_CallOneArg(self->reference, arg);
+    if (!v || !slot) return v;
+    Py_INCREF(v);
+    Py_XSETREF(slot->v, v);
+    slot->len = len;
+    memcpy(slot->raw, s, (size_t)len);
+    return v;
+}
+
+static PyObject *TextConverter_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    int kind;
+    PyObject *reference;
+    if (!PyArg_ParseTuple(args, "iO:TextConverter", &kind, &reference)) return NULL;
+    if (kind < 0 || kind > 2) { PyErr_SetString(PyExc_ValueError, "kind is 0 (DECIMAL), 1 (DATE) or 2 (DATETIME)"); return NULL; }
+    TextConverter *self = (TextConverter *)type->tp_alloc(type, 0);  /* zeroed: an empty cache */
+    if (!self) return NULL;
+    self->kind = kind;
+    Py_INCREF(reference);
+    self->reference = reference;
+    return (PyObject *)self;
+}
+
+static void TextConverter_dealloc(TextConverter *self) {
+    for (int i = 0; i < SCACHE; i++) Py_XDECREF(self->cache[i].v);
+    Py_XDECREF(self->reference);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject TextConverterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cynomys._speedups.TextConverter",
+    .tp_basicsize = sizeof(TextConverter),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "TextConverter(kind, reference): a cached snapshot-driver converter (see _speedups.c)",
+    .tp_new = TextConverter_new,
+    .tp_call = (ternaryfunc)TextConverter_call,
+    .tp_dealloc = (destructor)TextConverter_dealloc,
+};
+
 static PyMethodDef methods[] = {
     {"decode_rows", decode_rows, METH_VARARGS,
      "decode_rows(body, plan: Plan, pairs) -> [(row, row|None)]: every row image of a ROWS event body"},
@@ -1606,6 +1712,8 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     dec = model = NULL;
     if (!DecimalType || !RawTemporalType) goto fail;
     if (PyType_Ready(&PlanType) < 0 || PyModule_AddObjectRef(m, "Plan", (PyObject *)&PlanType) < 0) goto fail;
+    if (PyType_Ready(&TextConverterType) < 0
+        || PyModule_AddObjectRef(m, "TextConverter", (PyObject *)&TextConverterType) < 0) goto fail;
     Fallback = PyErr_NewException("cynomys._speedups.Fallback", NULL, NULL);
     if (!Fallback || PyModule_AddObjectRef(m, "Fallback", Fallback) < 0) goto fail;
 #define INTERN(var, text) if (!(var = PyUnicode_InternFromString(text))) goto fail

@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import pymysql
 
+from cynomys.core import compiled
 from cynomys.core.config import SourceConfig
 from cynomys.core.errors import CynomysError, SourceUnavailableError
 from cynomys.core.flavour import flavour_of
@@ -86,24 +87,37 @@ def _temporal(parse: Callable[[str], Any]) -> Callable[[Any], Any]:
     return convert
 
 
-_MYSQLCLIENT_CONV: dict[Any, Any] | None = None
-
-
-def _mysqlclient(cfg: SourceConfig) -> Any:
-    global _MYSQLCLIENT_CONV
-    import MySQLdb
+def mysqlclient_conversions() -> dict[Any, Any]:
+    """mysqlclient's converters with the model's temporal values (above)
+    and, on the compiled path, each DECIMAL/DATE/DATETIME converter wrapped
+    in ``_speedups.TextConverter``: equal texts give one object from a small
+    cache, dates in the server's form are parsed in C, anything else goes to
+    the converter it wraps (the same values).  On lineitem chunks the
+    wrappers cut the readers' conversions and the Avro writer's str() of
+    every DECIMAL (bench/initial_load.py, bench/README.md).  Made per
+    connection: each reader thread's cache is its own, and the path
+    (compiled or not) is the one selected when the connection opens."""
     import MySQLdb.converters
     from MySQLdb.constants import FIELD_TYPE
 
-    if _MYSQLCLIENT_CONV is None:
-        conv = dict(MySQLdb.converters.conversions)
-        conv[FIELD_TYPE.DATE] = _temporal(datetime.date.fromisoformat)
-        for t in (FIELD_TYPE.DATETIME, FIELD_TYPE.TIMESTAMP):
-            conv[t] = _temporal(datetime.datetime.fromisoformat)
-        _MYSQLCLIENT_CONV = conv
+    conv = dict(MySQLdb.converters.conversions)
+    kinds = {FIELD_TYPE.DATE: (1, _temporal(datetime.date.fromisoformat))}
+    for t in (FIELD_TYPE.DATETIME, FIELD_TYPE.TIMESTAMP):
+        kinds[t] = (2, _temporal(datetime.datetime.fromisoformat))
+    for t in (FIELD_TYPE.DECIMAL, FIELD_TYPE.NEWDECIMAL):
+        kinds[t] = (0, conv[t])
+    ext = compiled.ext
+    for t, (kind, reference) in kinds.items():
+        conv[t] = ext.TextConverter(kind, reference) if ext is not None else reference
+    return conv
+
+
+def _mysqlclient(cfg: SourceConfig) -> Any:
+    import MySQLdb
+
     return MySQLdb.connect(host=cfg.host, port=cfg.port, user=cfg.user, password=cfg.password,
                            connect_timeout=int(cfg.connect_timeout_s), autocommit=True, charset="utf8mb4",
-                           conv=_MYSQLCLIENT_CONV)
+                           conv=mysqlclient_conversions())
 
 
 #: Driver name -> how it connects.  Both give the same values (module doc).
