@@ -294,7 +294,16 @@ static PyObject *decode_decimal_text(ColPlan *c, const unsigned char *p) {
         t += nd;
     }
     if (c->ngroups == 0) text[t++] = '0';
-    t += snprintf(text + t, sizeof(text) - t, "E%d", -(int)c->b);
+    /* The last b digits are the fraction: "int.frac" is the same Decimal as
+     * "digitsE-b" (coefficient and exponent), without a snprintf per value. */
+    int scale = (int)c->b, ndig = t - negative;
+    if (scale > 0 && scale <= ndig) {
+        memmove(text + t - scale + 1, text + t - scale, (size_t)scale);
+        text[t - scale] = '.';
+        t++;
+    } else if (scale > 0) {
+        t += snprintf(text + t, sizeof(text) - t, "E%d", -scale);
+    }
     PyObject *s = PyUnicode_FromStringAndSize(text, t);
     if (!s) return NULL;
     PyObject *d = PyObject_CallOneArg(DecimalType, s);
