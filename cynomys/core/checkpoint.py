@@ -26,8 +26,11 @@ def fsync_dir(path: Path) -> None:
 def write_json_atomic(path: Path, data: dict[str, Any], *, durable: bool = True) -> None:
     """``durable=False`` skips the fsyncs: still never torn (rename is
     atomic), but may be lost in a power cut -- for informational files."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    except FileNotFoundError:  # the first save: the folder is made once, not a mkdir per save
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as fh:
             json.dump(data, fh, indent=1, sort_keys=True)
