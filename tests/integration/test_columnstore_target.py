@@ -306,3 +306,42 @@ def test_one_key_of_a_composite_key_is_deleted_through_the_key(server: MariaDBSe
     assert [scanned(c) < 1000 for c in (one_update, one_delete, three_deletes)] == [True, True, True]
     assert server.execute(f"SELECT COUNT(*), SUM(c = 'y') FROM {db}.t")[0] == (20001 - 4, 1)
     target.close()
+
+
+def test_the_load_file_is_streamed_and_a_failure_while_writing_it_loads_nothing(
+        server: MariaDBServer, db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The LOAD DATA file is written into the upload piece by piece (nothing
+    on disk); when writing it fails after the server already took pieces, the
+    statement fails, the flush's transaction leaves the table as it was, and
+    the connection carries on with the next flush."""
+    from cynomys.core import columnar
+
+    monkeypatch.setattr(columnar, "PIECE_ROWS", 100)
+    schema = TableSchema(db, "t", (ColumnDef("id", "int"), ColumnDef("v", "varchar(20)")), ("id",))
+    target = ColumnStoreTarget(make_config(server.url))
+    target.connect()
+    try:
+        target.apply(contract.flush([contract.change(Op.INSERT, schema, after=(0, "first"))], contract.state(1)))
+        rows = [contract.change(Op.INSERT, schema, after=(i, f"v{i}")) for i in range(1, 1001)]
+        real, sent = ColumnStoreTarget.write_load_data, []
+
+        def failing(out: Any, schema: TableSchema, rows: list[Any], runs: Any = None) -> None:
+            class Half:
+                def write(self, data: bytes) -> int:
+                    sent.append(len(data))
+                    if len(sent) == 5:
+                        raise ValueError("a value the writer cannot write")
+                    return int(out.write(data))
+            real(Half(), schema, rows, runs)
+
+        monkeypatch.setattr(ColumnStoreTarget, "write_load_data", staticmethod(failing))
+        with pytest.raises(ValueError, match="cannot write"):
+            target.apply(contract.flush(rows, contract.state(2)))
+        assert len(sent) == 5  # four pieces went to the server before the failure
+        assert target.fetch_rows(db, "t") == [(0, "first")]
+        assert (st := target.applied(contract.PRODUCER)) is not None and st.seq == 1
+        monkeypatch.setattr(ColumnStoreTarget, "write_load_data", staticmethod(real))
+        target.apply(contract.flush(rows, contract.state(2)))
+        assert sorted(target.fetch_rows(db, "t")) == [(0, "first")] + [(i, f"v{i}") for i in range(1, 1001)]
+    finally:
+        target.close()

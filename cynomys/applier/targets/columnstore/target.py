@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import ssl
-import tempfile
-from typing import IO, Any, ClassVar, Mapping, Sequence
+import uuid
+from typing import IO, Any, Callable, ClassVar, Mapping, Sequence
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import pymysql
+from pymysql.constants import CR
 from pymysql.cursors import Cursor
 from pymysql.protocol import LoadLocalPacketWrapper
 
@@ -145,7 +145,38 @@ class _GuardedResult(pymysql.connections.MySQLResult):
                 log.debug("the server's answer to a refused LOCAL INFILE request: %s", exc)
             raise ForeignFileRequest(0, f"the target server asked for the local file {name!r}, which Cynomys did "
                                         "not offer; refused (LOAD DATA LOCAL sends only the file written for it)")
-        super()._read_load_local_packet(first_packet)
+        writer = getattr(conn, "infile_writer", None)
+        if writer is None:
+            super()._read_load_local_packet(first_packet)
+            return
+        # pymysql's own handling, the file's bytes made as they are sent
+        # (GuardedConnection.infile_writer): an error while writing them
+        # still ends the upload, and the statement fails with it.
+        try:
+            writer(_PacketStream(conn))
+        finally:
+            conn.write_packet(b"")
+            ok_packet = conn._read_packet()
+        if not ok_packet.is_ok_packet():
+            raise pymysql.err.OperationalError(CR.CR_COMMANDS_OUT_OF_SYNC, "Commands Out of Sync")
+        self._read_ok_packet(ok_packet)
+
+
+class _PacketStream:
+    """A binary file-like ``write`` that sends what it is given as LOAD DATA
+    LOCAL data packets (at most 1 MB each: the server's packet limit is
+    never near)."""
+
+    PACKET = 1 << 20
+
+    def __init__(self, conn: pymysql.connections.Connection) -> None:
+        self.conn = conn
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data)
+        for at in range(0, len(view), self.PACKET):
+            self.conn.write_packet(view[at:at + self.PACKET].tobytes())
+        return len(data)
 
 
 class GuardedConnection(pymysql.connections.Connection):
@@ -154,6 +185,9 @@ class GuardedConnection(pymysql.connections.Connection):
     names, in answer to any statement."""
 
     allowed_infile: str | None = None
+    #: Writes the file the server asks for, straight into the upload (no
+    #: file on disk); None: pymysql sends the file ``allowed_infile`` names.
+    infile_writer: Callable[[Any], None] | None = None
 
     def _read_query_result(self, unbuffered: bool = False) -> int:
         # pymysql's own, with the guarded result reader (pymysql 1.1 / 2.x).
@@ -392,9 +426,9 @@ class ColumnStoreTarget(SqlTarget):
             # keys need no DELETE first (one DELETE of 1000 keys cost ~90 ms on
             # this loaded box: more than loading the rows).  A key deleted
             # by the log and read again in the same flush: the read row wins.
-            if keys:
-                replaced = {k for run in upserts for k in run_keys(run)}
-                keys = [k for k in keys if k not in replaced]
+            # (A key the log deleted and a chunk read again is deleted
+            # first all the same: the replacing load puts the read row back.
+            # Sorting those keys out cost a set of every read key per flush.)
             runs = [r for r in tf.runs if r.op is not Op.READ]
         else:
             keys += tf.read_keys()  # READ is an upsert: the row the target may hold goes first
@@ -512,35 +546,34 @@ class ColumnStoreTarget(SqlTarget):
                 sets.append(f"{ident} = CAST(@v{i} AS UNSIGNED)")
             else:
                 targets.append(ident)
-        fd, path = tempfile.mkstemp(prefix="cynomys-", suffix=".tsv")  # 0600: only we read it
+        # The file is made while it is uploaded (GuardedConnection.infile_writer):
+        # the server parses and inserts one piece while the next is written,
+        # instead of waiting for the whole file, and nothing goes to disk.
+        name = f"cynomys-{uuid.uuid4().hex}.tsv"
+        sql = (f"LOAD DATA LOCAL INFILE '{name}'{' REPLACE' if replace else ''} INTO TABLE "
+               f"{MARIADB.table(schema.database, schema.table)}"
+               " CHARACTER SET binary FIELDS TERMINATED BY '\\t' ESCAPED BY '\\\\' LINES TERMINATED BY '\\n'"
+               f" ({', '.join(targets)})" + (" SET " + ", ".join(sets) if sets else ""))
+        conn = cur.connection
+        conn.allowed_infile = name  # the one file the server may ask for, for this statement only
+        conn.infile_writer = lambda out: self.write_load_data(out, schema, rows, runs)
         try:
-            with os.fdopen(fd, "wb") as fh:
-                self.write_load_data(fh, schema, rows, runs)
-            quoted = path.replace("\\", "\\\\").replace("'", "\\'")
-            sql = (f"LOAD DATA LOCAL INFILE '{quoted}'{' REPLACE' if replace else ''} INTO TABLE "
-                   f"{MARIADB.table(schema.database, schema.table)}"
-                   " CHARACTER SET binary FIELDS TERMINATED BY '\\t' ESCAPED BY '\\\\' LINES TERMINATED BY '\\n'"
-                   f" ({', '.join(targets)})" + (" SET " + ", ".join(sets) if sets else ""))
-            conn = cur.connection
-            conn.allowed_infile = path  # the one file the server may ask for, for this statement only
-            try:
-                cur.execute(sql)
-            except pymysql.err.Error as exc:
-                if isinstance(exc, ForeignFileRequest):
-                    raise
-                if exc.args and exc.args[0] in LOCAL_INFILE_REFUSED:
-                    raise
-                raise self.rejected(schema, rows + [r for run in runs for r in run.images()],
-                                    self.describe(exc)) from exc
-            finally:
-                conn.allowed_infile = None
-            # LOAD DATA LOCAL turns bad values into warnings (the server
-            # cannot stop the client's upload), clamping or truncating them.
-            # (Row images of the runs are made only to name a refused row.)
-            if cur.warning_count:
-                self._check_loaded(cur, schema, rows + [r for run in runs for r in run.images()])
+            cur.execute(sql)
+        except pymysql.err.Error as exc:
+            if isinstance(exc, ForeignFileRequest):
+                raise
+            if exc.args and exc.args[0] in LOCAL_INFILE_REFUSED:
+                raise
+            raise self.rejected(schema, rows + [r for run in runs for r in run.images()],
+                                self.describe(exc)) from exc
         finally:
-            os.unlink(path)
+            conn.allowed_infile = None
+            conn.infile_writer = None
+        # LOAD DATA LOCAL turns bad values into warnings (the server
+        # cannot stop the client's upload), clamping or truncating them.
+        # (Row images of the runs are made only to name a refused row.)
+        if cur.warning_count:
+            self._check_loaded(cur, schema, rows + [r for run in runs for r in run.images()])
 
     def _insert_values_of(self, cur: Cursor, schema: TableSchema, rows: list[Row]) -> None:
         head = (f"INSERT INTO {MARIADB.table(schema.database, schema.table)} ("
