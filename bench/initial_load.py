@@ -87,21 +87,35 @@ def load(srv: MariaDBServer, tsv: Path, keyless: bool) -> None:
     conn.close()
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu(srv: MariaDBServer) -> float:
+    assert srv.proc is not None
+    return cpu_s(srv.proc.pid)
+
+
 def hand_copy(src: MariaDBServer, tgt: MariaDBServer, work: Path, keyless: bool) -> dict[str, Any]:
     """SELECT ... INTO OUTFILE on the source + LOAD DATA INFILE into the target, timed."""
     out = work / "handcopy.tsv"
     tgt.execute("DROP DATABASE IF EXISTS handcopy", "CREATE DATABASE handcopy")
     tgt.execute(ddl(keyless), database="handcopy")
     t0 = time.monotonic()
+    c0 = server_cpu(src)
     src.execute(f"SELECT * INTO OUTFILE '{out}' FROM tpch.lineitem")
     t1 = time.monotonic()
+    c1 = server_cpu(tgt)
     tgt.execute(f"LOAD DATA INFILE '{out}' INTO TABLE handcopy.lineitem")
     t2 = time.monotonic()
+    cpu = {"source_server": round(server_cpu(src) - c0, 1), "target_server": round(server_cpu(tgt) - c1, 1)}
     n = int(tgt.execute("SELECT COUNT(*) FROM handcopy.lineitem")[0][0])
     out.unlink()
     tgt.execute("DROP DATABASE handcopy")
     return {"rows": n, "outfile_s": round(t1 - t0, 2), "load_data_s": round(t2 - t1, 2),
-            "seconds": round(t2 - t0, 2), "rows_per_s": round(n / (t2 - t0))}
+            "seconds": round(t2 - t0, 2), "rows_per_s": round(n / (t2 - t0)), "cpu_s": cpu}
 
 
 class Writers:
@@ -261,6 +275,8 @@ def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, 
         cfg = config(work, src, redis.url, section, generate_keys(work / "keys"), extra, applier)
         writers = Writers(src, args.writers, args.write_rate, max_key, args.keyless).start()
         t0 = time.monotonic()
+        servers = {"source_server": src, **({"target_server": tgt} if isinstance(tgt, MariaDBServer) else {})}
+        cpu0 = {name: server_cpu(srv) for name, srv in servers.items()}
         procs = [daemon(cfg, "produce", work / "producer.log"), daemon(cfg, "apply", work / "applier.log")]
         rss: dict[str, float | None] = {}
         snap_s = None
@@ -296,8 +312,12 @@ def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, 
             time.sleep(0.05)
         equal_s = time.monotonic() - t0
         loads.append(os.getloadavg()[0])
+        # Where the CPU went from the daemons' start to target equal (the
+        # box has 2 cores: their sum over 2 x the wall time says how busy it was).
+        cpu = {name: round(server_cpu(srv) - cpu0[name], 1) for name, srv in servers.items()}
         for name, p in zip(("producer", "applier"), procs):
             rss[name] = vm_hwm_mb(p.pid)
+            cpu[name] = round(cpu_s(p.pid), 1)
         for p in procs:
             p.send_signal(signal.SIGTERM)
         for p in procs:
@@ -317,7 +337,7 @@ def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, 
             "max_connections": args.max_connections or "default",
             "cynomys": {"snapshot_done_s": round(snap_s, 2), "target_equal_s": round(equal_s, 2),
                         "rows_per_s": round(rows / equal_s), "writer_transactions": written,
-                        "peak_rss_mb": rss},
+                        "peak_rss_mb": rss, "cpu_s": cpu},
             "cynomys_vs_hand_copy": round(equal_s / copy["seconds"], 2),
             "load_avg": {"samples": [round(x, 1) for x in loads],
                          "mean": round(sum(loads) / len(loads), 1) if loads else None},
