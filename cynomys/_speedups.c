@@ -87,10 +87,25 @@ static inline VSlot *vslot(ColPlan *c, uint64_t key) {
     return &((VSlot *)c->cache)[(key * 0x9E3779B97F4A7C15ULL) >> (64 - 11)];
 }
 
-static inline SSlot *sslot(ColPlan *c, const char *s, Py_ssize_t len) {
+static inline SSlot *sslot(SSlot *cache, const char *s, Py_ssize_t len) {
     uint32_t h = 2166136261u;
     for (Py_ssize_t i = 0; i < len; i++) h = (h ^ (unsigned char)s[i]) * 16777619u;
-    return &((SSlot *)c->cache)[h % SCACHE];
+    return &cache[h % SCACHE];
+}
+
+/* The slot's object for the text s (a new reference), or NULL. */
+static inline PyObject *sslot_hit(SSlot *slot, const char *s, Py_ssize_t len) {
+    if (!slot->v || slot->len != len || memcmp(slot->raw, s, (size_t)len) != 0) return NULL;
+    Py_INCREF(slot->v);
+    return slot->v;
+}
+
+/* Keep v (borrowed) as the slot's object for the text s. */
+static inline void sslot_keep(SSlot *slot, const char *s, Py_ssize_t len, PyObject *v) {
+    Py_INCREF(v);
+    Py_XSETREF(slot->v, v);
+    slot->len = len;
+    memcpy(slot->raw, s, (size_t)len);
 }
 
 static const int DIG2BYTES[10] = {0, 1, 1, 2, 2, 3, 3, 4, 4, 4};
@@ -377,10 +392,8 @@ static PyObject *read_image(ColPlan *cols, Py_ssize_t n, PyObject *body, const u
             const char *s = (const char *)p + pre;
             SSlot *slot = NULL;
             if (c->kind == K_TEXT_UTF8 && len <= SCACHE_MAXLEN && get_cache(c)) {
-                slot = sslot(c, s, len);
-                if (slot->v && slot->len == len && memcmp(slot->raw, s, len) == 0) {
-                    v = slot->v;
-                    Py_INCREF(v);
+                slot = sslot((SSlot *)c->cache, s, len);
+                if ((v = sslot_hit(slot, s, len))) {
                     off += pre + len;
                     break;
                 }
@@ -388,12 +401,7 @@ static PyObject *read_image(ColPlan *cols, Py_ssize_t n, PyObject *body, const u
             if (c->kind == K_TEXT_UTF8 || c->kind == K_TEXT_CODEC) {
                 v = c->kind == K_TEXT_UTF8 ? PyUnicode_DecodeUTF8(s, len, "strict")
                                            : PyUnicode_Decode(s, len, c->codec, "strict");
-                if (v && slot) {
-                    Py_INCREF(v);
-                    Py_XSETREF(slot->v, v);
-                    slot->len = len;
-                    memcpy(slot->raw, s, len);
-                }
+                if (v && slot) sslot_keep(slot, s, len, v);
                 if (!v) {
                     /* Let the pure decoder raise its own, explanatory error. */
                     PyErr_Clear();
@@ -1641,22 +1649,14 @@ static PyObject *TextConverter_call(TextConverter *self, PyObject *args, PyObjec
     s = (const char *)PyUnicode_DATA(arg);
     len = PyUnicode_GET_LENGTH(arg);
     SSlot *slot = NULL;
+    PyObject *v;
     if (len <= SCACHE_MAXLEN) {
-        uint32_t h = 2166136261u;
-        for (Py_ssize_t i = 0; i < len; i++) h = (h ^ (unsigned char)s[i]) * 16777619u;
-        slot = &self->cache[h % SCACHE];
-        if (slot->v && slot->len == len && memcmp(slot->raw, s, (size_t)len) == 0) {
-            Py_INCREF(slot->v);
-            return slot->v;
-        }
+        slot = sslot(self->cache, s, len);
+        if ((v = sslot_hit(slot, s, len))) return v;
     }
-    PyObject *v = self->kind == 0 ? NULL : parse_temporal(self->kind, s, len);
+    v = self->kind == 0 ? NULL : parse_temporal(self->kind, s, len);
     if (!v && !PyErr_Occurred()) v = PyObject_CallOneArg(self->reference, arg);
-    if (!v || !slot) return v;
-    Py_INCREF(v);
-    Py_XSETREF(slot->v, v);
-    slot->len = len;
-    memcpy(slot->raw, s, (size_t)len);
+    if (v && slot) sslot_keep(slot, s, len, v);
     return v;
 }
 

@@ -35,6 +35,7 @@ import io
 import logging
 import ssl
 import uuid
+from dataclasses import dataclass
 from typing import IO, Any, Callable, ClassVar, Mapping, Sequence
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -134,8 +135,8 @@ class _GuardedResult(pymysql.connections.MySQLResult):
         conn = self.connection
         wanted = LoadLocalPacketWrapper(first_packet).filename
         name = wanted.decode("utf-8", "replace") if isinstance(wanted, bytes) else str(wanted)
-        allowed = getattr(conn, "allowed_infile", None)
-        if allowed is None or name != allowed:
+        offered: LocalInfile | None = getattr(conn, "infile", None)
+        if offered is None or name != offered.name:
             # Send nothing (an empty file ends the request), then fail the
             # statement: a server that asks for other files is not to be trusted.
             conn.write_packet(b"")
@@ -145,21 +146,27 @@ class _GuardedResult(pymysql.connections.MySQLResult):
                 log.debug("the server's answer to a refused LOCAL INFILE request: %s", exc)
             raise ForeignFileRequest(0, f"the target server asked for the local file {name!r}, which Cynomys did "
                                         "not offer; refused (LOAD DATA LOCAL sends only the file written for it)")
-        writer = getattr(conn, "infile_writer", None)
-        if writer is None:
-            super()._read_load_local_packet(first_packet)
-            return
         # pymysql's own handling, the file's bytes made as they are sent
-        # (GuardedConnection.infile_writer): an error while writing them
-        # still ends the upload, and the statement fails with it.
+        # (LocalInfile): an error while writing them still ends the upload,
+        # and the statement fails with it.
         try:
-            writer(_PacketStream(conn))
+            offered.write(_PacketStream(conn))
         finally:
             conn.write_packet(b"")
             ok_packet = conn._read_packet()
         if not ok_packet.is_ok_packet():
             raise pymysql.err.OperationalError(CR.CR_COMMANDS_OUT_OF_SYNC, "Commands Out of Sync")
         self._read_ok_packet(ok_packet)
+
+
+@dataclass(frozen=True)
+class LocalInfile:
+    """The one file a statement offers the server (GuardedConnection.infile):
+    its ``name`` in the statement, and ``write``, which writes its bytes
+    into the upload as they are made (no file on disk)."""
+
+    name: str
+    write: Callable[[Any], None]
 
 
 class _PacketStream:
@@ -181,13 +188,10 @@ class _PacketStream:
 
 class GuardedConnection(pymysql.connections.Connection):
     """A pymysql connection that answers a server's LOCAL INFILE request only
-    for ``allowed_infile``: pymysql itself sends whatever file the server
-    names, in answer to any statement."""
+    for ``infile``, the file its statement offers: pymysql itself sends
+    whatever file the server names, in answer to any statement."""
 
-    allowed_infile: str | None = None
-    #: Writes the file the server asks for, straight into the upload (no
-    #: file on disk); None: pymysql sends the file ``allowed_infile`` names.
-    infile_writer: Callable[[Any], None] | None = None
+    infile: LocalInfile | None = None
 
     def _read_query_result(self, unbuffered: bool = False) -> int:
         # pymysql's own, with the guarded result reader (pymysql 1.1 / 2.x).
@@ -546,17 +550,17 @@ class ColumnStoreTarget(SqlTarget):
                 sets.append(f"{ident} = CAST(@v{i} AS UNSIGNED)")
             else:
                 targets.append(ident)
-        # The file is made while it is uploaded (GuardedConnection.infile_writer):
-        # the server parses and inserts one piece while the next is written,
-        # instead of waiting for the whole file, and nothing goes to disk.
+        # The file is made while it is uploaded (LocalInfile): the server
+        # parses and inserts one piece while the next is written, instead of
+        # waiting for the whole file, and nothing goes to disk.
         name = f"cynomys-{uuid.uuid4().hex}.tsv"
         sql = (f"LOAD DATA LOCAL INFILE '{name}'{' REPLACE' if replace else ''} INTO TABLE "
                f"{MARIADB.table(schema.database, schema.table)}"
                " CHARACTER SET binary FIELDS TERMINATED BY '\\t' ESCAPED BY '\\\\' LINES TERMINATED BY '\\n'"
                f" ({', '.join(targets)})" + (" SET " + ", ".join(sets) if sets else ""))
         conn = cur.connection
-        conn.allowed_infile = name  # the one file the server may ask for, for this statement only
-        conn.infile_writer = lambda out: self.write_load_data(out, schema, rows, runs)
+        # The one file the server may ask for, for this statement only.
+        conn.infile = LocalInfile(name, lambda out: self.write_load_data(out, schema, rows, runs))
         try:
             cur.execute(sql)
         except pymysql.err.Error as exc:
@@ -567,8 +571,7 @@ class ColumnStoreTarget(SqlTarget):
             raise self.rejected(schema, rows + [r for run in runs for r in run.images()],
                                 self.describe(exc)) from exc
         finally:
-            conn.allowed_infile = None
-            conn.infile_writer = None
+            conn.infile = None
         # LOAD DATA LOCAL turns bad values into warnings (the server
         # cannot stop the client's upload), clamping or truncating them.
         # (Row images of the runs are made only to name a refused row.)
