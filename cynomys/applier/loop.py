@@ -25,6 +25,7 @@ from typing import Any, Callable
 from cynomys.applier import spill
 from cynomys.applier.admit import Admission, BufferView, Decision, Verdict
 from cynomys.applier.batcher import DelayBuffer, Span
+from cynomys.applier.opening import AHEAD, OpenAhead, Unsealed, unseal
 from cynomys.applier.partition import Partitioning, PartitionTarget
 from cynomys.applier.receive import make_subscriber
 from cynomys.applier.shaping import Shaping
@@ -36,7 +37,6 @@ from cynomys.core.errors import CynomysError, EnvelopeRejected, SchemaError, Ter
 from cynomys.core.model import AppliedState, Batch, Change, EnvelopeMeta, Op, Position
 from cynomys.metrics.events import ApplierTurn
 from cynomys.metrics.monitor import ApplierMonitor
-from cynomys.schemas import codec
 from cynomys.transport.bus import Delivery, Subscriber
 from cynomys.transport.channel import make_opener
 from cynomys.transport.envelope import Opener
@@ -100,6 +100,10 @@ class Applier:
         self.open_pid = ""        # the producer whose transaction is open
         self.sealed_acks = 0      # unacknowledged envelopes of the sealed part (whole transactions)
         self._warned_whole = False
+        # The open stage, ahead of the loop (applier/opening.py).
+        self.ahead = OpenAhead(opener, AHEAD)
+        self.reading = False  # inside run(): a flush may read ahead
+        self.behind = False   # the last read came back full
 
     # ------------------------------------------------------------------
     def start(self) -> None:
@@ -112,31 +116,44 @@ class Applier:
 
     def run(self, until_idle_s: float = 0.0) -> None:
         self.start()
+        self.reading = True
+        try:
+            self._run(until_idle_s)
+        finally:
+            self.reading = False
+            self.ahead.close()
+
+    def _run(self, until_idle_s: float) -> None:
         while not self.stop.is_set():
-            count = spill.read_count(self.cfg.applier.max_memory_mb, self.envelope_bytes, READ_COUNT) \
-                if self.envelope_bytes else FIRST_READ_COUNT
-            deliveries = self.sub.read(count, int(self.buffer.wait_s() * 1000))
-            if deliveries:
+            if not self.ahead:
+                count = self._read_count()
+                deliveries = self.sub.read(count, int(self.buffer.wait_s() * 1000))
+                self.ahead.add(deliveries)
+                # Behind (the read came back full: more is waiting): take the
+                # backlog into this flush rather than commit once per buffer_rows.
+                self.behind = len(deliveries) >= count
+            # What was read before this turn (a flush may read ahead: that is
+            # handled in the next turn, after this one's acknowledgements).
+            delivered = len(self.ahead)
+            if delivered:
                 self.last_delivery = time.monotonic()
-            for d in deliveries:
-                self.handle(d)
+            for _ in range(delivered):
+                self.handle(*self.ahead.take())
                 if self.buffer.due() and self._full():
                     self.flush()  # the backlog cap, checked per envelope
                 elif self.buffer.cost > self.budget:
                     self.relieve()  # the memory bound, likewise
-            # Behind (the read came back full: more is waiting): take the
-            # backlog into this flush rather than commit once per buffer_rows.
-            behind = len(deliveries) >= count
-            if self.buffer.due() and not behind:
+            if self.buffer.due() and not self.behind:
                 self.flush()
             self._ack()  # envelopes seen again after a restart: nothing to commit for them
-            self.monitor.turn(self._turn(len(deliveries)))
-            if not deliveries and not self.buffer.envelopes:
+            self.monitor.turn(self._turn(delivered))
+            if not delivered and not self.buffer.envelopes:
                 self.target.idle()
-            if until_idle_s and not deliveries and not self.buffer.envelopes \
+            if until_idle_s and not delivered and not self.buffer.envelopes \
                     and time.monotonic() - self.last_delivery >= until_idle_s:
                 log.info("idle for %.1fs: exiting", until_idle_s)
                 break
+        self.reading = False  # the last flush reads nothing ahead: it would wait unacknowledged
         if self.buffer.complete:
             if self.buffer.envelopes:
                 self.flush()
@@ -147,6 +164,19 @@ class Applier:
             log.info("stopping inside a source transaction: its envelopes stay unacknowledged "
                      "and are delivered again at the next start%s",
                      f" (its {self.parts} part(s) applied were rolled back)" if self.parts else "")
+
+    def _read_count(self) -> int:
+        return spill.read_count(self.cfg.applier.max_memory_mb, self.envelope_bytes, READ_COUNT) \
+            if self.envelope_bytes else FIRST_READ_COUNT
+
+    def _read_ahead(self) -> None:
+        """Before the target works on a flush: what is already waiting is
+        read (without waiting), so the open stage opens it meanwhile."""
+        if self.reading and not self.ahead and not self.stop.is_set():
+            count = self._read_count()
+            deliveries = self.sub.read(count, 0)
+            self.ahead.add(deliveries)
+            self.behind = len(deliveries) >= count
 
     def _turn(self, delivered: int) -> ApplierTurn:
         s, held = self.stats, self.admit.held(self.producer_id)
@@ -200,6 +230,7 @@ class Applier:
             return
         pid = self.open_pid or self.producer_id
         held = self.admit.held(pid) or AppliedState(pid, 0, Position("", 0))
+        self._read_ahead()
         t0 = time.monotonic()
         caps = self.target.capabilities
         self.target.apply_part(build_flush(changes, held, caps.columnar_inserts, caps.keyless_runs))
@@ -213,6 +244,7 @@ class Applier:
     def _commit(self, changes: list[Change], state: AppliedState,
                 amend: Callable[[Flush], None] | None = None) -> None:
         """One flush: with the parts applied before it (committing them) or alone."""
+        self._read_ahead()  # opened while the target works on this flush
         caps = self.target.capabilities
         flush = build_flush(changes, state, caps.columnar_inserts, caps.keyless_runs)
         if amend is not None:
@@ -232,14 +264,15 @@ class Applier:
         self.target.after_commit()
 
     # ------------------------------------------------------------------
-    def handle(self, d: Delivery) -> None:
+    def handle(self, d: Delivery, unsealed: Callable[[], Unsealed] | None = None) -> None:
+        """One delivery, opened by the open stage (``unsealed``) or here."""
         self.monitor.envelope(len(d.envelope))
         # Up at once, down slowly: the first snapshot envelopes after small
         # ones shrink the next read, and one small envelope does not widen it.
         self.envelope_bytes = max(float(len(d.envelope)), 0.9 * self.envelope_bytes)
         try:
-            opened = self.opener.open(d.envelope)
-            batch = codec.decode_columnar(opened.payload)  # INSERT runs stay column-wise
+            got = unsealed() if unsealed is not None else unseal(self.opener, d.envelope)
+            opened, batch = got.opened, got.batch
         except (EnvelopeRejected, SchemaError) as exc:
             reason = getattr(exc, "reason", "undecodable")
             self.stats.rejected[reason] += 1
