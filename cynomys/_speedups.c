@@ -1690,6 +1690,240 @@ static PyTypeObject TextConverterType = {
     .tp_dealloc = (destructor)TextConverter_dealloc,
 };
 
+/* ====================================================================
+ * LOAD DATA text of Arrow columns (applier/targets/columnstore/loaddata.py)
+ *
+ * load_data_lines(n, columns) -> bytes: n rows as MariaDB LOAD DATA lines
+ * (fields tab-separated, lines '\n'-terminated, NULL as \N), the same bytes
+ * as loaddata._lines writes with pyarrow's kernels for these column modes
+ * (the tests compare them).  A column is (mode, offset, validity, data,
+ * offsets): Arrow buffers (anything with the buffer protocol, or None) of an
+ * array starting at row ``offset``.  Modes:
+ *   0 int64 as decimal text          1 the same, at least 4 digits (YEAR)
+ *   2 text, backslash, tab and newline escaped with a backslash
+ *   3 DECIMAL text as it is, one in str(Decimal)'s exponent form as
+ *     format(Decimal, 'f') writes it (ld_plain_decimal)
+ *   4 text as it is (big integers)
+ *   5 int32 days since 1970-01-01 as YYYY-MM-DD
+ *   6 int64 microseconds since 1970-01-01 as YYYY-MM-DD HH:MM:SS.ffffff
+ * A date outside years 1-9999 raises Fallback (the caller writes the piece
+ * with pyarrow).
+ * ==================================================================== */
+
+typedef struct {
+    int mode;
+    Py_ssize_t offset;
+    Py_buffer valid, data, offs;   /* .obj NULL: not given */
+} LDCol;
+
+static void ld_release(LDCol *cols, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (cols[i].valid.obj) PyBuffer_Release(&cols[i].valid);
+        if (cols[i].data.obj) PyBuffer_Release(&cols[i].data);
+        if (cols[i].offs.obj) PyBuffer_Release(&cols[i].offs);
+    }
+}
+
+static int ld_buffer(PyObject *o, Py_buffer *view) {
+    view->obj = NULL;
+    if (o == Py_None) return 0;
+    return PyObject_GetBuffer(o, view, PyBUF_SIMPLE);
+}
+
+/* Howard Hinnant's civil_from_days. */
+static void ld_civil(int64_t z, int64_t *y, unsigned *m, unsigned *d) {
+    z += 719468;
+    int64_t era = (z >= 0 ? z : z - 146096) / 146097;
+    unsigned doe = (unsigned)(z - era * 146097);
+    unsigned yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    unsigned doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    unsigned mp = (5 * doy + 2) / 153;
+    *d = doy - (153 * mp + 2) / 5 + 1;
+    *m = mp < 10 ? mp + 3 : mp - 9;
+    *y = (int64_t)yoe + era * 400 + (*m <= 2);
+}
+
+static inline char *ld_digits(char *o, uint64_t v, int width) {
+    char t[24];
+    int n = 0;
+    do { t[n++] = (char)('0' + v % 10); v /= 10; } while (v);
+    while (n < width) t[n++] = '0';
+    while (n) *o++ = t[--n];
+    return o;
+}
+
+static char *ld_date(char *o, int64_t days) {
+    int64_t y; unsigned m, d;
+    ld_civil(days, &y, &m, &d);
+    if (y < 1 || y > 9999) return NULL;
+    o = ld_digits(o, (uint64_t)y, 4); *o++ = '-';
+    o = ld_digits(o, m, 2); *o++ = '-';
+    return ld_digits(o, d, 2);
+}
+
+
+/* str(Decimal)'s exponent form ('1.0E-9', '-0E-10') as format(Decimal,
+ * 'f') writes it ('0.0000000010', '-0.0000000000'): the coefficient's digits
+ * with the point moved, never rounded.  NULL for a positive exponent or more
+ * than LD_DECIMAL_FRACTION digits after the point (not from a DECIMAL
+ * column, whose scale is at most 30: the caller leaves it to Python), so the
+ * text grows by at most LD_DECIMAL_FRACTION + 3 bytes (the caller's bound). */
+#define LD_DECIMAL_FRACTION 66
+static char *ld_plain_decimal(char *o, const char *s, Py_ssize_t len) {
+    Py_ssize_t i = 0, nd = 0, frac = 0;
+    char digits[128];
+    int point = 0;
+    if (i < len && (s[i] == '-' || s[i] == '+')) i++;
+    for (; i < len && s[i] != 'E'; i++) {
+        if (s[i] == '.') { point = 1; continue; }
+        if (s[i] < '0' || s[i] > '9' || nd >= (Py_ssize_t)sizeof(digits)) return NULL;
+        digits[nd++] = s[i];
+        frac += point;
+    }
+    if (i + 2 >= len || nd == 0 || s[i + 1] != '-') return NULL;
+    Py_ssize_t e = 0;
+    for (Py_ssize_t j = i + 2; j < len; j++) {
+        if (s[j] < '0' || s[j] > '9' || e > 1000) return NULL;
+        e = e * 10 + (s[j] - '0');
+    }
+    Py_ssize_t x = e + frac;  /* digits after the point */
+    if (x > LD_DECIMAL_FRACTION) return NULL;
+    if (s[0] == '-') *o++ = '-';
+    if (nd > x) {
+        memcpy(o, digits, (size_t)(nd - x)); o += nd - x;
+        *o++ = '.';
+        memcpy(o, digits + nd - x, (size_t)x); o += x;
+    } else {
+        *o++ = '0'; *o++ = '.';
+        memset(o, '0', (size_t)(x - nd)); o += x - nd;
+        memcpy(o, digits, (size_t)nd); o += nd;
+    }
+    return o;
+}
+
+static PyObject *load_data_lines(PyObject *self, PyObject *args) {
+    Py_ssize_t n;
+    PyObject *columns;
+    if (!PyArg_ParseTuple(args, "nO!", &n, &PyList_Type, &columns)) return NULL;
+    Py_ssize_t ncol = PyList_GET_SIZE(columns);
+    if (n < 0 || ncol < 1) { PyErr_SetString(PyExc_ValueError, "rows >= 0 and at least one column"); return NULL; }
+    LDCol *cols = PyMem_Calloc((size_t)ncol, sizeof(LDCol));
+    if (!cols) return PyErr_NoMemory();
+    PyObject *out = NULL;
+    Py_ssize_t got = 0;
+    /* An upper bound of the text: per row a tab or newline per column, and
+     * per value its widest text (or \N). */
+    Py_ssize_t cap = 0;
+    for (; got < ncol; got++) {
+        PyObject *t = PyList_GET_ITEM(columns, got), *valid, *data, *offs;
+        LDCol *c = &cols[got];
+        if (!PyArg_ParseTuple(t, "inOOO", &c->mode, &c->offset, &valid, &data, &offs)) goto done;
+        if (ld_buffer(valid, &c->valid) < 0 || ld_buffer(data, &c->data) < 0 || ld_buffer(offs, &c->offs) < 0)
+            goto done;
+        if (c->mode < 0 || c->mode > 6 || c->offset < 0) { PyErr_SetString(PyExc_ValueError, "bad column"); goto done; }
+        Py_ssize_t end = c->offset + n;
+        if (c->valid.obj && c->valid.len * 8 < end) { PyErr_SetString(PyExc_ValueError, "validity too short"); goto done; }
+        if (c->mode >= 2 && c->mode <= 4) {
+            if (!c->offs.obj || c->offs.len < (end + 1) * 4) { PyErr_SetString(PyExc_ValueError, "offsets too short"); goto done; }
+            const int32_t *of = (const int32_t *)c->offs.buf;
+            Py_ssize_t span = n ? of[end] - of[c->offset] : 0;
+            if (n && (of[c->offset] < 0 || span < 0 || of[end] > (c->data.obj ? c->data.len : 0))) {
+                PyErr_SetString(PyExc_ValueError, "offsets outside the data"); goto done;
+            }
+            /* escapes double a text; a plain DECIMAL grows (ld_plain_decimal) */
+            cap += (c->mode == 2 ? 2 * span : span) + (c->mode == 3 ? LD_DECIMAL_FRACTION + 5 : 2) * n;
+        } else {
+            int width = c->mode == 5 ? 4 : 8;
+            if (!c->data.obj || c->data.len < end * width) { PyErr_SetString(PyExc_ValueError, "data too short"); goto done; }
+            cap += n * (c->mode == 6 ? 26 : 20);
+        }
+        cap += n;  /* the tab or newline */
+    }
+    out = PyBytes_FromStringAndSize(NULL, cap);
+    if (!out) goto done;
+    char *o = PyBytes_AS_STRING(out), *start = o;
+    const char *why = NULL;
+    /* The buffers are held and the bytes object is not shared yet: the
+     * text is written without the GIL (the applier's open stage runs
+     * meanwhile, applier/opening.py). */
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < n; r++) {
+        for (Py_ssize_t k = 0; k < ncol; k++) {
+            LDCol *c = &cols[k];
+            Py_ssize_t i = c->offset + r;
+            if (c->valid.obj && !((((const unsigned char *)c->valid.buf)[i >> 3] >> (i & 7)) & 1)) {
+                *o++ = '\\'; *o++ = 'N';
+            } else switch (c->mode) {
+            case 0: case 1: {
+                int64_t v = ((const int64_t *)c->data.buf)[i];
+                uint64_t u = (uint64_t)v;
+                if (v < 0) {
+                    /* (pyarrow pads a YEAR's text, sign and all: never met) */
+                    if (c->mode == 1) { why = "a negative YEAR"; goto stop; }
+                    *o++ = '-';
+                    u = 0 - u;
+                }
+                o = ld_digits(o, u, c->mode == 1 ? 4 : 1);
+                break;
+            }
+            case 2: case 3: case 4: {
+                const int32_t *of = (const int32_t *)c->offs.buf;
+                const char *s = (const char *)c->data.buf + of[i];
+                Py_ssize_t len = of[i + 1] - of[i];
+                if (c->mode == 2) {
+                    for (Py_ssize_t j = 0; j < len; j++) {
+                        char ch = s[j];
+                        if (ch == '\\' || ch == '\t' || ch == '\n') {
+                            *o++ = '\\';
+                            *o++ = ch == '\t' ? 't' : ch == '\n' ? 'n' : '\\';
+                        } else *o++ = ch;
+                    }
+                } else {
+                    if (c->mode == 3 && len && memchr(s, 'E', (size_t)len)) {
+                        o = ld_plain_decimal(o, s, len);
+                        if (!o) { why = "a DECIMAL text in an exponent form left to Python"; goto stop; }
+                        break;
+                    }
+                    memcpy(o, s, (size_t)len);
+                    o += len;
+                }
+                break;
+            }
+            case 5:
+                o = ld_date(o, ((const int32_t *)c->data.buf)[i]);
+                if (!o) { why = "a date outside years 1-9999"; goto stop; }
+                break;
+            case 6: {
+                int64_t us = ((const int64_t *)c->data.buf)[i];
+                int64_t days = us / 86400000000LL, rem = us % 86400000000LL;
+                if (rem < 0) { rem += 86400000000LL; days -= 1; }
+                o = ld_date(o, days);
+                if (!o) { why = "a datetime outside years 1-9999"; goto stop; }
+                int64_t secs = rem / 1000000;
+                *o++ = ' ';
+                o = ld_digits(o, (uint64_t)(secs / 3600), 2); *o++ = ':';
+                o = ld_digits(o, (uint64_t)(secs / 60 % 60), 2); *o++ = ':';
+                o = ld_digits(o, (uint64_t)(secs % 60), 2); *o++ = '.';
+                o = ld_digits(o, (uint64_t)(rem % 1000000), 6);
+                break;
+            }
+            }
+            *o++ = k + 1 < ncol ? '\t' : '\n';
+        }
+    }
+stop:
+    Py_END_ALLOW_THREADS
+    if (why) { PyErr_SetString(Fallback, why); goto fail; }
+    if (_PyBytes_Resize(&out, o - start) < 0) out = NULL;
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    ld_release(cols, got < ncol ? got + 1 : ncol);
+    PyMem_Free(cols);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"decode_rows", decode_rows, METH_VARARGS,
      "decode_rows(body, plan: Plan, pairs) -> [(row, row|None)]: every row image of a ROWS event body"},
@@ -1700,6 +1934,9 @@ static PyMethodDef methods[] = {
      "decode_columns(avro, op_insert, op_read=-1) -> (producer_id, end, complete, first_txn, created_us, "
      "last_commit_ts, meta, tables, runs, images): a batch of inserts (and snapshot reads) with its image columns in "
      "Arrow layout (see codec.decode_columnar)"},
+    {"load_data_lines", load_data_lines, METH_VARARGS,
+     "load_data_lines(n, [(mode, offset, validity, data, offsets)]) -> bytes: n rows of Arrow columns as LOAD DATA "
+     "lines (see applier/targets/columnstore/loaddata.py)"},
     {NULL, NULL, 0, NULL},
 };
 
