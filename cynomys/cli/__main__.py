@@ -1,3 +1,3 @@
-from cynomys.cli.main import main
+from cynomys.cli.main import run
 
-raise SystemExit(main())
+run()

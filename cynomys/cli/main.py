@@ -18,6 +18,8 @@ checkpointed), 2 bad usage or configuration, 3 terminal replication error.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 from typing import Callable
 
@@ -29,6 +31,14 @@ from cynomys.core.errors import ConfigError, CynomysError
 COMMANDS = (config, keygen, produce, apply, tail, status, snapshot, verify, sql, decode, demo)
 #: Daemons log their peak memory when they stop.
 DAEMONS = ("produce", "apply")
+#: Commands whose process ends without the interpreter's teardown once they
+#: have returned (``run``): everything the producer writes is durable before
+#: it returns (state and file transport fsync'd, Redis writes acknowledged),
+#: and the teardown -- collecting and freeing every object still held, module
+#: by module -- took 0.2-0.35 s of a 2.3 s ``produce --once`` over 500k rows
+#: (10-15%, measured side by side on one core).  The applier is left alone:
+#: its Spark target's JVM is stopped by pyspark's exit handlers.
+QUICK_EXIT = ("produce",)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,8 +50,34 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def run() -> None:
+    """The process entry (the ``cynomys`` script, ``python -m cynomys.cli``)."""
+    raise SystemExit(main(process=True))
+
+
+def main(argv: list[str] | None = None, *, process: bool = False) -> int:
+    """Run a command; its exit code.  ``process``: this is the whole
+    process, which a QUICK_EXIT command then ends at once (``_leave``)."""
     args = build_parser().parse_args(argv)
+    rc = _dispatch(args)
+    if process and args.command in QUICK_EXIT:
+        _leave(rc)
+    return rc
+
+
+def _leave(rc: int) -> None:
+    """End the process now, its output flushed, without the interpreter's
+    teardown (QUICK_EXIT)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or gone (a closed pipe): nothing more to say
+            pass
+    os._exit(rc)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         rc = func(args)
