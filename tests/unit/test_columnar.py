@@ -115,14 +115,6 @@ def _bulk(envelopes: list[bytes], columnar: bool, flush_every: int) -> tuple[lis
     return files, runs
 
 
-@pytest.fixture
-def compiled_path() -> object:
-    was = compiled.ext is not None
-    compiled.use_compiled(True)
-    yield
-    compiled.use_compiled(was)
-
-
 def test_insert_only_envelopes_give_the_same_bytes(compiled_path: object) -> None:
     envelopes = _envelopes(random.Random(1), 30, ops=False)
     before = compiled.fallbacks["decode_columns"]

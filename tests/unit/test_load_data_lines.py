@@ -72,14 +72,6 @@ def _runs(seed: int, envelopes: int = 12) -> list[InsertRun]:
     return runs
 
 
-@pytest.fixture
-def compiled_path() -> object:
-    was = compiled.ext is not None
-    compiled.use_compiled(True)
-    yield
-    compiled.use_compiled(was)
-
-
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("piece", [1, 7, 8192])
 def test_every_piece_is_written_as_pyarrow_and_the_reference_write_it(compiled_path: object, seed: int,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import random
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pytest
 
@@ -18,7 +18,8 @@ from cynomys.core.columnar import InsertRun
 from cynomys.core.model import Batch, Change, ColumnDef, Op, Position, TableSchema, Value
 from cynomys.schemas import codec as wire
 
-pytestmark = pytest.mark.skipif(not compiled.available(), reason="cynomys._speedups is not built")
+pytestmark = [pytest.mark.skipif(not compiled.available(), reason="cynomys._speedups is not built"),
+              pytest.mark.usefixtures("compiled_path")]  # (tests/unit/conftest.py)
 
 UTC = datetime.timezone.utc
 D = decimal.Decimal
@@ -58,14 +59,6 @@ SCHEMA = TableSchema("d", "t", (ColumnDef("id", "int"),) + tuple(
     ColumnDef(f"c{i}", t) for i, (t, _) in enumerate(COLUMNS)), ("id",))
 FEATURES = ServerFeatures()
 CODECS = [codec(c, FEATURES) for c in SCHEMA.columns]
-
-
-@pytest.fixture(autouse=True)
-def compiled_path() -> Iterator[None]:
-    was = compiled.ext is not None
-    compiled.use_compiled(True)
-    yield
-    compiled.use_compiled(was)
 
 
 def _rows(n: int, seed: int = 7) -> list[tuple[Value, ...]]:
