@@ -174,7 +174,13 @@ class Applier:
         read (without waiting), so the open stage opens it meanwhile."""
         if self.reading and not self.ahead and not self.stop.is_set():
             count = self._read_count()
-            deliveries = self.sub.read(count, 0)
+            try:
+                deliveries = self.sub.read(count, 0)
+            except CynomysError as exc:
+                # A transport fault must not keep this flush from its commit:
+                # the loop's next read meets it again, after the commit.
+                log.debug("reading ahead failed (%s); the next read retries it", exc)
+                return
             self.ahead.add(deliveries)
             self.behind = len(deliveries) >= count
 
