@@ -1730,19 +1730,6 @@ static int ld_buffer(PyObject *o, Py_buffer *view) {
     return PyObject_GetBuffer(o, view, PyBUF_SIMPLE);
 }
 
-/* Howard Hinnant's civil_from_days. */
-static void ld_civil(int64_t z, int64_t *y, unsigned *m, unsigned *d) {
-    z += 719468;
-    int64_t era = (z >= 0 ? z : z - 146096) / 146097;
-    unsigned doe = (unsigned)(z - era * 146097);
-    unsigned yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
-    unsigned doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    unsigned mp = (5 * doy + 2) / 153;
-    *d = doy - (153 * mp + 2) / 5 + 1;
-    *m = mp < 10 ? mp + 3 : mp - 9;
-    *y = (int64_t)yoe + era * 400 + (*m <= 2);
-}
-
 static inline char *ld_digits(char *o, uint64_t v, int width) {
     char t[24];
     int n = 0;
@@ -1753,9 +1740,9 @@ static inline char *ld_digits(char *o, uint64_t v, int width) {
 }
 
 static char *ld_date(char *o, int64_t days) {
-    int64_t y; unsigned m, d;
-    ld_civil(days, &y, &m, &d);
-    if (y < 1 || y > 9999) return NULL;
+    if (days < -719162 || days > 2932896) return NULL;  /* outside 0001-01-01 .. 9999-12-31 */
+    int y, m, d;
+    civil_from_days(days, &y, &m, &d);
     o = ld_digits(o, (uint64_t)y, 4); *o++ = '-';
     o = ld_digits(o, m, 2); *o++ = '-';
     return ld_digits(o, d, 2);

@@ -109,6 +109,19 @@ def sorted_source_rows(server: MariaDBServer, db: str, table: str) -> list[Row]:
     return sorted(source_rows(server, db, table, cols, "1"), key=repr)
 
 
+def produce_to_end(cfg: Config) -> None:
+    """Run the producer in this process to the source's binlog end, into
+    the configured transport (sealed), and close its sink."""
+    from cynomys.producer import Producer
+    from cynomys.transport.channel import SealedSink
+
+    sink = SealedSink(cfg)
+    try:
+        Producer(cfg, sink, blocking=False).run()
+    finally:
+        sink.close()
+
+
 def wait_for(cond: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -20,7 +20,6 @@ keeps no state between calls.
 """
 from __future__ import annotations
 
-import logging
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -30,8 +29,6 @@ from cynomys.core.model import Batch
 from cynomys.schemas import codec
 from cynomys.transport.bus import Delivery
 from cynomys.transport.envelope import Opened, Opener
-
-log = logging.getLogger(__name__)
 
 #: Envelopes opened ahead of the loop: one is enough to cover a flush of
 #: about one envelope (a snapshot chunk); the second covers a fast flush.
@@ -51,11 +48,12 @@ def unseal(opener: Opener, envelope: bytes) -> Unsealed:
 
 
 class OpenAhead:
-    """Deliveries in order, the next ``ahead`` of them being opened on a
-    worker thread (``ahead`` 0: each is opened when taken, on the caller's
-    thread)."""
+    """Deliveries in order, the next ``ahead`` (at least one) of them being
+    opened on a worker thread."""
 
     def __init__(self, opener: Opener, ahead: int = AHEAD) -> None:
+        if ahead < 1:
+            raise ValueError("ahead is at least 1")
         self._opener = opener
         self._ahead = ahead
         self._pool: ThreadPoolExecutor | None = None
@@ -69,12 +67,11 @@ class OpenAhead:
         self._submit()
 
     def take(self) -> tuple[Delivery, Callable[[], Unsealed]]:
-        """The next delivery and how to get it opened: its result when
-        ready (raising what opening it raised), or opening it now."""
+        """The next delivery and its opening's result (when ready; raising
+        what opening it raised)."""
         d, fut = self._queue.popleft()
+        assert fut is not None, "the first `ahead` deliveries are always submitted"
         self._submit()
-        if fut is None:
-            return d, lambda: unseal(self._opener, d.envelope)
         return d, fut.result
 
     def _submit(self) -> None:

@@ -10,10 +10,8 @@ import pytest
 
 from cynomys.applier.loop import run_applier
 from cynomys.core.config import load_config
-from cynomys.producer import Producer
-from cynomys.transport.channel import SealedSink
 from cynomys.transport.keys import generate_keys
-from tests.helpers import write_config
+from tests.helpers import produce_to_end, write_config
 from tests.servers.mariadb import MariaDBServer
 
 pytestmark = pytest.mark.integration
@@ -36,11 +34,7 @@ def test_a_backlog_is_flushed_in_few_large_flushes(fresh_mariadb: MariaDBServer,
             security={k: str(v) for k, v in keys.items()},
             applier={"buffer_rows": 1000, "max_delay_ms": 100, "max_buffer_rows": max_buffer_rows},
             target={"kind": "columnstore", "url": tgt.url, "engine": "InnoDB"}), env={})
-        sink = SealedSink(cfg)
-        try:
-            Producer(cfg, sink, blocking=False).run()  # the whole backlog is waiting when the applier starts
-        finally:
-            sink.close()
+        produce_to_end(cfg)  # the whole backlog is waiting when the applier starts
         stats = run_applier(cfg, threading.Event(), until_idle_s=1)
         assert stats.rows_out == 20_000
         # 20 flushes of buffer_rows without the backlog rule; the cap still
@@ -72,11 +66,7 @@ def test_a_backlog_of_hot_key_updates_is_capped_by_net_changes(fresh_mariadb: Ma
             security={k: str(v) for k, v in keys.items()},
             applier={"buffer_rows": 1000, "max_delay_ms": 100, "max_buffer_rows": 1000},
             target={"kind": "columnstore", "url": tgt.url, "engine": "InnoDB"}), env={})
-        sink = SealedSink(cfg)
-        try:
-            Producer(cfg, sink, blocking=False).run()
-        finally:
-            sink.close()
+        produce_to_end(cfg)
         stats = run_applier(cfg, threading.Event(), until_idle_s=1)
         assert stats.rows_in >= 20_100
         raw_flushes = stats.rows_in // (RAW_FACTOR * 1000)

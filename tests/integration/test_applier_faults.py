@@ -11,13 +11,11 @@ from typing import Iterator
 import pytest
 
 from cynomys.applier.loop import run_applier
-from cynomys.core.config import Config, load_config
+from cynomys.core.config import load_config
 from cynomys.core.errors import TargetRejectedError
-from cynomys.producer import Producer
-from cynomys.transport.channel import SealedSink
 from cynomys.transport.file_bus import CorruptTransportFile
 from cynomys.transport.keys import generate_keys
-from tests.helpers import write_config
+from tests.helpers import produce_to_end, write_config
 from tests.servers.mariadb import MariaDBServer
 
 pytestmark = pytest.mark.integration
@@ -40,14 +38,6 @@ def _config(tmp_path: Path, src: MariaDBServer, tgt: MariaDBServer, **applier: o
                         target={"kind": "columnstore", "url": tgt.url, "engine": "InnoDB"})
 
 
-def _produce(cfg: Config) -> None:
-    sink = SealedSink(cfg)
-    try:
-        Producer(cfg, sink, blocking=False).run()
-    finally:
-        sink.close()
-
-
 def _rows(srv: MariaDBServer, table: str = "t") -> list[tuple]:
     return srv.execute(f"SELECT * FROM f.{table} ORDER BY 1")
 
@@ -59,7 +49,7 @@ def test_untranslatable_ddl_stops_with_the_statement_and_skip_ddl_resumes(
     src.execute("CREATE DATABASE f", "CREATE TABLE f.t (id INT PRIMARY KEY, a INT)", "INSERT INTO f.t VALUES (1, 1)",
                 "ALTER TABLE f.t ADD COLUMN g INT AS (a + 1) STORED", "INSERT INTO f.t (id, a) VALUES (2, 2)")
     cfg = load_config(path, env={})
-    _produce(cfg)
+    produce_to_end(cfg)
     with pytest.raises(TargetRejectedError) as err:
         run_applier(cfg, threading.Event(), until_idle_s=1)
     msg = str(err.value)
@@ -82,7 +72,7 @@ def test_target_down_for_a_while_then_everything_arrives(
     cfg = load_config(_config(tmp_path, src, target), env={})
     src.execute("CREATE DATABASE f", "CREATE TABLE f.t (id INT PRIMARY KEY, v VARCHAR(10))",
                 *[f"INSERT INTO f.t VALUES ({i}, 'a')" for i in range(100)])
-    _produce(cfg)
+    produce_to_end(cfg)
     stop = threading.Event()
     result: list[object] = []
     t = threading.Thread(target=lambda: result.append(run_applier(cfg, stop, until_idle_s=3)))
@@ -90,7 +80,7 @@ def test_target_down_for_a_while_then_everything_arrives(
     time.sleep(2)
     target.stop()  # the target goes away while the applier runs
     src.execute(*[f"UPDATE f.t SET v = 'b' WHERE id = {i}" for i in range(0, 100, 2)], "DELETE FROM f.t WHERE id > 90")
-    _produce(cfg)
+    produce_to_end(cfg)
     time.sleep(5)
     assert t.is_alive(), f"the applier gave up on a transient outage: {result}"
     target.start()
@@ -104,11 +94,11 @@ def test_target_rejecting_a_row_stops_clearly_and_resumes_when_fixed(
     src = fresh_mariadb
     cfg = load_config(_config(tmp_path, src, target), env={})
     src.execute("CREATE DATABASE f", "CREATE TABLE f.t (id INT PRIMARY KEY, n INT)", "INSERT INTO f.t VALUES (1, 5)")
-    _produce(cfg)
+    produce_to_end(cfg)
     run_applier(cfg, threading.Event(), until_idle_s=1)
     target.execute("ALTER TABLE f.t MODIFY n TINYINT")  # someone narrowed the target column
     src.execute("INSERT INTO f.t VALUES (2, 100000)", "INSERT INTO f.t VALUES (3, 7)")
-    _produce(cfg)
+    produce_to_end(cfg)
     with pytest.raises(TargetRejectedError) as err:
         run_applier(cfg, threading.Event(), until_idle_s=1)
     assert "f.t" in str(err.value) and "100000" in str(err.value)
@@ -124,11 +114,11 @@ def test_damaged_file_record_stops_the_applier_after_the_valid_records_before_it
     cfg = load_config(_config(tmp_path, src, target), env={})
     src.execute("CREATE DATABASE f", "CREATE TABLE f.t (id INT PRIMARY KEY, v VARCHAR(10))",
                 "INSERT INTO f.t VALUES (1, 'a'), (2, 'b')")
-    _produce(cfg)
+    produce_to_end(cfg)
     transport = Path(cfg.transport.path)
     good = transport.stat().st_size
     src.execute("INSERT INTO f.t VALUES (3, 'c')")
-    _produce(cfg)
+    produce_to_end(cfg)
     assert transport.stat().st_size > good
     with open(transport, "r+b") as fh:  # one flipped byte in the second record
         fh.seek(good + (transport.stat().st_size - good) // 2)

@@ -15,11 +15,10 @@ from cynomys.applier.receive import make_subscriber
 from cynomys.applier.targets.base import open_target
 from cynomys.core.config import load_config
 from cynomys.core.errors import TransportUnavailableError
-from cynomys.producer import Producer
 from cynomys.transport.bus import Delivery, Subscriber
-from cynomys.transport.channel import SealedSink, make_opener
+from cynomys.transport.channel import make_opener
 from cynomys.transport.keys import generate_keys
-from tests.helpers import write_config
+from tests.helpers import produce_to_end, write_config
 from tests.servers.mariadb import MariaDBServer
 
 pytestmark = pytest.mark.integration
@@ -73,11 +72,7 @@ def test_a_fault_while_reading_ahead_delays_nothing_and_loses_nothing(mariadb: M
         transport={"kind": "file", "path": str(tmp_path / "t.bin")}, security=keys,
         applier={"buffer_rows": 50, "max_delay_ms": 0},
         target={"kind": "columnstore", "url": target.url, "engine": "InnoDB"}), env={})
-    sink = SealedSink(cfg)
-    try:
-        Producer(cfg, sink, blocking=False).run()
-    finally:
-        sink.close()
+    produce_to_end(cfg)
 
     flaky = FlakyAhead(make_subscriber(cfg), fail=1)
     app = Applier(cfg, open_target(cfg), flaky, make_opener(cfg))  # type: ignore[arg-type]

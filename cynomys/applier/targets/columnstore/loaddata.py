@@ -110,7 +110,8 @@ LOAD_DATA_TEXT: dict[str, Text] = {
 #: with another kind (DOUBLE, TIME) is written by pyarrow.
 _MODES = {"LongColumn": 0, "StringColumn": 2, "BytesColumn": 2, "DecimalColumn": 3, "BigIntColumn": 4,
           "DateColumn": 5, "DateTimeColumn": 6, "TimestampColumn": 6}
-_YEAR, _WIDTHS = 1, {0: 64, 5: 32, 6: 64}
+#: Bits per value of the fixed-width modes (the others are text: 32-bit offsets).
+_YEAR, _WIDTHS = 1, {0: 64, 1: 64, 5: 32, 6: 64}
 
 
 def _compiled_lines(schema: TableSchema, kinds: tuple[str, ...], arrays: list[Any]) -> bytes | None:
@@ -129,7 +130,7 @@ def _compiled_lines(schema: TableSchema, kinds: tuple[str, ...], arrays: list[An
             return None
         if mode == 0 and col.base_type == "year":
             mode = _YEAR
-        width = _WIDTHS.get(0 if mode == _YEAR else mode)
+        width = _WIDTHS.get(mode)
         bufs = arr.buffers()
         if width is None:
             if arr.type not in _SMALL_OFFSETS:
