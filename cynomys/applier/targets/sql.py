@@ -172,6 +172,12 @@ class SqlTarget(SqlClient, StatefulTarget):
     def _begin_flush(self, cur: Cursor, state: AppliedState) -> None:
         """Hook: the flush transaction's first statement (ColumnStore locks the state row)."""
 
+    def _apply_tables(self, cur: Cursor, flush: Flush) -> None:
+        """Every table's changes, inside the flush's transaction, before its
+        state (ColumnStore loads snapshot rows beside: columnstore/beside.py)."""
+        for tf in flush.tables:
+            self._apply_table(cur, tf)
+
     def apply(self, flush: Flush) -> None:
         t0 = time.monotonic()
         for tf in flush.tables:
@@ -180,8 +186,7 @@ class SqlTarget(SqlClient, StatefulTarget):
         try:
             with self.transaction(what) as cur:
                 self._begin_flush(cur, flush.state)
-                for tf in flush.tables:
-                    self._apply_table(cur, tf)
+                self._apply_tables(cur, flush)
                 self._write_state(cur, flush.state)
         except BaseException:
             # Look at the catalog again on the retry: the failure may be a

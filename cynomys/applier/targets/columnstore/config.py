@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from cynomys.core.config import TargetOptions, checked
+from cynomys.core.config import NON_NEGATIVE, TargetOptions, checked
 
 #: A storage engine name: it goes into ``ENGINE=...`` as it is written.
 ENGINE_NAME = re.compile(r"\w+")
@@ -27,3 +27,9 @@ class ColumnStoreConfig(TargetOptions):
     # Table engine on a MariaDB target: `ColumnStore`, or `InnoDB`/`Aria` on a plain MariaDB.
     engine: str = field(default="ColumnStore", metadata=checked(
         lambda v: not v or bool(ENGINE_NAME.fullmatch(v)), "a storage engine name, e.g. 'ColumnStore', 'InnoDB' or 'Aria'"))
+    # A flush holding at least this many snapshot rows (an initial load, a
+    # re-snapshot) loads about half of them on a second connection, beside its
+    # own transaction, so the target server loads on two cores (InnoDB only;
+    # 0 = never).  Those rows commit just before the flush: a crash between
+    # the two replays them, and snapshot rows replace by key.
+    side_load_rows: int = field(default=50_000, metadata=NON_NEGATIVE)

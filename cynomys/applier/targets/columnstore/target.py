@@ -45,7 +45,8 @@ from pymysql.cursors import Cursor
 from pymysql.protocol import LoadLocalPacketWrapper
 
 from cynomys.applier.targets import state as applied_state
-from cynomys.applier.targets.base import Capabilities, TableFlush, run_keys
+from cynomys.applier.targets.base import Capabilities, Flush, TableFlush, run_keys
+from cynomys.applier.targets.columnstore import beside
 from cynomys.applier.targets.columnstore import ddl as columnstore_ddl
 from cynomys.applier.targets.columnstore import verify as columnstore_verify
 from cynomys.applier.targets.columnstore.config import ENGINE_NAME, ColumnStoreConfig
@@ -83,6 +84,9 @@ TRANSIENT_CODES = frozenset({
 })
 #: The server (or client) refuses LOAD DATA LOCAL: fall back to INSERT.
 LOCAL_INFILE_REFUSED = frozenset({1148, 2068, 3948, 4166})
+#: A side load failing with these gives its rows back to the flush: a lock
+#: wait timeout or deadlock (against the flush), or LOCAL INFILE refused.
+GIVEN_BACK = frozenset({1205, 1213}) | LOCAL_INFILE_REFUSED
 
 _MAX_STATEMENT_BYTES = 8 * 1024 * 1024  # keep multi-row INSERTs below max_allowed_packet
 
@@ -262,6 +266,9 @@ class ColumnStoreTarget(SqlTarget):
                               hint="e.g. 'ColumnStore', 'InnoDB' or 'Aria'")
         self.profile = self.profiles.get(self.engine.lower(), INNODB)
         self._dsn, self.use_load_data = self._parse_url(cfg.target.url)
+        # Snapshot rows loaded beside a flush with at least this many (0: never).
+        self.beside_rows = cfg.target.of(ColumnStoreConfig).side_load_rows if self.profile.loads_beside else 0
+        self.side = beside.SideLoader(self._connect, self._load_beside)
         # (db, table, key) -> the target table's primary key is that key (READ runs load with REPLACE)
         self._pk_matches: dict[tuple[str, str, tuple[str, ...]], bool] = {}
 
@@ -321,10 +328,25 @@ class ColumnStoreTarget(SqlTarget):
             with conn.cursor() as cur:
                 for sql in self.session_sql + self.profile.session_sql:
                     cur.execute(sql)
+                if self.beside_rows and self._reads_committed(cur):
+                    cur.execute(beside.ISOLATION_SQL)
         except pymysql.err.Error as exc:
             self._discard(conn)
             raise self.target_error(exc, f"cannot set up a session on {self.where}") from exc
         return conn
+
+    def _reads_committed(self, cur: Cursor) -> bool:
+        """Whether sessions may run READ COMMITTED, as side loads need
+        (beside.py): a server writing a STATEMENT binlog refuses InnoDB
+        writes at that level (1665), so side loads stay off there."""
+        cur.execute("SELECT @@log_bin, @@binlog_format")
+        log_bin, fmt = cur.fetchone()
+        if int(log_bin) and str(fmt).upper() == "STATEMENT":
+            log.warning("%s writes a STATEMENT binlog: snapshot rows are not loaded beside flushes "
+                        "([target] side_load_rows needs binlog_format MIXED or ROW there)", self.where)
+            self.beside_rows = 0
+            return False
+        return True
 
     def is_transient(self, exc: BaseException) -> bool:
         return is_transient(exc)
@@ -444,9 +466,49 @@ class ColumnStoreTarget(SqlTarget):
             inserts.extend(self._delete_row(cur, schema, row, n))
         if inserts or runs:
             self._insert(cur, schema, inserts, runs)
-        if upserts and not self._loaded(cur, schema, [], upserts, replace=True):
+        if upserts:
+            self._upsert_reads(cur, schema, upserts)
+
+    def _upsert_reads(self, cur: Cursor, schema: TableSchema, upserts: list[InsertRun]) -> None:
+        """READ runs into a table whose primary key is the source's: LOAD
+        DATA ... REPLACE, or delete their keys and INSERT where the server
+        refuses LOAD DATA LOCAL."""
+        if not self._loaded(cur, schema, [], upserts, replace=True):
             self._delete_keys(cur, schema, [k for run in upserts for k in run_keys(run)])
             self._insert_values_of(cur, schema, [r for run in upserts for r in run.images()])
+
+    # -- snapshot rows beside the flush (columnstore/beside.py) -------------
+    def _apply_tables(self, cur: Cursor, flush: Flush) -> None:
+        if not (self.beside_rows and self.use_load_data):
+            return super()._apply_tables(cur, flush)
+        plan = beside.split(flush.tables, lambda tf: bool(self._replacing(cur, tf)), self.beside_rows)
+        if not plan.side:
+            return super()._apply_tables(cur, flush)
+        self.side.start(plan.side)
+        try:
+            for tf in plan.kept:
+                self._apply_table(cur, tf)
+        finally:
+            failed = self.side.finish()  # committed before the flush writes its state, or failed
+        if failed is None:
+            log.debug("loaded %d snapshot rows beside the flush", plan.side_rows)
+            return
+        code = failed.args[0] if failed.args and isinstance(failed.args[0], int) else 0
+        if not (isinstance(failed, pymysql.err.Error) and code in GIVEN_BACK):
+            raise failed
+        # Locked out (by this flush, which waits for it) or refused LOCAL
+        # INFILE: the flush loads the rows itself.
+        log.info("the side load gave its %d snapshot rows back to the flush (%s)", plan.side_rows,
+                 self.describe(failed))
+        for tf in plan.side:
+            self._upsert_reads(cur, tf.schema, tf.runs)
+
+    def _load_beside(self, cur: Cursor, tf: TableFlush) -> None:
+        self._load_data(cur, tf.schema, [], tf.runs, replace=True)
+
+    def close(self) -> None:
+        self.side.close()
+        super().close()
 
     def _replacing(self, cur: Cursor, tf: TableFlush) -> list[InsertRun]:
         """The flush's READ runs when the target table replaces rows by the
@@ -564,8 +626,8 @@ class ColumnStoreTarget(SqlTarget):
         try:
             cur.execute(sql)
         except pymysql.err.Error as exc:
-            if isinstance(exc, ForeignFileRequest):
-                raise
+            if isinstance(exc, ForeignFileRequest) or self.is_transient(exc):
+                raise  # (a lost connection or a lock wait is no value refused: retried, not a stop)
             if exc.args and exc.args[0] in LOCAL_INFILE_REFUSED:
                 raise
             raise self.rejected(schema, rows + [r for run in runs for r in run.images()],

@@ -101,13 +101,20 @@ class EngineProfile:
     delete_inserted_keys: bool = False
     #: Extra session settings for this engine.
     session_sql: tuple[str, ...] = ()
+    #: Snapshot rows may load on a second connection beside the flush's
+    #: transaction (columnstore/beside.py): the engine has row locks and
+    #: transactions of its own per connection (InnoDB).
+    loads_beside: bool = False
 
     def target_type(self, col: ColumnDef) -> str:
         rule = self.types.get(col.base_type)
         return rule(col) if rule is not None else col.type
 
 
-INNODB = EngineProfile()
+INNODB = EngineProfile(loads_beside=True)
+#: Aria has no row locks (a writer locks the table) and no transaction to
+#: keep a second connection's load apart: nothing is loaded beside.
+ARIA = EngineProfile(loads_beside=False)
 COLUMNSTORE = EngineProfile(
     declare_keys=False,
     types=COLUMNSTORE_TYPES,
@@ -120,7 +127,7 @@ COLUMNSTORE = EngineProfile(
 )
 
 #: [target] engine (lower case) -> profile; other engines use INNODB's.
-PROFILES: dict[str, EngineProfile] = {"columnstore": COLUMNSTORE, "innodb": INNODB, "aria": INNODB}
+PROFILES: dict[str, EngineProfile] = {"columnstore": COLUMNSTORE, "innodb": INNODB, "aria": ARIA}
 
 
 # --------------------------------------------------------------------------

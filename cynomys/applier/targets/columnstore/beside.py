@@ -1,0 +1,207 @@
+"""Snapshot rows loaded beside a flush, on a second connection.
+
+An initial load ends with the target server loading alone: the source has
+been read, the producer and the applier wait, and one ``LOAD DATA`` uses
+one of the target's cores (a 10M-row load on a 2-core box: 55 s of one
+core after the snapshot read).  InnoDB loads two statements on two
+connections at once at about 1.7x the rate of one (measured here: 2M
+lineitem rows, 17 s on one connection, 10 s on two).  So a flush holding
+many snapshot rows (READ runs) gives about half of them to a second
+connection, which loads them with ``LOAD DATA ... REPLACE`` in a
+transaction of its own while the flush's transaction does the rest.
+
+Why it is exact:
+
+- The side transaction commits before the flush's (the flush waits for it
+  before it writes the applied state): whenever the state says a flush is
+  applied, its side rows are too.  A crash after the side commit and before
+  the flush's replays the flush: snapshot rows replace by primary key, so
+  loading them twice ends the same (only READ runs of tables whose target
+  primary key is the source's go beside; nothing that adds or deletes
+  rows).  A snapshot row is not part of a source transaction: seeing it
+  before the flush commits shows no source transaction in part.
+- Nothing of the flush's own work touches a key the side loads: per table,
+  the side takes a *prefix* of the READ runs (later runs of the same key
+  win, and they stay in the flush, loaded after the side committed), and
+  only while the first key column of the runs' rows shares no value with
+  what else the flush does to that table (its deletes, inserts and insert
+  runs).  Only integer first key columns are compared (an integer equal
+  on the server is equal in Python; a string under a case-insensitive
+  collation may not be).
+- Locks: both sessions run READ COMMITTED, so a DELETE of a key the target
+  lacks takes no gap lock a side insert would wait for.  The side commits as
+  soon as it has loaded (it never holds locks while waiting), so the flush
+  waiting on a side lock ends when the side commits; the side waiting on a
+  lock of the flush's (which waits for the side) gives up after
+  ``LOCK_WAIT_S`` and the flush loads those rows itself.
+"""
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Sequence
+
+from cynomys.applier.targets.base import TableFlush
+from cynomys.core.columnar import InsertRun
+from cynomys.core.model import Op, Value
+
+log = logging.getLogger(__name__)
+
+#: The side's lock wait, in seconds: a side load waiting this long on a lock
+#: the flush holds gives its rows back to the flush (which waits for it).
+LOCK_WAIT_S = 5
+#: Session settings of both connections while side loads are on.
+ISOLATION_SQL = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"
+SIDE_SESSION_SQL = (ISOLATION_SQL, f"SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_S}")
+#: First key column types compared for the side's choice (see the module docstring).
+INTEGER_TYPES = frozenset({"tinyint", "smallint", "mediumint", "int", "integer", "bigint"})
+
+
+@dataclass
+class Split:
+    """A flush's tables as its own transaction applies them (``kept``), and
+    the READ runs the side loads (``side``, per table, in flush order)."""
+
+    kept: list[TableFlush]
+    side: list[TableFlush]
+
+    @property
+    def side_rows(self) -> int:
+        return sum(tf.rows for tf in self.side)
+
+
+def reads(tables: Sequence[TableFlush]) -> int:
+    """Snapshot rows (READ runs) of a flush."""
+    return sum(r.rows for tf in tables for r in tf.runs if r.op is Op.READ)
+
+
+def split(tables: list[TableFlush], replaces: Callable[[TableFlush], bool], min_rows: int) -> Split:
+    """Give the side about half of the flush's rows, when it holds at least
+    ``min_rows`` snapshot rows: per table (``replaces``: its target primary
+    key is the source's), a prefix of its READ runs whose first key column
+    shares no value with the table's other changes in the flush."""
+    if min_rows <= 0 or reads(tables) < min_rows:
+        return Split(tables, [])
+    want = sum(tf.rows for tf in tables) // 2
+    taken = 0
+    kept: list[TableFlush] = []
+    side: list[TableFlush] = []
+    for tf in tables:
+        if taken >= want or not _comparable(tf) or not any(r.op is Op.READ for r in tf.runs) or not replaces(tf):
+            kept.append(tf)
+            continue
+        busy = _busy(tf)
+        away: list[InsertRun] = []
+        stay: list[InsertRun] = []
+        prefix = True  # a later READ run of a key must load after an earlier one: the side's end where one stays
+        for run in tf.runs:
+            if run.op is not Op.READ:
+                stay.append(run)
+            elif prefix and taken < want and (not busy or busy.isdisjoint(_live_first_keys(run))):
+                away.append(run)
+                taken += run.rows
+            else:
+                prefix = False
+                stay.append(run)
+        if away:
+            side.append(TableFlush(tf.schema, runs=away))
+            kept.append(replace(tf, runs=stay))
+        else:
+            kept.append(tf)
+    return Split(kept, side)
+
+
+def _comparable(tf: TableFlush) -> bool:
+    schema = tf.schema
+    if not schema.key:
+        return False
+    first = schema.key_indexes()[0]
+    return schema.columns[first].base_type in INTEGER_TYPES
+
+
+def _busy(tf: TableFlush) -> set[Value]:
+    """First key column values of everything the flush does to ``tf`` but its READ runs."""
+    first = tf.schema.key_indexes()[0]
+    busy: set[Value] = {k[0] for k in tf.delete_keys}
+    busy.update(row[first] for row in tf.inserts)
+    for run in tf.runs:
+        if run.op is not Op.READ:
+            busy.update(_live_first_keys(run))
+    return busy
+
+
+def _live_first_keys(run: InsertRun) -> list[Value]:
+    """The first key column of the run's rows, without its excluded rows."""
+    values = run.key_columns()[0]
+    if run.excluded:
+        return [v for i, v in enumerate(values) if i not in run.excluded]
+    return values
+
+
+class SideLoader:
+    """A second connection and the thread that loads on it.
+
+    ``connect`` opens a set-up connection (autocommit off); ``load(cursor,
+    table)`` loads one table's READ runs with REPLACE.  ``start`` begins a
+    load and returns at once; ``finish`` waits for it to have committed,
+    and returns its error, if any (the connection is then dropped)."""
+
+    def __init__(self, connect: Callable[[], Any], load: Callable[[Any, TableFlush], None]) -> None:
+        self._connect = connect
+        self._load = load
+        self._conn: Any = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._running: Future[None] | None = None
+        self.rows = 0  # loaded beside, in all (committed)
+
+    def start(self, tables: list[TableFlush]) -> None:
+        assert self._running is None, "one side load at a time"
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="cynomys-side-load")
+        self._running = self._pool.submit(self._run, tables)
+
+    def _run(self, tables: list[TableFlush]) -> None:
+        if self._conn is None:
+            self._conn = self._connect()
+            with self._conn.cursor() as cur:
+                for sql in SIDE_SESSION_SQL:
+                    cur.execute(sql)
+        conn = self._conn
+        try:
+            with conn.cursor() as cur:
+                for tf in tables:
+                    self._load(cur, tf)
+            conn.commit()
+        except BaseException:
+            self._drop()
+            raise
+        self.rows += sum(tf.rows for tf in tables)
+
+    def finish(self) -> BaseException | None:
+        """Wait for the running load; its error, or None once it committed."""
+        running, self._running = self._running, None
+        if running is None:
+            return None
+        exc = running.exception()
+        return exc
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            conn.rollback()
+        except Exception as exc:  # the server rolls back when the connection goes
+            log.debug("rolling back a side load: %s", exc)
+        try:
+            conn.close()
+        except Exception as exc:  # already gone
+            log.debug("closing the side load's connection: %s", exc)
+
+    def close(self) -> None:
+        self.finish()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._drop()
