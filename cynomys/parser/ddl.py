@@ -22,13 +22,11 @@ to skip the statement on purpose.
 """
 from __future__ import annotations
 
-import datetime
 import decimal
 import ipaddress
 import logging
 import re
 import uuid
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 import sqlglot
@@ -37,164 +35,49 @@ from sqlglot.dialects.mysql import MySQL
 from sqlglot.errors import SqlglotError
 
 from cynomys.core.dialect import MARIADB
-from cynomys.core.errors import TerminalError
-from cynomys.core.model import ColumnDef, RawTemporal, Value
+from cynomys.core.model import ColumnDef, Value
 from cynomys.core.sourcetypes import (
     BINARY_OF_SOURCE_TYPE,
     BINARY_OF_TEXT,
     BINARY_TYPES,
     INT_FAMILIES,
-    TEXT_TYPES,
     members_text,
     smallest_lob,
     vector_type,
 )
+from cynomys.parser.ddl_ops import (
+    ALL_OPS,
+    SKIP_HINT,
+    AddColumn,
+    AddPrimaryKey,
+    CreateDatabase,
+    CreateTable,
+    CreateTableLike,
+    DdlOp,
+    DropColumn,
+    DropDatabase,
+    DropPrimaryKey,
+    DropTable,
+    ModifyColumn,
+    NoOp,
+    RenameColumn,
+    RenameTable,
+    TableRef,
+    Truncate,
+    UnsupportedDdl,
+    _shorten,
+    implicit_fill,
+)
 
 log = logging.getLogger(__name__)
 
-TableRef = tuple[str, str]  # (database, table)
-
-SKIP_HINT = ("add the statement text (or its binlog position 'file:pos') to [applier] skip_ddl "
-             "to skip it on purpose")
-
-
-class UnsupportedDdl(TerminalError):
-    """A DDL statement that cannot be parsed or translated for a target."""
-
-    def __init__(self, sql: str, reason: str) -> None:
-        self.sql = sql
-        self.reason = reason
-        super().__init__(f"cannot translate DDL statement {_shorten(sql)!r}: {reason}", hint=SKIP_HINT)
-
-
-def _shorten(sql: str, limit: int = 300) -> str:
-    one_line = " ".join(sql.split())
-    return one_line if len(one_line) <= limit else one_line[:limit] + "..."
-
-
-# --------------------------------------------------------------------------
-# Operations
-# --------------------------------------------------------------------------
-@dataclass(frozen=True)
-class DdlOp:
-    """Base of every operation."""
-
-
-@dataclass(frozen=True)
-class NoOp(DdlOp):
-    """Changes nothing a column store holds (index, FK, comment, engine...)."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
-class CreateDatabase(DdlOp):
-    database: str
-    if_not_exists: bool = False
-
-
-@dataclass(frozen=True)
-class DropDatabase(DdlOp):
-    database: str
-    if_exists: bool = False
-
-
-@dataclass(frozen=True)
-class CreateTable(DdlOp):
-    database: str
-    table: str
-    columns: tuple[ColumnDef, ...]
-    key: tuple[str, ...] = ()  # the primary key; () = none
-    if_not_exists: bool = False
-
-
-@dataclass(frozen=True)
-class CreateTableLike(DdlOp):
-    """CREATE TABLE t LIKE s: the target copies its own table s."""
-
-    database: str
-    table: str
-    like_database: str
-    like_table: str
-    if_not_exists: bool = False
-
-
-@dataclass(frozen=True)
-class DropTable(DdlOp):
-    tables: tuple[TableRef, ...]
-    if_exists: bool = False
-
-
-@dataclass(frozen=True)
-class RenameTable(DdlOp):
-    pairs: tuple[tuple[TableRef, TableRef], ...]  # ((db, old), (db, new)), applied in order
-
-
-@dataclass(frozen=True)
-class Truncate(DdlOp):
-    database: str
-    table: str
-
-
-@dataclass(frozen=True)
-class AddColumn(DdlOp):
-    """``fill`` is the value the source gave every existing row (its DEFAULT,
-    or the type's zero for NOT NULL without one) -- the binlog carries no
-    row events for that, so the target must fill them the same way.
-    ``fill_now``: the default is CURRENT_TIMESTAMP, i.e. the statement's time."""
-
-    database: str
-    table: str
-    column: ColumnDef
-    if_not_exists: bool = False
-    fill: Value = None
-    fill_now: bool = False
-
-
-@dataclass(frozen=True)
-class DropColumn(DdlOp):
-    database: str
-    table: str
-    column: str
-    if_exists: bool = False
-
-
-@dataclass(frozen=True)
-class ModifyColumn(DdlOp):
-    """A column keeps its name and gets a new type (MODIFY, or CHANGE a a ...)."""
-
-    database: str
-    table: str
-    column: ColumnDef
-
-
-@dataclass(frozen=True)
-class RenameColumn(DdlOp):
-    database: str
-    table: str
-    old: str
-    new: str
-
-
-@dataclass(frozen=True)
-class AddPrimaryKey(DdlOp):
-    database: str
-    table: str
-    columns: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class DropPrimaryKey(DdlOp):
-    database: str
-    table: str
-
-
-#: Every operation a statement can become; each target's DDL handler table
-#: covers all of them (tests/unit/test_ddl_handlers.py checks it).
-ALL_OPS: tuple[type[DdlOp], ...] = (
-    NoOp, CreateDatabase, DropDatabase, CreateTable, CreateTableLike, DropTable, RenameTable, Truncate,
-    AddColumn, DropColumn, ModifyColumn, RenameColumn, AddPrimaryKey, DropPrimaryKey,
-)
+# The operations live in cynomys/parser/ddl_ops.py (no sqlglot there); they
+# are names of this module too, as they always were.
+__all__ = [
+    "ALL_OPS", "SKIP_HINT", "AddColumn", "AddPrimaryKey", "CreateDatabase", "CreateTable", "CreateTableLike",
+    "DdlOp", "DropColumn", "DropDatabase", "DropPrimaryKey", "DropTable", "ModifyColumn", "NoOp",
+    "RenameColumn", "RenameTable", "TableRef", "Truncate", "UnsupportedDdl", "implicit_fill", "parse_ddl",
+]
 
 
 # --------------------------------------------------------------------------
@@ -377,14 +260,6 @@ def _column(node: exp.ColumnDef) -> tuple[ColumnDef, bool]:
     return ColumnDef(node.name, text, nullable), primary
 
 
-#: What MariaDB puts into existing rows for a NOT NULL column added without a
-#: DEFAULT: the type's implicit default.
-_IMPLICIT_ZERO: dict[str, Value] = {
-    "date": RawTemporal("0000-00-00"), "datetime": RawTemporal("0000-00-00 00:00:00"),
-    "timestamp": RawTemporal("0000-00-00 00:00:00"), "time": datetime.timedelta(0), "year": 0,
-    **dict.fromkeys(TEXT_TYPES + ("json", "set"), ""), **dict.fromkeys(BINARY_TYPES, b""),
-    "decimal": decimal.Decimal(0), "float": 0.0, "double": 0.0,
-}
 
 
 #: The text of INET4/INET6/UUID literals -> the bytes those columns hold.
@@ -410,18 +285,6 @@ def _fill(node: exp.ColumnDef, col: ColumnDef) -> tuple[Value, bool]:
     return value, now
 
 
-def implicit_fill(col: ColumnDef) -> Value:
-    """What an added column without a DEFAULT gives the rows already there:
-    NULL when nullable, else the type's implicit default."""
-    if col.nullable:
-        return None
-    base = col.base_type
-    if base == "enum":
-        first = re.match(r"enum\('((?:[^']|'')*)'", col.type)
-        return first.group(1).replace("''", "'") if first else ""
-    if base == "bit":
-        return 0
-    return _IMPLICIT_ZERO.get(base, 0)
 
 
 def _fill_value(node: exp.ColumnDef, col: ColumnDef) -> tuple[Value, bool]:

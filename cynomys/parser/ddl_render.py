@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 from cynomys.core.dialect import MARIADB
 from cynomys.core.model import ColumnDef, Value
-from cynomys.parser import ddl
+from cynomys.parser import ddl_ops as ddl
 
 
 def _table(database: str, table: str) -> str:

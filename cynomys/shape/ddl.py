@@ -38,8 +38,8 @@ from dataclasses import replace
 from typing import Any, Iterable, Sequence
 
 from cynomys.core.model import Change, ColumnDef, TableSchema, Value
-from cynomys.parser import ddl
-from cynomys.parser.ddl import DdlOp
+from cynomys.parser import ddl_ops as ddl
+from cynomys.parser.ddl_ops import DdlOp
 from cynomys.shape.rules import PLAIN, ShapeRules
 from cynomys.shape.tables import ShapeError, column_out, shape_schema
 

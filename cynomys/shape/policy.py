@@ -39,8 +39,8 @@ from typing import Sequence
 
 from cynomys.core.errors import TerminalError
 from cynomys.core.model import TableSchema
-from cynomys.parser import ddl
-from cynomys.parser.ddl import DdlOp
+from cynomys.parser import ddl_ops as ddl
+from cynomys.parser.ddl_ops import DdlOp
 from cynomys.shape.modes import History, SoftDelete
 from cynomys.shape.rules import ShapeRules, TargetShape
 

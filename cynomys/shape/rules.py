@@ -15,11 +15,14 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from cynomys.core.config import Config, RouteRule, ShapeConfig, TableRule
 from cynomys.core.errors import ConfigError
-from cynomys.shape.filters import RowFilter, parse_filter
 from cynomys.shape.masks import Mask, parse_mask
+
+if TYPE_CHECKING:
+    from cynomys.shape.filters import RowFilter
 
 #: Type of the columns a merging route adds: MySQL names are at most 64 characters.
 SHARD_TYPE = "varchar(64)"
@@ -257,6 +260,10 @@ def _table(pattern: str, rule: TableRule) -> TableShape:
         raise ConfigError(f"{where} rename: a new name must be a non-empty column name without backticks")
     filt = None
     if rule.filter.strip():
+        # Imported here: filters parse with sqlglot, which only a
+        # configuration with a filter needs (it is a fifth of the start-up).
+        from cynomys.shape.filters import parse_filter
+
         try:
             filt = parse_filter(rule.filter)
         except ValueError as exc:

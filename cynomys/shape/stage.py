@@ -39,7 +39,7 @@ from dataclasses import replace
 
 from cynomys.core.columnar import ManyRows
 from cynomys.core.model import Change, Op, Row, TableSchema
-from cynomys.parser.ddl import NoOp, UnsupportedDdl, parse_ddl
+from cynomys.parser.ddl_ops import NoOp, UnsupportedDdl
 from cynomys.parser.ddl_render import render
 from cynomys.shape.ddl import shape_ops, touches
 from cynomys.shape.rules import ShapeRules
@@ -134,6 +134,10 @@ class Shaper:
 
     # ------------------------------------------------------------------
     def _ddl(self, c: Change) -> Change | None:
+        # Imported here: the parser (sqlglot) is a fifth of the producer's
+        # start-up, and most runs see no DDL to shape.
+        from cynomys.parser.ddl import parse_ddl
+
         sql = c.sql or ""
         try:
             ops = parse_ddl(sql, c.database)

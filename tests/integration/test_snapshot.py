@@ -526,6 +526,60 @@ def test_dblog_snapshot_into_iceberg_with_applier_sigkills(fresh_mariadb: MariaD
 
 
 @pytest.mark.slow
+def test_dblog_snapshot_into_mariadb_with_applier_sigkills_while_loading_beside(
+        fresh_mariadb: MariaDBServer, tmp_path: Path) -> None:
+    """The same recorded stream into a second MariaDB (InnoDB), where half of
+    each flush's snapshot rows load on a second connection committed just
+    before the flush (targets/columnstore/beside.py): the applier SIGKILLed
+    twice while it does that, restarted, then the table equals the source."""
+    from cynomys.applier.loop import run_applier
+    from cynomys.core import compiled
+
+    srv = fresh_mariadb
+    _load(srv)
+    keys = generate_keys(tmp_path / "keys", rsa_bits=2048)
+    common: dict[str, Any] = dict(transport={"kind": "file", "path": str(tmp_path / "transport.bin")},
+                                  security={k: str(v) for k, v in keys.items()})
+    cfg_path = write_config(
+        tmp_path / "c.toml", srv, source={"include_tables": ["w.t"], "start": "current"},
+        producer={"id": "p1", "batch_max_events": 2000, "batch_max_delay_ms": 100},
+        snapshot={"chunk_size": 1000, "throttle_ms": 10}, **common)
+    cfg, numbers = _run_with_crash(srv, tmp_path, cfg_path, lambda cfg: "initial")
+    _check(srv, cfg, numbers)
+    tgt = MariaDBServer(server_id=2).start()
+    try:
+        apply_path = write_config(
+            tmp_path / "a.toml", srv, source={"include_tables": ["w.t"]}, producer={"id": "p1"},
+            applier={"buffer_rows": 5000, "max_buffer_rows": 10_000, "max_delay_ms": 300, "consumer_name": "a1"},
+            target={"kind": "columnstore", "url": tgt.url, "engine": "InnoDB", "side_load_rows": 1000}, **common)
+        log = tmp_path / "applier.log"
+
+        def beside() -> int:
+            return log.read_text(errors="replace").count("beside the flush") if log.exists() else 0
+
+        for kill in (1, 2):
+            proc = subprocess.Popen([sys.executable, "-m", "cynomys.cli", "--log-level", "DEBUG", "apply", "-c",
+                                     str(apply_path)], cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+            try:
+                seen = beside()
+
+                def loading() -> bool:
+                    assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+                    return beside() > seen or not compiled.available()  # the reference decoder makes no runs
+                wait_for(loading, 180, f"the applier loading snapshot rows beside a flush (start {kill})")
+            finally:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+        run_applier(load_config(apply_path, env={}), threading.Event(), until_idle_s=3.0)
+        q = "SELECT id, val, ver, pad FROM w.t ORDER BY id"
+        got, want = tgt.execute(q), srv.execute(q)
+        assert len(got) == len(want) and got == want, (len(got), len(want))
+        assert beside() >= 2 or not compiled.available()
+    finally:
+        tgt.destroy()
+
+
+@pytest.mark.slow
 def test_read_only_snapshot_under_writers_with_sigkill(fresh_mariadb: MariaDBServer, tmp_path: Path) -> None:
     srv = fresh_mariadb
     _load(srv)

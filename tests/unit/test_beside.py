@@ -56,6 +56,9 @@ def test_a_flush_of_snapshot_rows_gives_the_side_a_prefix_of_about_half() -> Non
     assert [r for tf in got.side for r in tf.runs] == runs[:3]
     assert [r for tf in got.kept for r in tf.runs] == runs[3:]
     assert got.side_rows == 300
+    odd = beside.split([table(runs[:3])], always, 200)  # 150 rows each: the second run is cut
+    assert [r.count for tf in odd.side for r in tf.runs] == [100, 50]
+    assert [r.count for tf in odd.kept for r in tf.runs] == [50, 100]
 
 
 def test_below_the_threshold_or_off_nothing_goes_beside() -> None:
@@ -93,8 +96,22 @@ def test_inserted_runs_of_the_table_count_as_its_changes() -> None:
     clash, free = read_run(range(0, 100)), read_run(range(100, 200))
     assert beside.split([table([ins, clash, free])], always, 100).side == []
     got = beside.split([table([ins, free, clash])], always, 100)
-    assert [r for tf in got.side for r in tf.runs] == [free]
-    assert [r for tf in got.kept for r in tf.runs] == [ins, clash]
+    side_keys = {k for tf in got.side for r in tf.runs for k, _n in zip(*r.key_columns())}
+    assert side_keys == set(range(100, 200)) | {0}, "the rest of the half: keys 0.. up to the first clash"
+    assert ins in got.kept[0].runs
+
+
+def test_a_run_is_cut_where_the_half_ends() -> None:
+    """A flush is often one snapshot chunk: it is shared between the two
+    connections, its excluded rows kept with their half."""
+    run = dataclasses.replace(read_run(range(0, 1000)), excluded=frozenset({10, 700}))
+    got = beside.split([table([run])], always, 100)
+    (side,), (kept,) = got.side, got.kept
+    (head,), (tail,) = side.runs, kept.runs
+    assert (head.start, head.count, head.excluded) == (run.start, 499, frozenset({10}))
+    assert (tail.start, tail.count, tail.excluded) == (run.start + 499, 501, frozenset({700 - 499}))
+    assert head.images() + tail.images() == run.images()
+    assert beside.cut(run, 1000) == (run, None)
 
 
 def test_excluded_rows_are_not_conflicts() -> None:
@@ -127,5 +144,5 @@ def test_other_tables_fill_the_side_in_flush_order() -> None:
     a = table([read_run(range(0, 100))])
     b = table([read_run(range(0, 100), other), read_run(range(100, 200), other)])
     got = beside.split([a, b], always, 100)
-    assert [(tf.schema.table, tf.rows) for tf in got.side] == [("t", 100), ("u", 100)]
-    assert [(tf.schema.table, tf.rows) for tf in got.kept] == [("t", 0), ("u", 100)]
+    assert [(tf.schema.table, tf.rows) for tf in got.side] == [("t", 100), ("u", 50)]
+    assert [(tf.schema.table, tf.rows) for tf in got.kept] == [("t", 0), ("u", 150)]

@@ -21,8 +21,9 @@ Why it is exact:
   rows).  A snapshot row is not part of a source transaction: seeing it
   before the flush commits shows no source transaction in part.
 - Nothing of the flush's own work touches a key the side loads: per table,
-  the side takes a *prefix* of the READ runs (later runs of the same key
-  win, and they stay in the flush, loaded after the side committed), and
+  the side takes a *prefix* of the READ runs' rows (a run cut in two where
+  the prefix ends: later rows of the same key win, and they stay in the
+  flush, loaded after the side committed), and
   only while the first key column of the runs' rows shares no value with
   what else the flush does to that table (its deletes, inserts and insert
   runs).  Only integer first key columns are compared (an integer equal
@@ -98,18 +99,34 @@ def split(tables: list[TableFlush], replaces: Callable[[TableFlush], bool], min_
         for run in tf.runs:
             if run.op is not Op.READ:
                 stay.append(run)
-            elif prefix and taken < want and (not busy or busy.isdisjoint(_live_first_keys(run))):
-                away.append(run)
-                taken += run.rows
-            else:
-                prefix = False
-                stay.append(run)
+                continue
+            if prefix and taken < want:
+                head, tail = cut(run, want - taken)  # a flush is often one chunk: it is shared, not given
+                if not busy or busy.isdisjoint(_live_first_keys(head)):
+                    away.append(head)
+                    taken += head.rows
+                    if tail is None:
+                        continue
+                    run = tail
+            prefix = False
+            stay.append(run)
         if away:
             side.append(TableFlush(tf.schema, runs=away))
             kept.append(replace(tf, runs=stay))
         else:
             kept.append(tf)
     return Split(kept, side)
+
+
+def cut(run: InsertRun, rows: int) -> tuple[InsertRun, InsertRun | None]:
+    """The run's first ``rows`` rows (its excluded ones counted too) and the
+    rest, as two runs of the same block (None: nothing is left)."""
+    if rows >= run.count:
+        return run, None
+    head = replace(run, count=rows, excluded=frozenset(i for i in run.excluded if i < rows))
+    tail = replace(run, start=run.start + rows, count=run.count - rows,
+                   excluded=frozenset(i - rows for i in run.excluded if i >= rows))
+    return head, tail
 
 
 def _comparable(tf: TableFlush) -> bool:
@@ -133,7 +150,9 @@ def _busy(tf: TableFlush) -> set[Value]:
 
 def _live_first_keys(run: InsertRun) -> list[Value]:
     """The first key column of the run's rows, without its excluded rows."""
-    values = run.key_columns()[0]
+    block = run.block
+    assert block is not None, "an InsertRun always has its block"
+    values = block.values(block.schema.key_indexes()[0], run.start, run.count)  # (not the other key columns)
     if run.excluded:
         return [v for i, v in enumerate(values) if i not in run.excluded]
     return values

@@ -32,4 +32,4 @@ class ColumnStoreConfig(TargetOptions):
     # own transaction, so the target server loads on two cores (InnoDB only;
     # 0 = never).  Those rows commit just before the flush: a crash between
     # the two replays them, and snapshot rows replace by key.
-    side_load_rows: int = field(default=50_000, metadata=NON_NEGATIVE)
+    side_load_rows: int = field(default=10_000, metadata=NON_NEGATIVE)
