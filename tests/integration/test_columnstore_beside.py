@@ -79,6 +79,16 @@ def rows(server: MariaDBServer, schema: TableSchema) -> list[tuple[Any, ...]]:
     return [tuple(r) for r in server.execute(f"SELECT k, n, v FROM {schema.database}.t ORDER BY k, n")]
 
 
+def holding_key_10(target: ColumnStoreTarget, server: MariaDBServer, schema: TableSchema) -> Any:
+    """A row (10, 1) in the target table, and another session holding its lock (rolled back to let go)."""
+    target.apply(flush_of([change(schema, Op.INSERT, (10, 1, "old"))], 1))
+    blocker = server.connect(schema.database)
+    blocker.begin()
+    with blocker.cursor() as cur:
+        cur.execute("SELECT * FROM t WHERE k = 10 FOR UPDATE")
+    return blocker
+
+
 @pytest.fixture(autouse=True)
 def _compiled() -> Iterator[None]:
     with contract.compiled_path():
@@ -153,14 +163,10 @@ def test_a_side_load_locked_out_gives_its_rows_back_to_the_flush(server: MariaDB
     monkeypatch.setattr(beside, "SIDE_SESSION_SQL", (beside.ISOLATION_SQL, "SET SESSION innodb_lock_wait_timeout = 1"))
     target = ColumnStoreTarget(config(server.url))
     target.connect()
-    target.apply(flush_of([change(schema, Op.INSERT, (10, 1, "old"))], 1))
-    blocker = server.connect(schema.database)
+    # Another session holds the row a snapshot chunk replaces (key 10, in
+    # the first chunk: the side's), then lets go after 3 s.
+    blocker = holding_key_10(target, server, schema)
     try:
-        # Another session holds the row a snapshot chunk replaces (key 10,
-        # in the first chunk: the side's), then lets go after 3 s.
-        blocker.begin()
-        with blocker.cursor() as cur:
-            cur.execute("SELECT * FROM t WHERE k = 10 FOR UPDATE")
         timer = threading.Timer(3.0, blocker.rollback)
         timer.start()
         flush = flush_of(reads(schema, range(0, 8000)), 2)
@@ -205,12 +211,8 @@ def test_a_load_timing_out_on_a_lock_is_transient_not_a_refused_value(server: Ma
 
     target = ShortLockWait(config(server.url, side_load_rows=0))
     target.connect()
-    target.apply(flush_of([change(schema, Op.INSERT, (10, 1, "old"))], 1))
-    blocker = server.connect(schema.database)
+    blocker = holding_key_10(target, server, schema)
     try:
-        blocker.begin()
-        with blocker.cursor() as cur:
-            cur.execute("SELECT * FROM t WHERE k = 10 FOR UPDATE")
         flush = flush_of(reads(schema, range(0, 100)), 2)
         with pytest.raises(TargetUnavailableError, match="1205"):
             target.apply(flush)

@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pymysql
 import pytest
@@ -426,6 +426,32 @@ def _check(srv: MariaDBServer, cfg: Config, numbers: dict[str, Any]) -> _Replaye
     return got
 
 
+def _sigkill_applier_twice(cfg_path: Path, log: Path, marker: str, level: str, what: str) -> Callable[[], int]:
+    """Start `cynomys apply` twice, each time SIGKILLed once its log shows
+    ``marker`` again (what the test kills it in the middle of); returns the
+    count of ``marker`` in the log, for the test's last check.  On the
+    reference decoder (no InsertRuns) the marker never shows: killed at once."""
+    from cynomys.core import compiled
+
+    def count() -> int:
+        return log.read_text(errors="replace").count(marker) if log.exists() else 0
+
+    for kill in (1, 2):
+        proc = subprocess.Popen([sys.executable, "-m", "cynomys.cli", "--log-level", level, "apply", "-c",
+                                 str(cfg_path)], cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+        try:
+            seen = count()
+
+            def again() -> bool:
+                assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+                return count() > seen or not compiled.available()
+            wait_for(again, 180, f"{what} (start {kill})")
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+    return count
+
+
 @pytest.mark.slow
 def test_dblog_snapshot_under_writers_with_sigkill(fresh_mariadb: MariaDBServer, tmp_path: Path) -> None:
     srv = fresh_mariadb
@@ -494,24 +520,8 @@ def test_dblog_snapshot_into_iceberg_with_applier_sigkills(fresh_mariadb: MariaD
         applier={"buffer_rows": 5000, "max_buffer_rows": 10_000, "max_delay_ms": 300, "consumer_name": "a1"},
         target={"kind": "spark"}, target__spark={"master": "local[2]", "warehouse": str(tmp_path / "warehouse")},
         **common)
-    log = tmp_path / "applier.log"
-
-    def directly() -> int:
-        return log.read_text(errors="replace").count("appended directly") if log.exists() else 0
-
-    for kill in (1, 2):
-        proc = subprocess.Popen([sys.executable, "-m", "cynomys.cli", "--log-level", "INFO", "apply", "-c",
-                                 str(spark_path)], cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT)
-        try:
-            seen = directly()
-
-            def appending() -> bool:
-                assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-                return directly() > seen or not compiled.available()  # the reference decoder makes no runs
-            wait_for(appending, 180, f"the applier appending snapshot rows directly (start {kill})")
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
+    directly = _sigkill_applier_twice(spark_path, tmp_path / "applier.log", "appended directly", "INFO",
+                                      "the applier appending snapshot rows directly")
     spark_cfg = load_config(spark_path, env={})
     run_applier(spark_cfg, threading.Event(), until_idle_s=3.0)
     reader = open_target(spark_cfg)
@@ -552,24 +562,8 @@ def test_dblog_snapshot_into_mariadb_with_applier_sigkills_while_loading_beside(
             tmp_path / "a.toml", srv, source={"include_tables": ["w.t"]}, producer={"id": "p1"},
             applier={"buffer_rows": 5000, "max_buffer_rows": 10_000, "max_delay_ms": 300, "consumer_name": "a1"},
             target={"kind": "columnstore", "url": tgt.url, "engine": "InnoDB", "side_load_rows": 1000}, **common)
-        log = tmp_path / "applier.log"
-
-        def beside() -> int:
-            return log.read_text(errors="replace").count("beside the flush") if log.exists() else 0
-
-        for kill in (1, 2):
-            proc = subprocess.Popen([sys.executable, "-m", "cynomys.cli", "--log-level", "DEBUG", "apply", "-c",
-                                     str(apply_path)], cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT)
-            try:
-                seen = beside()
-
-                def loading() -> bool:
-                    assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-                    return beside() > seen or not compiled.available()  # the reference decoder makes no runs
-                wait_for(loading, 180, f"the applier loading snapshot rows beside a flush (start {kill})")
-            finally:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
+        beside = _sigkill_applier_twice(apply_path, tmp_path / "applier.log", "beside the flush", "DEBUG",
+                                        "the applier loading snapshot rows beside a flush")
         run_applier(load_config(apply_path, env={}), threading.Event(), until_idle_s=3.0)
         q = "SELECT id, val, ver, pad FROM w.t ORDER BY id"
         got, want = tgt.execute(q), srv.execute(q)
