@@ -181,14 +181,14 @@ class SideLoader:
         self._running = self._pool.submit(self._run, tables)
 
     def _run(self, tables: list[TableFlush]) -> None:
-        if self._conn is None:
+        fresh = self._conn is None
+        if fresh:
             self._conn = self._connect()
-            with self._conn.cursor() as cur:
-                for sql in SIDE_SESSION_SQL:
-                    cur.execute(sql)
         conn = self._conn
         try:
             with conn.cursor() as cur:
+                for sql in SIDE_SESSION_SQL if fresh else ():
+                    cur.execute(sql)
                 for tf in tables:
                     self._load(cur, tf)
             conn.commit()
@@ -200,10 +200,7 @@ class SideLoader:
     def finish(self) -> BaseException | None:
         """Wait for the running load; its error, or None once it committed."""
         running, self._running = self._running, None
-        if running is None:
-            return None
-        exc = running.exception()
-        return exc
+        return None if running is None else running.exception()
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
