@@ -340,7 +340,12 @@ class ColumnStoreTarget(SqlTarget):
         (beside.py): a server writing a STATEMENT binlog refuses InnoDB
         writes at that level (1665), so side loads stay off there."""
         cur.execute("SELECT @@log_bin, @@binlog_format")
-        log_bin, fmt = cur.fetchone()
+        row = cur.fetchone()
+        if row is None:  # not a MariaDB answer: nothing is loaded beside
+            log.info("%s did not say its binlog format: snapshot rows are not loaded beside flushes", self.where)
+            self.beside_rows = 0
+            return False
+        log_bin, fmt = row
         if int(log_bin) and str(fmt).upper() == "STATEMENT":
             log.warning("%s writes a STATEMENT binlog: snapshot rows are not loaded beside flushes "
                         "([target] side_load_rows needs binlog_format MIXED or ROW there)", self.where)
