@@ -426,6 +426,23 @@ def _check(srv: MariaDBServer, cfg: Config, numbers: dict[str, Any]) -> _Replaye
     return got
 
 
+def _recorded_stream(srv: MariaDBServer, tmp_path: Path) -> dict[str, Any]:
+    """The stream the applier tests load: a DBLog snapshot of w.t under 4
+    writers, the producer SIGKILLed in it, into a file transport (checked).
+    Returns the transport and security settings an applier config needs."""
+    _load(srv)
+    keys = generate_keys(tmp_path / "keys", rsa_bits=2048)
+    common: dict[str, Any] = dict(transport={"kind": "file", "path": str(tmp_path / "transport.bin")},
+                                  security={k: str(v) for k, v in keys.items()})
+    cfg_path = write_config(
+        tmp_path / "c.toml", srv, source={"include_tables": ["w.t"], "start": "current"},
+        producer={"id": "p1", "batch_max_events": 2000, "batch_max_delay_ms": 100},
+        snapshot={"chunk_size": 1000, "throttle_ms": 10}, **common)
+    cfg, numbers = _run_with_crash(srv, tmp_path, cfg_path, lambda cfg: "initial")
+    _check(srv, cfg, numbers)
+    return common
+
+
 def _sigkill_applier_twice(cfg_path: Path, log: Path, marker: str, level: str, what: str) -> Callable[[], int]:
     """Start `cynomys apply` twice, each time SIGKILLed once its log shows
     ``marker`` again (what the test kills it in the middle of); returns the
@@ -505,16 +522,7 @@ def test_dblog_snapshot_into_iceberg_with_applier_sigkills(fresh_mariadb: MariaD
     from cynomys.core import compiled
 
     srv = fresh_mariadb
-    _load(srv)
-    keys = generate_keys(tmp_path / "keys", rsa_bits=2048)
-    common: dict[str, Any] = dict(transport={"kind": "file", "path": str(tmp_path / "transport.bin")},
-                                  security={k: str(v) for k, v in keys.items()})
-    cfg_path = write_config(
-        tmp_path / "c.toml", srv, source={"include_tables": ["w.t"], "start": "current"},
-        producer={"id": "p1", "batch_max_events": 2000, "batch_max_delay_ms": 100},
-        snapshot={"chunk_size": 1000, "throttle_ms": 10}, **common)
-    cfg, numbers = _run_with_crash(srv, tmp_path, cfg_path, lambda cfg: "initial")
-    _check(srv, cfg, numbers)
+    common = _recorded_stream(srv, tmp_path)
     spark_path = write_config(
         tmp_path / "s.toml", srv, source={"include_tables": ["w.t"]}, producer={"id": "p1"},
         applier={"buffer_rows": 5000, "max_buffer_rows": 10_000, "max_delay_ms": 300, "consumer_name": "a1"},
@@ -546,16 +554,7 @@ def test_dblog_snapshot_into_mariadb_with_applier_sigkills_while_loading_beside(
     from cynomys.core import compiled
 
     srv = fresh_mariadb
-    _load(srv)
-    keys = generate_keys(tmp_path / "keys", rsa_bits=2048)
-    common: dict[str, Any] = dict(transport={"kind": "file", "path": str(tmp_path / "transport.bin")},
-                                  security={k: str(v) for k, v in keys.items()})
-    cfg_path = write_config(
-        tmp_path / "c.toml", srv, source={"include_tables": ["w.t"], "start": "current"},
-        producer={"id": "p1", "batch_max_events": 2000, "batch_max_delay_ms": 100},
-        snapshot={"chunk_size": 1000, "throttle_ms": 10}, **common)
-    cfg, numbers = _run_with_crash(srv, tmp_path, cfg_path, lambda cfg: "initial")
-    _check(srv, cfg, numbers)
+    common = _recorded_stream(srv, tmp_path)
     tgt = MariaDBServer(server_id=2).start()
     try:
         apply_path = write_config(
