@@ -260,22 +260,30 @@ def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, 
     redis = RedisProcess(str(work / "redis")).start()
     section, tgt = TARGET_SECTIONS[kind](work, "")
     copy_tgt = tgt if isinstance(tgt, MariaDBServer) else MariaDBServer(server_id=3, base=str(work / "copy")).start()
+    # --read-from-replica: a GTID replica of the source the chunks are read on.
+    replica = MariaDBServer(server_id=4, base=str(work / "replica")).start() if args.read_from_replica else None
     procs: list[subprocess.Popen[bytes]] = []
     loads: list[float] = []
     keep = args.keep
     try:
+        if replica is not None:
+            replica.make_replica_of(src)
         load(src, tsv, args.keyless)
+        if replica is not None:
+            replica.wait_caught_up(src, timeout=args.timeout)
         rows = int(src.execute("SELECT COUNT(*) FROM tpch.lineitem")[0][0])
         print(f"[{kind}] source holds {rows:,} rows", flush=True)
         copy = hand_copy(src, copy_tgt, work, args.keyless)
         print(f"[{kind}] hand copy: {copy}", flush=True)
         max_key = int(src.execute("SELECT MAX(l_orderkey) FROM tpch.lineitem")[0][0])
-        extra = f"[snapshot]\nmax_connections = {args.max_connections}" if args.max_connections else ""
+        extra = "[snapshot]\n" + (f"max_connections = {args.max_connections}\n" if args.max_connections else "") + (
+            f'read_from = "127.0.0.1:{replica.port}"\n' if replica is not None else "")
         applier = "".join(f"{setting}\n" for setting in args.applier)
         cfg = config(work, src, redis.url, section, generate_keys(work / "keys"), extra, applier)
         writers = Writers(src, args.writers, args.write_rate, max_key, args.keyless).start()
         t0 = time.monotonic()
-        servers = {"source_server": src, **({"target_server": tgt} if isinstance(tgt, MariaDBServer) else {})}
+        servers = {"source_server": src, **({"target_server": tgt} if isinstance(tgt, MariaDBServer) else {}),
+                   **({"replica_server": replica} if replica is not None else {})}
         cpu0 = {name: server_cpu(srv) for name, srv in servers.items()}
         procs = [daemon(cfg, "produce", work / "producer.log"), daemon(cfg, "apply", work / "applier.log")]
         rss: dict[str, float | None] = {}
@@ -334,7 +342,7 @@ def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, 
                      "equal": [norm[0](v) for v in want] == [norm[0](v) for v in got]}
         result = {
             "target": kind, "keyless": args.keyless, "rows": rows, "hand_copy": copy,
-            "max_connections": args.max_connections or "default",
+            "max_connections": args.max_connections or "default", "read_from_replica": args.read_from_replica,
             "cynomys": {"snapshot_done_s": round(snap_s, 2), "target_equal_s": round(equal_s, 2),
                         "rows_per_s": round(rows / equal_s), "writer_transactions": written,
                         "peak_rss_mb": rss, "cpu_s": cpu},
@@ -350,7 +358,7 @@ def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, 
         keep = True
         raise
     finally:
-        tear_down(kind, work, keep, procs, redis, src, tgt, copy_tgt if copy_tgt is not tgt else None)
+        tear_down(kind, work, keep, procs, redis, src, tgt, copy_tgt if copy_tgt is not tgt else None, replica)
 
 
 def plot(results: list[dict[str, Any]], out: Path, title: str) -> None:
@@ -387,6 +395,8 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep each run's work folder")
     ap.add_argument("--name", default="", help="result file name (default initial_load[_keyless])")
     ap.add_argument("--max-connections", type=int, default=0, help="[snapshot] max_connections (0: the default)")
+    ap.add_argument("--read-from-replica", action="store_true",
+                    help="start a GTID replica of the source and read the snapshot's chunks there ([snapshot] read_from)")
     ap.add_argument("--applier", action="append", default=[], metavar="KEY=VALUE",
                     help="an [applier] setting, TOML (e.g. 'buffer_rows = 200000'); repeatable; default: none")
     args = ap.parse_args()

@@ -30,6 +30,11 @@ producer watches for it.  Read-only reads return their GTID marks, which the
 producer places in the log when the result arrives (changes of the table seen
 meanwhile are kept and classified then).
 
+With ``[snapshot] read_from`` each reader also holds a connection to that
+replica of the source: its boundary queries and chunk selects run there,
+each select once the replica has applied the chunk's low watermark, and the
+watermarks stay on the source (snapshot/replica.py says why that is exact).
+
 Threads share nothing with the producer but the two queues and the plans
 (each under its own lock); a reader's error goes back in its result and is
 raised by the producer's thread (a lost source is transient: the producer
@@ -47,6 +52,7 @@ from cynomys.core.config import Config
 from cynomys.core.model import Row
 from cynomys.snapshot.chunker import build_boundary_query, build_chunk_query, build_range_query
 from cynomys.snapshot.columns import TableInfo, convert_rows, row_converter
+from cynomys.snapshot.replica import ReplicaReads
 from cynomys.snapshot.source import MODEL_TYPES, SnapshotConnection, chunk_driver
 from cynomys.snapshot.watermark import WindowOpener
 from cynomys.snapshot.window import GtidMarks
@@ -104,7 +110,8 @@ class ChunkReaders:
                          for i in range(self.size)]
         for t in self._threads:
             t.start()
-        log.info("snapshot: %d chunk reader(s), driver %s", self.size, self.driver)
+        log.info("snapshot: %d chunk reader(s), driver %s%s", self.size, self.driver,
+                 f", reading chunks from the replica {cfg.snapshot.read_from}" if cfg.snapshot.read_from else "")
 
     def submit(self, req: ReadRequest) -> None:
         self.busy += 1
@@ -128,31 +135,42 @@ class ChunkReaders:
 
     # -- the reader threads ----------------------------------------------------
     def _run(self) -> None:
-        conn: SnapshotConnection | None = None
         opener: WindowOpener | None = None
-        scfg = self.cfg.snapshot
         try:
             while True:
                 req = self.requests.get()
                 if req is None:
                     return
                 try:
-                    if conn is None or opener is None:
-                        conn = SnapshotConnection(self.cfg.source, self.driver)
-                        opener = WindowOpener(conn, read_only=scfg.read_only, schema=scfg.watermark_schema,
-                                              producer_id=self.cfg.producer.id)
-                    res = self._read(conn, opener, req)
+                    if opener is None:
+                        opener = self._opener()
+                    res = self._read(opener, req)
                 except BaseException as exc:  # raised in the producer's thread
                     res = ReadResult(req.flight, error=exc)
-                    if conn is not None:
-                        conn.close()  # the session may be inside a transaction: start afresh
-                    conn = opener = None
+                    if opener is not None:
+                        _close(opener)  # a session may be inside a transaction: start afresh
+                    opener = None
                 self.results.put(res)
         finally:
-            if conn is not None:
-                conn.close()
+            if opener is not None:
+                _close(opener)
 
-    def _read(self, conn: SnapshotConnection, opener: WindowOpener, req: ReadRequest) -> ReadResult:
+    def _opener(self) -> WindowOpener:
+        """A reader's connections: the source (watermarks), and the replica
+        chunks are read from when ``[snapshot] read_from`` names one."""
+        scfg = self.cfg.snapshot
+        conn = SnapshotConnection(self.cfg.source, self.driver)
+        try:
+            replica = (ReplicaReads(self.cfg.source, scfg.read_from, self.driver, scfg.replica_wait_s)
+                       if scfg.read_from else None)
+        except BaseException:
+            conn.close()
+            raise
+        return WindowOpener(conn, read_only=scfg.read_only, schema=scfg.watermark_schema,
+                            producer_id=self.cfg.producer.id, replica=replica)
+
+    def _read(self, opener: WindowOpener, req: ReadRequest) -> ReadResult:
+        conn = opener.reads
         s = req.info.schema
         key, idx = s.key, s.key_indexes()
         plan = req.plan
@@ -184,6 +202,12 @@ class ChunkReaders:
                 return ReadResult(req.flight, seq, after, _converted(req.info, raw, self.driver), end, not full, marks)
         raw, marks = opener.read(query, req.low, req.high)
         return ReadResult(req.flight, seq, after, _converted(req.info, raw, self.driver), end, False, marks)
+
+
+def _close(opener: WindowOpener) -> None:
+    opener.conn.close()
+    if opener.replica is not None:
+        opener.replica.close()
 
 
 def _args(q: Any) -> tuple[str, tuple[Any, ...]]:

@@ -32,6 +32,7 @@ from cynomys.core.gtid import GtidSet
 from cynomys.core.model import Change, Position
 from cynomys.snapshot.chunker import ChunkQuery, quote_ident
 from cynomys.snapshot.errors import SnapshotError
+from cynomys.snapshot.replica import LAST_WRITE_GTID, ReplicaReads
 from cynomys.snapshot.source import SnapshotConnection
 from cynomys.snapshot.window import GtidMarks, Phase, Window
 
@@ -148,10 +149,18 @@ class GtidWatermarker:
         high = self._executed()
         return GtidMarks(low, high, self.conn.binlog_end(), snapshot_pos)
 
-    def select(self, query: ChunkQuery) -> tuple[list[tuple[Any, ...]], GtidMarks]:
+    def select(self, query: ChunkQuery, replica: ReplicaReads | None = None) -> tuple[list[tuple[Any, ...]], GtidMarks]:
         """Run the chunk select between the two GTID watermarks (MariaDB: in
-        a consistent snapshot, whose binlog position makes the low set exact)."""
+        a consistent snapshot, whose binlog position makes the low set exact).
+        On a ``replica``: once it has applied the low set, whose every
+        transaction its select then sees (snapshot/replica.py)."""
         rows: list[tuple[Any, ...]] = []
+        if replica is not None:
+            self.check()
+            low = self._executed()
+            replica.wait(low.text)
+            rows.extend(replica.conn.query(query.sql, query.params))
+            return rows, GtidMarks(low, self._executed(), self.conn.binlog_end())
 
         def take() -> Position | None:
             if self.flavor != "mariadb":
@@ -172,8 +181,11 @@ class WindowOpener:
     read_only`` picks: the watermark table (DBLog) or GTID sets (read-only).
     One per connection; snapshot and verify open theirs the same way."""
 
-    def __init__(self, conn: SnapshotConnection, *, read_only: bool, schema: str, producer_id: str) -> None:
+    def __init__(self, conn: SnapshotConnection, *, read_only: bool, schema: str, producer_id: str,
+                 replica: ReplicaReads | None = None) -> None:
         self.conn = conn
+        # Where ``read`` selects (``[snapshot] read_from``); watermarks stay on ``conn``.
+        self.replica = replica
         self.gtid = GtidWatermarker(conn) if read_only else None
         self.table = None if read_only else WatermarkTable(conn, schema, producer_id)
 
@@ -196,13 +208,34 @@ class WindowOpener:
         one is written, so no event of it can be missed); read-only returns
         the GTID marks, which the producer then places in the log."""
         if self.gtid is not None:
-            return self.gtid.select(query)
+            return self.gtid.select(query, self.replica)
         assert self.table is not None
         self.table.ensure()
         self.table.write("low", low)
-        rows = self.conn.query(query.sql, query.params)
+        if self.replica is None:
+            rows = self.conn.query(query.sql, query.params)
+        else:
+            self.replica.wait(self._written_gtid())
+            rows = self.replica.conn.query(query.sql, query.params)
         self.table.write("high", high)
         return rows, None
+
+    @property
+    def reads(self) -> SnapshotConnection:
+        """The connection chunk selects (and their boundary queries) run on."""
+        return self.replica.conn if self.replica is not None else self.conn
+
+    def _written_gtid(self) -> str:
+        """The GTID of the low watermark just written (module replica.py)."""
+        assert self.replica is not None
+        flavour = "mariadb" if self.conn.is_mariadb else "mysql"
+        gtid = str(self.conn.scalar(LAST_WRITE_GTID[flavour]) or "")
+        if not gtid:
+            raise SnapshotError(
+                f"[snapshot] read_from: the source {self.conn.cfg.host}:{self.conn.cfg.port} gave its watermark "
+                "write no GTID, and a replica's read can only be matched to the binlog by GTID",
+                hint="turn GTIDs on at the source (MySQL: gtid_mode = ON), or set [snapshot] read_from = \"\"")
+        return gtid
 
     def select(self, query: ChunkQuery, processed: Position) -> tuple[list[tuple[Any, ...]], Window]:
         """One chunk select between watermarks: its rows and its window."""
