@@ -253,10 +253,11 @@ class SnapshotConfig:
     # (C, ~4x pymysql's rows/s here) when installed and the source has no
     # TLS, else pymysql; both give the same values.
     driver: str = field(default="auto", metadata=one_of("auto", "mysqlclient", "pymysql"))
-    # Chunk selects run on this replica of the source ("host:port", with the
-    # [source] user, password and TLS settings); each waits until the
-    # replica has applied its low watermark (snapshot/replica.py).  "": the
-    # source.  Verify and keyless tables' whole-table reads stay on the source.
+    # Snapshot and verify chunk selects run on this replica of the source
+    # ("host:port", with the [source] user, password and TLS settings); each
+    # waits until the replica has applied its low watermark
+    # (snapshot/replica.py).  "": the source.  Keyless tables' whole-table
+    # reads stay on the source.
     read_from: str = field(default="", metadata=checked(lambda v: _listen_ok(v), '"" (the source) or "host:port" '
                                                                                'of a replica of the source'))
     # How long a chunk waits for that replica to apply its low watermark

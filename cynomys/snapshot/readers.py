@@ -52,7 +52,7 @@ from cynomys.core.config import Config
 from cynomys.core.model import Row
 from cynomys.snapshot.chunker import build_boundary_query, build_chunk_query, build_range_query
 from cynomys.snapshot.columns import TableInfo, convert_rows, row_converter
-from cynomys.snapshot.replica import ReplicaReads
+from cynomys.snapshot.replica import replica_opener
 from cynomys.snapshot.source import MODEL_TYPES, SnapshotConnection, chunk_driver
 from cynomys.snapshot.watermark import WindowOpener
 from cynomys.snapshot.window import GtidMarks
@@ -148,26 +148,20 @@ class ChunkReaders:
                 except BaseException as exc:  # raised in the producer's thread
                     res = ReadResult(req.flight, error=exc)
                     if opener is not None:
-                        _close(opener)  # a session may be inside a transaction: start afresh
+                        opener.close()  # a session may be inside a transaction: start afresh
                     opener = None
                 self.results.put(res)
         finally:
             if opener is not None:
-                _close(opener)
+                opener.close()
 
     def _opener(self) -> WindowOpener:
         """A reader's connections: the source (watermarks), and the replica
         chunks are read from when ``[snapshot] read_from`` names one."""
         scfg = self.cfg.snapshot
-        conn = SnapshotConnection(self.cfg.source, self.driver)
-        try:
-            replica = (ReplicaReads(self.cfg.source, scfg.read_from, self.driver, scfg.replica_wait_s)
-                       if scfg.read_from else None)
-        except BaseException:
-            conn.close()
-            raise
-        return WindowOpener(conn, read_only=scfg.read_only, schema=scfg.watermark_schema,
-                            producer_id=self.cfg.producer.id, replica=replica)
+        return WindowOpener(SnapshotConnection(self.cfg.source, self.driver), read_only=scfg.read_only,
+                            schema=scfg.watermark_schema, producer_id=self.cfg.producer.id,
+                            replica=replica_opener(self.cfg, self.driver))
 
     def _read(self, opener: WindowOpener, req: ReadRequest) -> ReadResult:
         conn = opener.reads
@@ -202,12 +196,6 @@ class ChunkReaders:
                 return ReadResult(req.flight, seq, after, _converted(req.info, raw, self.driver), end, not full, marks)
         raw, marks = opener.read(query, req.low, req.high)
         return ReadResult(req.flight, seq, after, _converted(req.info, raw, self.driver), end, False, marks)
-
-
-def _close(opener: WindowOpener) -> None:
-    opener.conn.close()
-    if opener.replica is not None:
-        opener.replica.close()
 
 
 def _args(q: Any) -> tuple[str, tuple[Any, ...]]:

@@ -27,16 +27,17 @@ A replica that has not applied the low watermark within
 restarts and the snapshot resumes after its last finished chunk), named
 with how far behind it is.  A replica whose replication stopped on an
 error, or a server that replicates nothing, is a terminal error: waiting
-would never end.  Verify and keyless tables' whole-table reads stay on the
-source.
+would never end.  Verify's chunk selects read there the same way (their
+window opener, snapshot/task.py); keyless tables' whole-table reads, by a
+snapshot or a verify, stay on the source.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from typing import Any, Callable
 
-from cynomys.core.config import SourceConfig
+from cynomys.core.config import Config, SourceConfig
 from cynomys.core.errors import SourceUnavailableError
 from cynomys.core.flavour import flavour_of
 from cynomys.snapshot.errors import SnapshotError
@@ -69,6 +70,15 @@ def replica_source(cfg: SourceConfig, read_from: str) -> SourceConfig:
     """The [source] settings with the replica's address."""
     host, port = parse_read_from(read_from)
     return dataclasses.replace(cfg, host=host, port=port)
+
+
+def replica_opener(cfg: Config, driver: str) -> Callable[[], ReplicaReads] | None:
+    """How a window opener connects to ``[snapshot] read_from`` (None: chunks
+    are read on the source)."""
+    scfg = cfg.snapshot
+    if not scfg.read_from:
+        return None
+    return lambda: ReplicaReads(cfg.source, scfg.read_from, driver, scfg.replica_wait_s)
 
 
 def _pick(status: dict[str, Any], names: tuple[str, ...]) -> Any:

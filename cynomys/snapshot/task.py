@@ -55,6 +55,7 @@ from cynomys.parser.txn import Commit, Item, Progress
 from cynomys.snapshot.columns import TableInfo
 from cynomys.snapshot.errors import SnapshotError
 from cynomys.snapshot.keyless import KeylessRead
+from cynomys.snapshot.replica import replica_opener
 from cynomys.snapshot.source import SnapshotConnection, chunk_driver
 from cynomys.snapshot.state import JobStore, Part, TaskJob
 from cynomys.snapshot.watermark import WATERMARK_TABLE, WindowOpener, read_watermark, same_statement, watermark_ddl
@@ -332,12 +333,15 @@ class ChunkedTask(Generic[J, F, E]):
     def _watermarks(self) -> WindowOpener:
         """Opens windows on the task's connection, in the configured flavour."""
         if self._opener is None:
-            self._opener = WindowOpener(self._connection(), read_only=self.scfg.read_only, schema=self.wm_schema,
-                                        producer_id=self.cfg.producer.id)
+            conn = self._connection()
+            self._opener = WindowOpener(conn, read_only=self.scfg.read_only, schema=self.wm_schema,
+                                        producer_id=self.cfg.producer.id, replica=replica_opener(self.cfg, conn.driver))
         return self._opener
 
     def _conn_reset(self) -> None:
         # After an error the session may be inside a transaction: start afresh.
+        if self._opener is not None and self._opener.replica is not None:
+            self._opener.replica.close()
         if self._conn is not None:
             self._conn.close()
         self._conn = None

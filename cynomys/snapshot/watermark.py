@@ -182,12 +182,25 @@ class WindowOpener:
     One per connection; snapshot and verify open theirs the same way."""
 
     def __init__(self, conn: SnapshotConnection, *, read_only: bool, schema: str, producer_id: str,
-                 replica: ReplicaReads | None = None) -> None:
+                 replica: Callable[[], ReplicaReads] | None = None) -> None:
         self.conn = conn
-        # Where ``read`` selects (``[snapshot] read_from``); watermarks stay on ``conn``.
-        self.replica = replica
+        # Where chunk selects run with ``[snapshot] read_from`` (opened at the
+        # first select: a task that only reads around a view never needs it);
+        # watermarks stay on ``conn``.
+        self._open_replica = replica
+        self.replica: ReplicaReads | None = None
         self.gtid = GtidWatermarker(conn) if read_only else None
         self.table = None if read_only else WatermarkTable(conn, schema, producer_id)
+
+    def close(self) -> None:
+        self.conn.close()
+        if self.replica is not None:
+            self.replica.close()
+
+    def _on_replica(self) -> ReplicaReads | None:
+        if self.replica is None and self._open_replica is not None:
+            self.replica = self._open_replica()
+        return self.replica
 
     def around(self, take: Callable[[], Position | None], processed: Position) -> Window:
         """Run ``take`` (it takes a read view: see ``GtidWatermarker.around``)
@@ -208,26 +221,31 @@ class WindowOpener:
         one is written, so no event of it can be missed); read-only returns
         the GTID marks, which the producer then places in the log."""
         if self.gtid is not None:
-            return self.gtid.select(query, self.replica)
+            return self.gtid.select(query, self._on_replica())
         assert self.table is not None
         self.table.ensure()
         self.table.write("low", low)
-        if self.replica is None:
-            rows = self.conn.query(query.sql, query.params)
-        else:
-            self.replica.wait(self._written_gtid())
-            rows = self.replica.conn.query(query.sql, query.params)
+        rows = self._select_after_low(query)
         self.table.write("high", high)
         return rows, None
 
     @property
     def reads(self) -> SnapshotConnection:
         """The connection chunk selects (and their boundary queries) run on."""
-        return self.replica.conn if self.replica is not None else self.conn
+        replica = self._on_replica()
+        return replica.conn if replica is not None else self.conn
+
+    def _select_after_low(self, query: ChunkQuery) -> list[tuple[Any, ...]]:
+        """A DBLog chunk select, its low watermark just written on ``conn``:
+        there, or on the replica once it has applied that write."""
+        replica = self._on_replica()
+        if replica is None:
+            return self.conn.query(query.sql, query.params)
+        replica.wait(self._written_gtid())
+        return replica.conn.query(query.sql, query.params)
 
     def _written_gtid(self) -> str:
         """The GTID of the low watermark just written (module replica.py)."""
-        assert self.replica is not None
         flavour = "mariadb" if self.conn.is_mariadb else "mysql"
         gtid = str(self.conn.scalar(LAST_WRITE_GTID[flavour]) or "")
         if not gtid:
@@ -240,11 +258,11 @@ class WindowOpener:
     def select(self, query: ChunkQuery, processed: Position) -> tuple[list[tuple[Any, ...]], Window]:
         """One chunk select between watermarks: its rows and its window."""
         if self.gtid is not None:
-            rows, marks = self.gtid.select(query)
+            rows, marks = self.gtid.select(query, self._on_replica())
             return rows, Window.of_gtid(marks, processed)
         got: list[tuple[Any, ...]] = []
 
         def take() -> None:
-            got.extend(self.conn.query(query.sql, query.params))
+            got.extend(self._select_after_low(query))
 
         return got, self.around(take, processed)

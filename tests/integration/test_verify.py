@@ -163,10 +163,18 @@ TAMPERING = [
 ]
 
 
-def _contract(tmp_path: Path, redis_url: str, side: Any) -> None:
-    src = MariaDBServer(server_id=1).start()
+def _contract(tmp_path: Path, redis_url: str, side: Any, replica: MariaDBServer | None = None) -> None:
+    """``replica``: a server the source is started for and made a replica of,
+    1 s behind (MASTER_DELAY), which verify reads its chunks on."""
+    src = MariaDBServer(server_id=1, extra_args=REPLICATION_ARGS if replica else ()).start()
     with verify_run(tmp_path, src, side) as run:
-        run.configure(redis_url, stream="verify", chunk=CHUNK)
+        reads: dict[str, Any] = {}
+        if replica is not None:
+            replica.make_replica_of(src)
+            replica.execute("STOP SLAVE", "CHANGE MASTER TO MASTER_DELAY = 1", "START SLAVE")
+            reads = {"read_from": f"127.0.0.1:{replica.port}", "replica_wait_s": 20}
+        run.configure(redis_url, stream="verify", chunk=CHUNK, snapshot=reads)
+        selects = _com_select(replica) if replica is not None else 0
         src.execute("CREATE DATABASE app", *[f"CREATE TABLE app.{t} ({c})" for t, c in TABLES.items()])
         conn = src.connect("app")
         with conn.cursor() as cur:
@@ -210,6 +218,16 @@ def _contract(tmp_path: Path, redis_url: str, side: Any) -> None:
         assert not w.errors, w.errors
         rc, out = run.verify("--status")
         assert rc == 0 and "differs:" in out and "repair of" in out, out
+        if replica is not None:  # the chunk selects ran there: a few dozen chunks in four verifies
+            assert _com_select(replica) - selects >= 12, _com_select(replica) - selects
+
+
+#: A source with a replica (tests/integration/test_snapshot_replica.py).
+REPLICATION_ARGS = ("--log-slave-updates", "--gtid-strict-mode=ON")
+
+
+def _com_select(srv: MariaDBServer) -> int:
+    return int(srv.execute("SHOW GLOBAL STATUS LIKE 'Com_select'")[0][1])
 
 
 SIDES: dict[str, Callable[[Path], Any]] = {"mariadb": MariaDBSide, "duckdb": DuckDBSide}
@@ -219,6 +237,18 @@ SIDES: dict[str, Callable[[Path], Any]] = {"mariadb": MariaDBSide, "duckdb": Duc
 @pytest.mark.parametrize("kind", list(SIDES))
 def test_verify_finds_and_repairs_under_writers(tmp_path: Path, redis_url: str, kind: str) -> None:
     _contract(tmp_path, redis_url, SIDES[kind](tmp_path))
+
+
+@pytest.mark.slow
+def test_verify_reads_its_chunks_on_a_lagging_replica(tmp_path: Path, redis_url: str) -> None:
+    """[snapshot] read_from: verify's chunk selects on a replica a second
+    behind the source, under writers: still no false difference (each waits
+    for its low watermark there), and the damage found and repaired."""
+    replica = MariaDBServer(server_id=3, extra_args=REPLICATION_ARGS).start()
+    try:
+        _contract(tmp_path, redis_url, MariaDBSide(tmp_path), replica)
+    finally:
+        replica.destroy()
 
 
 @pytest.mark.slow
