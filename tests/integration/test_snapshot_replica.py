@@ -22,9 +22,7 @@ from cynomys.snapshot.state import FAILED
 from cynomys.transport.keys import generate_keys
 from tests.helpers import wait_for, write_config
 from tests.integration.test_snapshot import ROOT, _check, _job, _load, _run_with_crash
-from tests.servers.mariadb import MariaDBServer
-
-REPLICATION_ARGS = ("--log-slave-updates", "--gtid-strict-mode=ON")
+from tests.servers.mariadb import REPLICATION_ARGS, MariaDBServer, com_select
 
 
 @pytest.fixture
@@ -37,10 +35,6 @@ def pair() -> Iterator[tuple[MariaDBServer, MariaDBServer]]:
     finally:
         replica.destroy()
         primary.destroy()
-
-
-def _com_select(srv: MariaDBServer) -> int:
-    return int(srv.execute("SHOW GLOBAL STATUS LIKE 'Com_select'")[0][1])
 
 
 @pytest.mark.slow
@@ -60,13 +54,13 @@ def test_snapshot_from_a_lagging_replica_under_writers_with_sigkill(
         security={k: str(v) for k, v in keys.items()},
         snapshot={"chunk_size": 2500, "throttle_ms": 10, "read_only": read_only,
                   "read_from": f"127.0.0.1:{replica.port}", "replica_wait_s": 20})
-    selects = _com_select(replica)
+    selects = com_select(replica)
     cfg, numbers = _run_with_crash(primary, tmp_path, cfg_path, lambda cfg: "initial")
     _check(primary, cfg, numbers)
     log = (tmp_path / "producer.log").read_text(errors="replace")
     assert f"reading chunks from the replica 127.0.0.1:{replica.port}" in log
     # Every chunk select ran there (plus the readers' boundary queries).
-    assert _com_select(replica) - selects >= numbers["chunks"], numbers
+    assert com_select(replica) - selects >= numbers["chunks"], numbers
     print(f"\nsnapshot read on a replica 1 s behind, 4 writers, a SIGKILL ({'read-only' if read_only else 'DBLog'}): "
           f"{numbers}")
 

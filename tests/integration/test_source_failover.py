@@ -42,14 +42,13 @@ from tests.integration.test_e2e_columnstore import (
     _reports_caught_up,
     _write_loop,
 )
-from tests.servers.mariadb import MariaDBServer
+from tests.servers.mariadb import REPLICATION_ARGS, MariaDBServer
 
 pytestmark = [pytest.mark.integration]
 
 # Both servers log what they apply from their primary (the replica's binlog
 # must hold the old primary's transactions, with their GTIDs, for the
 # producer to find its place there) and refuse out-of-order GTIDs.
-REPLICATION_ARGS = ("--log-slave-updates", "--gtid-strict-mode=ON")
 WRITE_BEFORE_S = 20.0   # writing on the old primary
 WRITE_AFTER_S = 20.0    # writing on the new primary
 WRITERS = 4

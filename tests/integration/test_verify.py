@@ -28,7 +28,7 @@ import pytest
 from tests.helpers import wait_for
 from tests.integration import verify_harness
 from tests.integration.verify_harness import DuckDBSide, MariaDBSide, verify_run
-from tests.servers.mariadb import MariaDBServer
+from tests.servers.mariadb import REPLICATION_ARGS, MariaDBServer, com_select
 
 pytestmark = [pytest.mark.integration]
 
@@ -174,7 +174,7 @@ def _contract(tmp_path: Path, redis_url: str, side: Any, replica: MariaDBServer 
             replica.execute("STOP SLAVE", "CHANGE MASTER TO MASTER_DELAY = 1", "START SLAVE")
             reads = {"read_from": f"127.0.0.1:{replica.port}", "replica_wait_s": 20}
         run.configure(redis_url, stream="verify", chunk=CHUNK, snapshot=reads)
-        selects = _com_select(replica) if replica is not None else 0
+        selects = com_select(replica) if replica is not None else 0
         src.execute("CREATE DATABASE app", *[f"CREATE TABLE app.{t} ({c})" for t, c in TABLES.items()])
         conn = src.connect("app")
         with conn.cursor() as cur:
@@ -219,15 +219,8 @@ def _contract(tmp_path: Path, redis_url: str, side: Any, replica: MariaDBServer 
         rc, out = run.verify("--status")
         assert rc == 0 and "differs:" in out and "repair of" in out, out
         if replica is not None:  # the chunk selects ran there: a few dozen chunks in four verifies
-            assert _com_select(replica) - selects >= 12, _com_select(replica) - selects
+            assert com_select(replica) - selects >= 12, com_select(replica) - selects
 
-
-#: A source with a replica (tests/integration/test_snapshot_replica.py).
-REPLICATION_ARGS = ("--log-slave-updates", "--gtid-strict-mode=ON")
-
-
-def _com_select(srv: MariaDBServer) -> int:
-    return int(srv.execute("SHOW GLOBAL STATUS LIKE 'Com_select'")[0][1])
 
 
 SIDES: dict[str, Callable[[Path], Any]] = {"mariadb": MariaDBSide, "duckdb": DuckDBSide}
