@@ -139,7 +139,7 @@ class ReplicaReads:
                 f"[snapshot] read_from: the replica {self.where} stopped replicating on error {errno}: "
                 f"{_pick(status, _SQL_ERROR)}; the snapshot cannot read chunks there",
                 hint=f"repair replication on {self.where} (SHOW SLAVE STATUS), or set [snapshot] read_from = \"\" "
-                     "to read chunks from the source; the snapshot resumes after its last finished chunk")
+                     "to read chunks from the source; then ask for the table again (cynomys snapshot --tables)")
 
     def wait(self, gtid: str) -> None:
         """Return once the replica has applied ``gtid`` (a GTID or a set of
