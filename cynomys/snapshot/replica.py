@@ -41,7 +41,7 @@ from cynomys.core.config import Config, SourceConfig
 from cynomys.core.errors import SourceUnavailableError
 from cynomys.core.flavour import flavour_of
 from cynomys.snapshot.errors import SnapshotError
-from cynomys.snapshot.source import SnapshotConnection, driver_error
+from cynomys.snapshot.source import DENIED, SnapshotConnection, driver_error
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,13 @@ class ReplicaReads:
         self.flavour = flavour.name
         old_mysql = flavour.name == "mysql" and flavour.version < (8, 0, 22)
         self._status_sql = STATUS_SQL["mysql-old" if old_mysql else flavour.name]
+        try:
+            self._check_replicates(read_from)
+        except BaseException:
+            self.conn.close()  # the caller never gets this object to close
+            raise
+
+    def _check_replicates(self, read_from: str) -> None:
         status = self.status()
         if status is not None and not status:
             raise SnapshotError(
@@ -122,7 +129,7 @@ class ReplicaReads:
             finally:
                 cur.close()
         except Exception as exc:
-            if not driver_error(exc) or (exc.args[0] if exc.args else 0) not in (1227, 1142, 1044):
+            if not driver_error(exc) or (exc.args[0] if exc.args else 0) not in DENIED:
                 raise
             log.warning("snapshot: cannot read the replication status of %s (%s): %s; chunk reads there "
                         "still wait for each low watermark", self.where, self._status_sql, exc.args[-1])

@@ -45,6 +45,8 @@ from cynomys.snapshot.errors import SnapshotError
 log = logging.getLogger(__name__)
 
 _CONNECTION_ERRORS = {2003, 2006, 2013, 2055, 1053, 1927}
+#: Command denied, access denied (database, login), a privilege needed.
+DENIED = frozenset({1142, 1044, 1227, 1045})
 _SYSTEM_SCHEMAS = ("mysql", "information_schema", "performance_schema", "sys")
 
 
@@ -57,7 +59,7 @@ def translate(exc: Exception, cfg: SourceConfig, what: str) -> CynomysError:
     operational = type(exc).__name__ == "OperationalError"  # both drivers' DB-API class
     if code in _CONNECTION_ERRORS or (operational and isinstance(code, int) and code >= 2000):
         return SourceUnavailableError(f"snapshot: cannot reach the source {cfg.host}:{cfg.port}: {exc}")
-    if code in (1142, 1044, 1227, 1045):  # command denied, access denied, need privilege
+    if code in DENIED:
         return SnapshotError(
             f"snapshot: the source {cfg.host}:{cfg.port} refused {what}: {exc.args[1] if len(exc.args) > 1 else exc}",
             hint="grant the Cynomys user the privilege named above, or set [snapshot] read_only = true to "

@@ -340,9 +340,9 @@ class ChunkedTask(Generic[J, F, E]):
 
     def _conn_reset(self) -> None:
         # After an error the session may be inside a transaction: start afresh.
-        if self._opener is not None and self._opener.replica is not None:
-            self._opener.replica.close()
-        if self._conn is not None:
+        if self._opener is not None:
+            self._opener.close()  # the connection below, and the replica's if it opened one
+        elif self._conn is not None:
             self._conn.close()
         self._conn = None
         self._opener = None
