@@ -364,6 +364,9 @@ TRANSIENT_MARKERS: tuple[str, ...] = (
     # compaction).  Iceberg refuses the commit without writing anything; the
     # flush (already rolled back per table by the markers) is redone on top.
     "ValidationException: Found conflicting", "ValidationException: Found new conflicting",
+    # The same race from the other side: another writer's commit removed a
+    # data file (a compaction rewrote it) that this commit's deletes point at.
+    "ValidationException: Cannot commit, missing data files",
     # Format v3: a commit whose validation window holds two DVs of one data
     # file (another writer replaced its DV meanwhile) is refused with this,
     # though the table is fine and nothing was written (apache/iceberg#17764,
