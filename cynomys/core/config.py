@@ -261,7 +261,8 @@ class SnapshotConfig:
     read_from: str = field(default="", metadata=checked(lambda v: _listen_ok(v), '"" (the source) or "host:port" '
                                                                                'of a replica of the source'))
     # How long a chunk waits for that replica to apply its low watermark
-    # before the producer reports it lagging (a transient error: it retries).
+    # before the producer reports it lagging (a warning; the chunk is read
+    # again with new watermarks while the log goes on).
     replica_wait_s: float = field(default=30.0, metadata=POSITIVE)
 
 

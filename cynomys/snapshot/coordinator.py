@@ -44,7 +44,7 @@ from cynomys.snapshot.chunker import decode_key, encode_key
 from cynomys.snapshot.columns import TableInfo, row_converter
 from cynomys.snapshot.errors import SnapshotError, SnapshotRequestError
 from cynomys.snapshot.keyless import SNAPSHOT_TID_PREFIX, ConsistentRead, DropRules, KeylessRead, check_keyless
-from cynomys.snapshot.readers import ChunkReaders, Plan, ReadRequest
+from cynomys.snapshot.readers import ChunkReaders, Plan, ReadRequest, ReadResult
 from cynomys.snapshot.source import MODEL_TYPES, chunk_driver
 from cynomys.snapshot.state import (
     CANCELLED,
@@ -159,7 +159,8 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
                     self._drop_rules.set(t.database, t.table, Position.from_dict(t.read_at))
         self._dropping = self._drop_rules.drops  # a keyless table's change inside its consistent read
         self._throttle_s = self.scfg.throttle_ms / 1000.0
-        self.stats.update(dropped=0, aborted=0)
+        self.stats.update(dropped=0, aborted=0, replica_lags=0)
+        self._lag_warned_at = -1e9
         self._pool: ChunkReaders | None = None
         self._parts: dict[tuple[str, int], _Part] = {}
         self._by_flight: dict[int, _Active] = {}
@@ -350,7 +351,8 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
                 return  # a keyless table: read once the chunks in flight are handed over
             self._queue(job, i, p)
 
-    def _queue(self, job: SnapshotJob, i: int, p: _Part) -> None:
+    def _queue(self, job: SnapshotJob, i: int, p: _Part,
+               fixed: tuple[int, tuple[Any, ...] | None, tuple[Any, ...]] | None = None) -> None:
         flight = next(self._flights)
         if self.scfg.read_only:
             # Its GTID marks come with its rows; until then the changes are kept (seen).
@@ -361,7 +363,7 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
             f = _Active(job.id, i, p.info, Window(Phase.WAIT_LOW, low, high), flight)
         self._inflight = (*self._inflight, f)
         self._by_flight[flight] = f
-        self._readers().submit(ReadRequest(flight, p.plan, p.info, job.where, p.rows, low, high))
+        self._readers().submit(ReadRequest(flight, p.plan, p.info, job.where, p.rows, low, high, fixed))
 
     def _collect(self) -> None:
         """Take the readers' answers: rows into their chunks (a reader's
@@ -372,6 +374,9 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
             f = self._by_flight.get(res.flight)
             if f is None:
                 continue  # dropped meanwhile (DDL, cancel): its rows go
+            if res.lagging is not None:
+                self._replica_lags(f, res)
+                continue
             if res.error is not None:
                 if isinstance(res.error, SnapshotError):
                     self._fail(f.job_id, f.part, res.error.one_line())
@@ -395,6 +400,25 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
             f.changed = set()
             f.chunk, f.seq, f.exhausted = chunk, res.seq, res.exhausted
             f.after = encode_key(res.end if res.end is not None else res.start)
+
+    def _replica_lags(self, f: _Active, res: ReadResult) -> None:
+        """The replica had not applied the chunk's low watermark within
+        ``replica_wait_s``: its window goes (a window keeps every key the log
+        changes in it, so none stays open for as long as a replica may lag)
+        and the chunk is asked for again with new watermarks -- a planned
+        range as it was, else the table's next chunk from its plan.  Warned
+        once per wait: the snapshot stands still, the log goes on."""
+        self._inflight = tuple(x for x in self._inflight if x is not f)
+        del self._by_flight[f.flight]
+        self.stats["replica_lags"] += 1
+        now = time.monotonic()
+        if now - self._lag_warned_at >= self.scfg.replica_wait_s:
+            self._lag_warned_at = now
+            log.warning("%s; the snapshot of %s.%s waits for it, the log goes on", res.lagging,
+                        f.info.schema.database, f.info.schema.table)
+        job, p = self._job(f.job_id), self._parts.get((f.job_id, f.part))
+        if res.seq >= 0 and res.end is not None and job is not None and p is not None:
+            self._queue(job, f.part, p, (res.seq, res.start, res.end))
 
     def _emit_ready(self) -> list[Item]:
         """The chunks ready, each table's in order, as one transaction at

@@ -34,6 +34,12 @@ With ``[snapshot] read_from`` each reader also holds a connection to that
 replica of the source: its boundary queries and chunk selects run there,
 each select once the replica has applied the chunk's low watermark, and the
 watermarks stay on the source (snapshot/replica.py says why that is exact).
+A replica that lags past ``replica_wait_s`` gives the chunk back
+(``ReadResult.lagging``): a chunk read with ``LIMIT`` under the plan's lock
+leaves the plan as it found it, a planned range comes back with its number
+and bounds, and the producer asks for it again (``ReadRequest.fixed``) with
+new watermarks.  The log goes on meanwhile, and no window stays open longer
+than one wait (a window keeps every key the log changes in it).
 
 Threads share nothing with the producer but the two queues and the plans
 (each under its own lock); a reader's error goes back in its result and is
@@ -52,7 +58,7 @@ from cynomys.core.config import Config
 from cynomys.core.model import Row
 from cynomys.snapshot.chunker import build_boundary_query, build_chunk_query, build_range_query
 from cynomys.snapshot.columns import TableInfo, convert_rows, row_converter
-from cynomys.snapshot.replica import replica_opener
+from cynomys.snapshot.replica import ReplicaLagging, replica_opener
 from cynomys.snapshot.source import MODEL_TYPES, SnapshotConnection, chunk_driver
 from cynomys.snapshot.watermark import WindowOpener
 from cynomys.snapshot.window import GtidMarks
@@ -82,6 +88,8 @@ class ReadRequest:
     rows: int              # rows per chunk
     low: str = ""          # DBLog watermark UUIDs ("" read-only)
     high: str = ""
+    # A planned range read again (the replica lagged): (seq, start, end) in driver key values.
+    fixed: tuple[int, tuple[Any, ...] | None, tuple[Any, ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +102,8 @@ class ReadResult:
     exhausted: bool = False                # the table's last chunk
     marks: GtidMarks | None = None         # read-only windows
     error: BaseException | None = None
+    # Not read: the replica lagged.  seq >= 0: a planned range to ask for again (start, end).
+    lagging: ReplicaLagging | None = None
 
 
 class ChunkReaders:
@@ -164,8 +174,10 @@ class ChunkReaders:
                             replica=replica_opener(self.cfg, self.driver))
 
     def _read(self, opener: WindowOpener, req: ReadRequest) -> ReadResult:
-        conn = opener.reads
         s = req.info.schema
+        if req.fixed is not None:
+            return self._range(opener, req, *req.fixed)
+        conn = opener.reads
         key, idx = s.key, s.key_indexes()
         plan = req.plan
         with plan.lock:
@@ -181,20 +193,33 @@ class ChunkReaders:
                 end = tuple(got[0]) if got else None
             if end is not None:
                 plan.after = end
-                query = build_range_query(s.database, s.table, s.columns, key, after, end, req.where)
             else:
-                query = build_chunk_query(s.database, s.table, s.columns, key, after, req.rows, req.where)
-            if self.size == 1 or end is None:
                 # One reader, or the last chunk: it reads while holding the
                 # plan (its end is its last row); the plan moves past it.
-                raw, marks = opener.read(query, req.low, req.high)
+                query = build_chunk_query(s.database, s.table, s.columns, key, after, req.rows, req.where)
+                try:
+                    raw, marks = opener.read(query, req.low, req.high)
+                except ReplicaLagging as exc:
+                    plan.seq -= 1  # the plan was held: no other chunk took a number meanwhile
+                    return ReadResult(req.flight, lagging=exc)
                 full = len(raw) >= req.rows
                 if raw:
                     end = tuple(raw[-1][i] for i in idx)  # driver values, as the next select takes them
                     plan.after = end
                 plan.done = not full
                 return ReadResult(req.flight, seq, after, _converted(req.info, raw, self.driver), end, not full, marks)
-        raw, marks = opener.read(query, req.low, req.high)
+        assert end is not None
+        return self._range(opener, req, seq, after, end)
+
+    def _range(self, opener: WindowOpener, req: ReadRequest, seq: int, after: tuple[Any, ...] | None,
+               end: tuple[Any, ...]) -> ReadResult:
+        """A planned chunk, ``after < key <= end``, read outside the plan's lock."""
+        s = req.info.schema
+        query = build_range_query(s.database, s.table, s.columns, s.key, after, end, req.where)
+        try:
+            raw, marks = opener.read(query, req.low, req.high)
+        except ReplicaLagging as exc:
+            return ReadResult(req.flight, seq, after, end=end, lagging=exc)
         return ReadResult(req.flight, seq, after, _converted(req.info, raw, self.driver), end, False, marks)
 
 

@@ -23,9 +23,13 @@ before the read, so the low set alone says what the chunk holds (no
 ``Binlog_snapshot_position``, which would be the replica's own binlog).
 
 A replica that has not applied the low watermark within
-``[snapshot] replica_wait_s`` is lagging: a transient error (the producer
-restarts and the snapshot resumes after its last finished chunk), named
-with how far behind it is.  A replica whose replication stopped on an
+``[snapshot] replica_wait_s`` is lagging (``ReplicaLagging``, named with how
+far behind it is): a snapshot chunk gives its window up and is read again
+with new watermarks, the log flowing meanwhile (snapshot/readers.py), so a
+replica held back for maintenance pauses the snapshot with a warning every
+``replica_wait_s`` instead of holding a window open without bound or
+restarting the producer; elsewhere (verify) it is transient as any lost
+source.  A replica whose replication stopped on an
 error, or a server that replicates nothing, is a terminal error: waiting
 would never end.  Verify's chunk selects read there the same way (their
 window opener, snapshot/task.py); keyless tables' whole-table reads, by a
@@ -79,6 +83,10 @@ def replica_opener(cfg: Config, driver: str) -> Callable[[], ReplicaReads] | Non
     if not scfg.read_from:
         return None
     return lambda: ReplicaReads(cfg.source, scfg.read_from, driver, scfg.replica_wait_s)
+
+
+class ReplicaLagging(SourceUnavailableError):
+    """The replica has not applied a GTID within ``replica_wait_s``."""
 
 
 def _pick(status: dict[str, Any], names: tuple[str, ...]) -> Any:
@@ -161,8 +169,8 @@ class ReplicaReads:
         state = "" if not status else (
             f"{_pick(status, _BEHIND)} s behind, SQL thread running: {_pick(status, _SQL_RUNNING)}"
             + (f", IO error: {_pick(status, _IO_ERROR)}" if _pick(status, _IO_ERROR) else ""))
-        raise SourceUnavailableError(
+        raise ReplicaLagging(
             f"snapshot: the replica {self.where} ([snapshot] read_from) has not applied the source's GTID "
             f"{gtid} within {self.wait_s:g} s ({state or 'its replication status is not readable'}): it lags; "
-            "the snapshot retries once it catches up (raise [snapshot] replica_wait_s, or set read_from = \"\" "
-            "to read chunks from the source)")
+            "chunk reads there are retried until it catches up (start its replication if it was stopped, raise "
+            "[snapshot] replica_wait_s, or set read_from = \"\" to read chunks from the source)")

@@ -308,7 +308,9 @@ class ChunkedTask(Generic[J, F, E]):
             self._warn_if_stuck_one(f, now)
 
     def _warn_if_stuck_one(self, f: F, now: float) -> None:
-        if f.window.warned or f.window.closing or now - f.window.opened <= _STUCK_WARN_S:
+        # A chunk read on a replica holds its window while it waits for it (its own warning).
+        stuck_s = _STUCK_WARN_S + (self.scfg.replica_wait_s if self.scfg.read_from else 0.0)
+        if f.window.warned or f.window.closing or now - f.window.opened <= stuck_s:
             return
         w = f.window
         w.warned = True

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from cynomys.core.config import load_config
+from cynomys.core.checkpoint import read_json
+from cynomys.core.config import Config, load_config
 from cynomys.core.errors import ConfigError, SourceUnavailableError
+from cynomys.core.model import Position
 from cynomys.snapshot.errors import SnapshotError
 from cynomys.snapshot.replica import ReplicaReads
 from cynomys.snapshot.state import FAILED
@@ -63,6 +66,55 @@ def test_snapshot_from_a_lagging_replica_under_writers_with_sigkill(
     assert com_select(replica) - selects >= numbers["chunks"], numbers
     print(f"\nsnapshot read on a replica 1 s behind, 4 writers, a SIGKILL ({'read-only' if read_only else 'DBLog'}): "
           f"{numbers}")
+
+
+@pytest.mark.slow
+def test_a_replica_held_back_pauses_the_snapshot_while_the_log_flows(
+        pair: tuple[MariaDBServer, MariaDBServer], tmp_path: Path) -> None:
+    """The replica's SQL thread stopped (maintenance) when the snapshot
+    starts, under writers: the producer neither restarts nor stops; it warns
+    that the snapshot waits, reads nothing, and the writers' changes keep
+    reaching the transport; once replication runs again the snapshot
+    finishes and the stream is exact."""
+    primary, replica = pair
+    _load(primary)
+    replica.wait_caught_up(primary)
+    keys = generate_keys(tmp_path / "keys", rsa_bits=2048)
+    cfg_path = write_config(
+        tmp_path / "c.toml", primary, source={"include_tables": ["w.t"], "start": "current"},
+        producer={"id": "p1", "batch_max_events": 2000, "batch_max_delay_ms": 100},
+        transport={"kind": "file", "path": str(tmp_path / "transport.bin")},
+        security={k: str(v) for k, v in keys.items()},
+        snapshot={"chunk_size": 2500, "throttle_ms": 10, "read_from": f"127.0.0.1:{replica.port}",
+                  "replica_wait_s": 2})
+    log = tmp_path / "producer.log"
+    warning = "waits for it, the log goes on"
+    replica.execute("STOP SLAVE SQL_THREAD")
+
+    def checkpoint(cfg: Config) -> Position:
+        d = read_json(cfg.resolve(cfg.producer.state_dir) / "producer.json") or {}
+        return Position.from_dict(d["checkpoint"])
+
+    def held_back(cfg: Config) -> str:
+        """The producer and the writers run; the initial snapshot waits."""
+        wait_for(lambda: warning in log.read_text(errors="replace"), 30, "the snapshot's wait to be warned of")
+        at = checkpoint(cfg)
+        time.sleep(5)  # two more waits
+        job = _job(cfg, "initial")
+        assert job is not None and job.tables[0].scanned == 0, "chunks were read while the replica stood still"
+        assert at < checkpoint(cfg), "the writers' changes did not reach the transport"
+        replica.execute("START SLAVE SQL_THREAD")
+        return "initial"
+
+    cfg, numbers = _run_with_crash(primary, tmp_path, cfg_path, held_back, fault=lambda proc, cfg, ident: None)
+    _check(primary, cfg, numbers)
+    text = log.read_text(errors="replace")
+    assert "retrying in" not in text, "the producer restarted"
+    warned = [ln for ln in text.splitlines() if warning in ln]
+    assert warned and all(" WARNING " in ln and f"replica 127.0.0.1:{replica.port}" in ln
+                          and "SQL thread running: No" in ln for ln in warned), warned
+    assert len(warned) <= 4, f"warned more than once per wait: {len(warned)}"
+    print(f"\nsnapshot paused by a replica held back ({len(warned)} warnings), then finished: {numbers}")
 
 
 def test_a_replica_that_lags_or_stopped_is_named(pair: tuple[MariaDBServer, MariaDBServer], tmp_path: Path) -> None:
