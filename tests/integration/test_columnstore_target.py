@@ -308,6 +308,48 @@ def test_one_key_of_a_composite_key_is_deleted_through_the_key(server: MariaDBSe
     target.close()
 
 
+@pytest.mark.parametrize("local_infile", [True, False], ids=["load_data", "refused"])
+def test_updates_keeping_their_key_replace_the_row_without_a_delete(
+        server: MariaDBServer, db: str, local_infile: bool) -> None:
+    """A flush's updates that keep their key load with ``LOAD DATA ...
+    REPLACE`` (an update in place) instead of a DELETE of each key first.
+    Deletes, a key changed by an update and inserts are applied as before;
+    a server that refuses LOAD DATA LOCAL gets the DELETEs and INSERTs."""
+    schema = TableSchema(db, "t", (ColumnDef("a", "bigint"), ColumnDef("b", "int"), ColumnDef("c", "varchar(20)")),
+                         ("a", "b"))
+    target = ColumnStoreTarget(make_config(server.url))
+    target.connect()
+    rows = {(k, 1): "x" for k in range(1000)}
+    target.apply(contract.flush([contract.change(Op.INSERT, schema, after=(a, b, c)) for (a, b), c in rows.items()]))
+    changes = [contract.change(Op.UPDATE, schema, before=(k, 1, "x"), after=(k, 1, f"y{k}")) for k in range(0, 500)]
+    changes += [contract.change(Op.UPDATE, schema, before=(600, 1, "x"), after=(5000, 1, "moved")),
+                contract.change(Op.DELETE, schema, before=(700, 1, "x")),
+                contract.change(Op.DELETE, schema, before=(701, 1, "x")),
+                contract.change(Op.INSERT, schema, after=(6000, 2, "new"))]
+    want = {**rows, **{(k, 1): f"y{k}" for k in range(500)}, (5000, 1): "moved", (6000, 2): "new"}
+    for gone in ((600, 1), (700, 1), (701, 1)):
+        del want[gone]
+
+    def handler(name: str) -> int:
+        return int(server.execute(f"SHOW GLOBAL STATUS LIKE '{name}'")[0][1])
+
+    if not local_infile:
+        server.execute("SET GLOBAL local_infile = 0")
+    try:
+        deleted = handler("Handler_delete")
+        target.apply(contract.flush(changes))
+        deleted = handler("Handler_delete") - deleted
+    finally:
+        server.execute("SET GLOBAL local_infile = 1")
+    got = {(a, b): c for a, b, c in server.execute(f"SELECT a, b, c FROM {db}.t")}
+    assert got == want
+    assert target.use_load_data is local_infile
+    # Rows deleted by the server: the key moved and the two deletes; with
+    # LOAD DATA refused, every updated key too.
+    assert deleted == (3 if local_infile else 503), deleted
+    target.close()
+
+
 def test_the_load_file_is_streamed_and_a_failure_while_writing_it_loads_nothing(
         server: MariaDBServer, db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The LOAD DATA file is written into the upload piece by piece (nothing

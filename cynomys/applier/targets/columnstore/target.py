@@ -460,6 +460,12 @@ class ColumnStoreTarget(SqlTarget):
         schema = tf.schema
         keys = list(tf.delete_keys)
         runs, upserts = tf.runs, self._replacing(cur, tf)
+        # Updates that keep their key: the new image loads with REPLACE over
+        # the old row instead of a DELETE of its key first (InnoDB turns such
+        # a REPLACE into an update in place).
+        replaced = self._replaced_keys(cur, tf)
+        if replaced:
+            keys = [k for k in keys if k not in replaced]
         if upserts:
             # Snapshot rows (READ runs) go in with LOAD DATA ... REPLACE: the
             # primary key replaces whatever the target holds for them, so their
@@ -478,7 +484,11 @@ class ColumnStoreTarget(SqlTarget):
         inserts = list(tf.inserts)
         for row, n in tf.delete_rows.items():
             inserts.extend(self._delete_row(cur, schema, row, n))
-        if inserts or runs:
+        if replaced:
+            if not self._loaded(cur, schema, inserts, runs, replace=True):  # LOAD DATA refused: as before
+                self._delete_keys(cur, schema, list(replaced))
+                self._insert_values_of(cur, schema, inserts + [r for run in runs for r in run.images()])
+        elif inserts or runs:
             self._insert(cur, schema, inserts, runs)
         if upserts:
             self._upsert_reads(cur, schema, upserts)
@@ -526,21 +536,33 @@ class ColumnStoreTarget(SqlTarget):
 
     def _replacing(self, cur: Cursor, tf: TableFlush) -> list[InsertRun]:
         """The flush's READ runs when the target table replaces rows by the
-        source's primary key (the engine declares keys, the table has that
-        primary key, LOAD DATA is on); else [] (their keys are deleted first)."""
-        schema = tf.schema
-        if not (self.use_load_data and self.profile.declare_keys and schema.key):
-            return []
+        source's primary key (``_replaces_by_key``); else [] (their keys are
+        deleted first)."""
         upserts = [r for r in tf.runs if r.op is Op.READ]
-        if not upserts:
-            return []
+        return upserts if upserts and self._replaces_by_key(cur, tf.schema) else []
+
+    def _replaced_keys(self, cur: Cursor, tf: TableFlush) -> set[tuple[Value, ...]]:
+        """Keys the flush deletes and inserts again (an update keeping its
+        key), when the table replaces rows by the source's primary key: a
+        LOAD DATA ... REPLACE of the new images removes the old rows."""
+        if not (tf.delete_keys and tf.inserts) or not self._replaces_by_key(cur, tf.schema):
+            return set()
+        idx = tf.schema.key_indexes()
+        inserted = {tuple(r[i] for i in idx) for r in tf.inserts}
+        return {k for k in tf.delete_keys if k in inserted}
+
+    def _replaces_by_key(self, cur: Cursor, schema: TableSchema) -> bool:
+        """The engine declares keys, the target table's primary key is the
+        source's, and LOAD DATA is on."""
+        if not (self.use_load_data and self.profile.declare_keys and schema.key):
+            return False
         ident = (schema.database, schema.table, schema.key)
         ok = self._pk_matches.get(ident)
         if ok is None:
             cur.execute("SELECT COLUMN_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s AND "
                         "TABLE_NAME = %s AND INDEX_NAME = 'PRIMARY' ORDER BY SEQ_IN_INDEX", (schema.database, schema.table))
             ok = self._pk_matches[ident] = [str(r[0]).lower() for r in cur.fetchall()] == [k.lower() for k in schema.key]
-        return upserts if ok else []
+        return ok
 
     def _delete_keys(self, cur: Cursor, schema: TableSchema, keys: Sequence[tuple[Value, ...]]) -> None:
         if not keys:
