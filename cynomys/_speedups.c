@@ -1340,7 +1340,37 @@ fail:
  * so one op per run), no before image and consecutive after images become
  * one run
  * (tid, database, table, (file, pos, gtid), commit_ts, table_ref, first_after, count, op). */
-static PyObject *rd_runs(Rd *r, int64_t op_insert, int64_t op_read) {
+/* One whole record read from its start: (tid, database, table, txn, commit_ts,
+ * table_ref, op, before, after, sql | None) -- a record that is not part of a
+ * run of plain INSERT or READ images (an update, a delete, DDL). */
+static PyObject *rd_record(const unsigned char *start, const unsigned char *end) {
+    Rd h = {start, end};
+    PyObject *tid = NULL, *db = NULL, *tb = NULL, *sql = NULL, *txn = NULL, *out = NULL;
+    int64_t v, op, ts, ref, before, after;
+    if (!(tid = rd_str(&h)) || !(db = rd_str(&h)) || !(tb = rd_str(&h))) goto done;
+    if (rd_long(&h, &v) < 0) goto done;
+    if (v == 1) {
+        if (!(sql = rd_str(&h))) goto done;
+    } else if (v == 0) {
+        sql = Py_NewRef(Py_None);
+    } else {
+        fallback("bad union index");
+        goto done;
+    }
+    if (rd_long(&h, &op) < 0 || !(txn = rd_position(&h))) goto done;
+    if (rd_long(&h, &ts) < 0 || rd_long(&h, &ref) < 0 || rd_long(&h, &before) < 0 || rd_long(&h, &after) < 0)
+        goto done;
+    out = Py_BuildValue("(OOOOLLLLLO)", tid, db, tb, txn, (long long)ts, (long long)ref, (long long)op,
+                        (long long)before, (long long)after, sql);
+done:
+    Py_XDECREF(tid); Py_XDECREF(db); Py_XDECREF(tb); Py_XDECREF(sql); Py_XDECREF(txn);
+    return out;
+}
+
+/* The records as runs of plain INSERT/READ images (9-tuples); with ``all``
+ * every other record as itself (a 10-tuple, rd_record) in its place, else
+ * such a record makes the caller fall back to the reference reader. */
+static PyObject *rd_runs(Rd *r, int64_t op_insert, int64_t op_read, int all) {
     PyObject *out = PyList_New(0);
     const unsigned char *head = NULL;   /* raw header of the open run */
     Py_ssize_t head_len = 0;
@@ -1367,14 +1397,31 @@ static PyObject *rd_runs(Rd *r, int64_t op_insert, int64_t op_read) {
             for (int f = 0; f < 3; f++)
                 if (rd_raw(r, &s, &sn) < 0) goto fail;
             if (rd_long(r, &v) < 0) goto fail;              /* sql: union index */
-            if (v != 0) { fallback("a record with SQL text"); goto fail; }
+            int plain = v == 0;
+            if (v == 1 && all) {
+                if (rd_raw(r, &s, &sn) < 0) goto fail;
+            } else if (v != 0) {
+                fallback("a record with SQL text");
+                goto fail;
+            }
             if (rd_long(r, &op) < 0) goto fail;
-            if (op != op_insert && op != op_read) { fallback("a record other than INSERT or READ"); goto fail; }
+            plain = plain && (op == op_insert || op == op_read);
+            if (!plain && !all) { fallback("a record other than INSERT or READ"); goto fail; }
             if (rd_raw(r, &s, &sn) < 0 || rd_long(r, &v) < 0 || rd_raw(r, &s, &sn) < 0) goto fail;  /* txn */
             if (rd_long(r, &ts) < 0 || rd_long(r, &tref) < 0) goto fail;
             Py_ssize_t hlen = (Py_ssize_t)(r->p - start);
             if (rd_long(r, &before) < 0 || rd_long(r, &after) < 0) goto fail;
-            if (tref < 0 || before != -1 || after < 0) { fallback("a record without a plain insert image"); goto fail; }
+            if (plain && (tref < 0 || before != -1 || after < 0)) {
+                if (!all) { fallback("a record without a plain insert image"); goto fail; }
+                plain = 0;
+            }
+            if (!plain) {
+                CLOSE_RUN();
+                PyObject *rec = rd_record(start, r->end);
+                if (!rec || PyList_Append(out, rec) < 0) { Py_XDECREF(rec); goto fail; }
+                Py_DECREF(rec);
+                continue;
+            }
             if (count && hlen == head_len && memcmp(start, head, (size_t)hlen) == 0 && after == next_after) {
                 count++;
                 next_after++;
@@ -1545,14 +1592,18 @@ fail:
     return NULL;
 }
 
-/* decode_columns(payload: bytes-like (the Avro after MAGIC+version), op_insert: int, op_read: int = -1)
- *   -> (producer_id, end, complete, first_txn | None, created_us, last_commit_ts, meta, tables, runs, images) */
+/* decode_columns(payload: bytes-like (the Avro after MAGIC+version), op_insert: int, op_read: int = -1,
+ *                all: int = 0)
+ *   -> (producer_id, end, complete, first_txn | None, created_us, last_commit_ts, meta, tables, runs, images)
+ * ``runs``: runs of plain INSERT/READ images; with ``all``, other records
+ * among them in stream order (rd_runs). */
 static PyObject *decode_columns(PyObject *self, PyObject *args) {
     Py_buffer view;
     long long op_insert, op_read = -1;
+    int all = 0;
     PyObject *producer = NULL, *end = NULL, *first = NULL, *meta = NULL, *tables = NULL, *runs = NULL,
              *images = NULL, *out = NULL;
-    if (!PyArg_ParseTuple(args, "y*L|L:decode_columns", &view, &op_insert, &op_read)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*L|Lp:decode_columns", &view, &op_insert, &op_read, &all)) return NULL;
     Rd r = {(const unsigned char *)view.buf, (const unsigned char *)view.buf + view.len};
     int64_t v, created, last_ts;
     int complete;
@@ -1582,7 +1633,7 @@ static PyObject *decode_columns(PyObject *self, PyObject *args) {
             if (rc < 0) goto done;
         }
     }
-    if (!(tables = rd_tables(&r)) || !(runs = rd_runs(&r, op_insert, op_read)) || !(images = rd_images(&r))) goto done;
+    if (!(tables = rd_tables(&r)) || !(runs = rd_runs(&r, op_insert, op_read, all)) || !(images = rd_images(&r))) goto done;
     out = Py_BuildValue("(OOOOLLOOOO)", producer, end, complete ? Py_True : Py_False, first, (long long)created,
                         (long long)last_ts, meta, tables, runs, images);
 done:

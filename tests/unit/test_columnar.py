@@ -158,6 +158,34 @@ def test_snapshot_reads_ride_the_column_wise_path_as_upserts(compiled_path: obje
             assert sorted(c.split(b"\n")) == sorted(r.split(b"\n"))
 
 
+def _expanded(batch: Batch) -> list[tuple[Change, list[tuple[type, object]]]]:
+    """Every change as the reference gives it, with its values' types."""
+    out = []
+    for c in batch.changes:
+        for x in (c.as_changes() if isinstance(c, InsertRun) else [c]):
+            out.append((x, [(type(v), v) for img in (x.before, x.after) for v in img or ()]))
+    return out
+
+
+def test_updates_deletes_and_ddl_are_read_by_the_compiled_reader_like_the_reference(compiled_path: object) -> None:
+    """Envelopes of inserts, updates, deletes, snapshot reads and DDL (SQL
+    text, no images): the compiled reader takes them all (no fallback) and
+    gives the reference's changes, values of the same types, in order."""
+    envelopes = _envelopes(random.Random(5), 40, ops=True, reads=True)
+    ddl = Change(Op.DDL, "d", "t", "9", Position("b.000002", 4), 7, None, None, None, "ALTER TABLE t ADD c int")
+    upd = Change(Op.UPDATE, "d", "t", "9", Position("b.000002", 4), 7, SCHEMA,
+                 (1,) + (None,) * (len(COLS) - 1), (1,) + (None,) * (len(COLS) - 1))
+    envelopes.append(codec.encode(Batch("p", (upd, ddl, upd), Position("b.000002", 90))))
+    before = compiled.fallbacks["decode_columns"]
+    for payload in envelopes:
+        ref, col = codec.decode(payload), codec.decode_columnar(payload)
+        assert _expanded(col) == _expanded(ref)
+        assert (col.producer_id, col.end, col.complete, col.first_txn, col.meta) == \
+            (ref.producer_id, ref.end, ref.complete, ref.first_txn, ref.meta)
+    assert compiled.fallbacks["decode_columns"] == before, "an envelope left the compiled reader"
+    assert any(c.op is Op.UPDATE for p in envelopes for c in codec.decode_columnar(p).changes)
+
+
 def test_runs_count_as_rows_and_materialize_like_the_reference(compiled_path: object) -> None:
     payload = _envelopes(random.Random(3), 1, ops=False)[0]
     ref, col = codec.decode(payload), codec.decode_columnar(payload)
