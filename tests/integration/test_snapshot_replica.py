@@ -40,6 +40,19 @@ def pair() -> Iterator[tuple[MariaDBServer, MariaDBServer]]:
         primary.destroy()
 
 
+def _config(tmp_path: Path, primary: MariaDBServer, replica: MariaDBServer, *, read_only: bool,
+            replica_wait_s: float) -> Path:
+    """A producer of w.t into a file transport, chunks read on ``replica``."""
+    keys = generate_keys(tmp_path / "keys", rsa_bits=2048)
+    return write_config(
+        tmp_path / "c.toml", primary, source={"include_tables": ["w.t"], "start": "current"},
+        producer={"id": "p1", "batch_max_events": 2000, "batch_max_delay_ms": 100},
+        transport={"kind": "file", "path": str(tmp_path / "transport.bin")},
+        security={k: str(v) for k, v in keys.items()},
+        snapshot={"chunk_size": 2500, "throttle_ms": 10, "read_only": read_only,
+                  "read_from": f"127.0.0.1:{replica.port}", "replica_wait_s": replica_wait_s})
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("read_only", [False, True], ids=["dblog", "read_only"])
 def test_snapshot_from_a_lagging_replica_under_writers_with_sigkill(
@@ -49,14 +62,7 @@ def test_snapshot_from_a_lagging_replica_under_writers_with_sigkill(
     replica.wait_caught_up(primary)
     # A replica a second behind: what it shows is always older than the source.
     replica.execute("STOP SLAVE", "CHANGE MASTER TO MASTER_DELAY = 1", "START SLAVE")
-    keys = generate_keys(tmp_path / "keys", rsa_bits=2048)
-    cfg_path = write_config(
-        tmp_path / "c.toml", primary, source={"include_tables": ["w.t"], "start": "current"},
-        producer={"id": "p1", "batch_max_events": 2000, "batch_max_delay_ms": 100},
-        transport={"kind": "file", "path": str(tmp_path / "transport.bin")},
-        security={k: str(v) for k, v in keys.items()},
-        snapshot={"chunk_size": 2500, "throttle_ms": 10, "read_only": read_only,
-                  "read_from": f"127.0.0.1:{replica.port}", "replica_wait_s": 20})
+    cfg_path = _config(tmp_path, primary, replica, read_only=read_only, replica_wait_s=20)
     selects = com_select(replica)
     cfg, numbers = _run_with_crash(primary, tmp_path, cfg_path, lambda cfg: "initial")
     _check(primary, cfg, numbers)
@@ -79,14 +85,7 @@ def test_a_replica_held_back_pauses_the_snapshot_while_the_log_flows(
     primary, replica = pair
     _load(primary)
     replica.wait_caught_up(primary)
-    keys = generate_keys(tmp_path / "keys", rsa_bits=2048)
-    cfg_path = write_config(
-        tmp_path / "c.toml", primary, source={"include_tables": ["w.t"], "start": "current"},
-        producer={"id": "p1", "batch_max_events": 2000, "batch_max_delay_ms": 100},
-        transport={"kind": "file", "path": str(tmp_path / "transport.bin")},
-        security={k: str(v) for k, v in keys.items()},
-        snapshot={"chunk_size": 2500, "throttle_ms": 10, "read_from": f"127.0.0.1:{replica.port}",
-                  "replica_wait_s": 2})
+    cfg_path = _config(tmp_path, primary, replica, read_only=False, replica_wait_s=2)
     log = tmp_path / "producer.log"
     warning = "waits for it, the log goes on"
     replica.execute("STOP SLAVE SQL_THREAD")
