@@ -209,6 +209,7 @@ def _unpos(d: Any) -> Position:
 
 
 _OP_INDEX: dict[Op, int] = {}
+_OP_OF: dict[int, Op] = {}  # its inverse (the compiled reader's records)
 
 
 def _op_index() -> dict[Op, int]:
@@ -218,6 +219,7 @@ def _op_index() -> dict[Op, int]:
         records = next(f for f in raw["fields"] if f["name"] == "records")["type"]["items"]
         op_type = next(f for f in records["fields"] if f["name"] == "op")["type"]
         _OP_INDEX.update({Op(sym): i for i, sym in enumerate(op_type["symbols"])})
+        _OP_OF.update({i: op for op, i in _OP_INDEX.items()})
     return _OP_INDEX
 
 
@@ -397,7 +399,6 @@ def decode_columnar(payload: bytes) -> Batch:
     if ext is None or len(payload) < 4 or payload[:3] != MAGIC or payload[3] != VERSION:
         return decode(payload)
     ops = _op_index()
-    op_of = {i: op for op, i in ops.items()}
     try:
         (producer_id, end, complete, first_txn, created_us, last_commit_ts, meta, tables, runs,
          images) = ext.decode_columns(memoryview(payload)[4:], ops[Op.INSERT], ops[Op.READ], True)
@@ -419,7 +420,7 @@ def decode_columnar(payload: bytes) -> Batch:
         for rec in runs:
             if len(rec) == 10:  # a record of its own (rd_record)
                 tid, db, tb, txn, commit_ts, ref, op, before, after, sql = rec
-                changes.append(Change(op_of[op], db, tb, tid, Position(*txn), commit_ts,
+                changes.append(Change(_OP_OF[op], db, tb, tid, Position(*txn), commit_ts,
                                       schemas[ref] if ref >= 0 else None, image(ref, before), image(ref, after), sql))
                 continue
             tid, db, tb, txn, commit_ts, ref, first, count, op = rec

@@ -383,8 +383,7 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
                     continue
                 raise res.error
             if res.seq < 0:  # nothing was left to read: the table's last chunk was planned by another
-                self._inflight = tuple(x for x in self._inflight if x is not f)
-                del self._by_flight[res.flight]
+                self._forget(f)
                 continue
             if f.seen is not None:
                 assert res.marks is not None
@@ -401,6 +400,11 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
             f.chunk, f.seq, f.exhausted = chunk, res.seq, res.exhausted
             f.after = encode_key(res.end if res.end is not None else res.start)
 
+    def _forget(self, f: _Active) -> None:
+        """A flight that brought no rows: out of the chunks in flight."""
+        self._inflight = tuple(x for x in self._inflight if x is not f)
+        del self._by_flight[f.flight]
+
     def _replica_lags(self, f: _Active, res: ReadResult) -> None:
         """The replica had not applied the chunk's low watermark within
         ``replica_wait_s``: its window goes (a window keeps every key the log
@@ -408,8 +412,7 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
         and the chunk is asked for again with new watermarks -- a planned
         range as it was, else the table's next chunk from its plan.  Warned
         once per wait: the snapshot stands still, the log goes on."""
-        self._inflight = tuple(x for x in self._inflight if x is not f)
-        del self._by_flight[f.flight]
+        self._forget(f)
         self.stats["replica_lags"] += 1
         now = time.monotonic()
         if now - self._lag_warned_at >= self.scfg.replica_wait_s:
