@@ -171,3 +171,53 @@ def test_buffers_that_do_not_hold_the_rows_are_refused(compiled_path: object, ba
     assert compiled.ext is not None
     with pytest.raises(ValueError):
         compiled.ext.load_data_lines(2, bad)
+
+
+def _odd_value(rng: random.Random) -> Value:
+    """Values the compiled row writer hands to the column's encoder."""
+    from cynomys.core.model import RawTemporal
+
+    return rng.choice([True, False, 1.5, -0.0, 1e300, float("inf"), 2**64 + 1, -2**63 - 1, -2**63,
+                       RawTemporal("0000-00-00"), RawTemporal("2020-00-10 00:00:00"),
+                       datetime.timedelta(hours=-838, minutes=-59), datetime.timedelta(microseconds=1),
+                       datetime.datetime(2020, 1, 2, 3, 4, 5, tzinfo=datetime.timezone(datetime.timedelta(hours=5))),
+                       datetime.datetime(1999, 12, 31, 23, 0, tzinfo=UTC), decimal.Decimal("1E+5"),
+                       decimal.Decimal("-0E-10"), decimal.Decimal("NaN")])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_row_images_are_written_as_the_reference_writes_them(compiled_path: object, seed: int) -> None:
+    """_speedups.load_data_rows against types.load_data_rows_pure (the loop
+    value by value): every kind of value, in generic columns and a YEAR's,
+    rows shorter and longer than the columns (zip's rule), byte for byte."""
+    from cynomys.applier.targets.columnstore.types import (
+        FIELD_ENCODERS,
+        encode_field,
+        load_data_rows,
+        load_data_rows_pure,
+    )
+
+    rng = random.Random(seed)
+    encoders = [FIELD_ENCODERS.get(ColumnDef(n, t).base_type, encode_field) for n, t in COLS]
+    assert FIELD_ENCODERS["year"] in encoders
+    rows = []
+    for key in range(2000):
+        row = [(_odd_value(rng) if rng.random() < 0.1 and i != 3 else _value(rng, i, key)) for i in range(len(COLS))]
+        cut = rng.random()
+        rows.append(tuple(row[:rng.randint(0, len(row))] if cut < 0.02 else row + [1] if cut < 0.04 else row))
+    got = load_data_rows(rows, encoders)
+    assert got == load_data_rows_pure(rows, encoders)
+    assert got.count(b"\n") == len(rows)
+    assert load_data_rows([], encoders) == b""
+
+
+def test_a_row_value_its_encoder_refuses_raises_as_the_reference(compiled_path: object) -> None:
+    from cynomys.applier.targets.columnstore.types import encode_field, load_data_rows, load_data_rows_pure
+
+    for bad in ("lone \ud800 surrogate", object()):
+        errors = []
+        for write in (load_data_rows, load_data_rows_pure):
+            with pytest.raises(Exception) as exc:
+                write([(1, bad)], [encode_field, encode_field])
+            errors.append(type(exc.value))
+        assert errors[0] is errors[1]

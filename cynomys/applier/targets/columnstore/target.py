@@ -59,6 +59,7 @@ from cynomys.applier.targets.columnstore.types import (
     encode_field,
     fetch_plan,
     literal,
+    load_data_rows,
 )
 from cynomys.applier.targets.sql import SqlTarget
 from cynomys.core import columnar as core_columnar
@@ -630,16 +631,15 @@ class ColumnStoreTarget(SqlTarget):
     @staticmethod
     def write_load_data(out: IO[bytes], schema: TableSchema, rows: list[Row],
                         runs: list[InsertRun] | None = None) -> None:
-        """Write the LOAD DATA file: ``rows`` value by value with the reference
-        encoders (types.py), then ``runs`` column-wise (columnstore/loaddata.py,
+        """Write the LOAD DATA file: ``rows`` with the field encoders
+        (types.py ``load_data_rows``: compiled, or value by value), then ``runs`` column-wise (columnstore/loaddata.py,
         the same bytes for the same values).  In pieces of ``core.columnar.PIECE_ROWS``
         rows: the whole file is never one bytes object (the applier's peak
         memory, issue #12)."""
         encoders = [FIELD_ENCODERS.get(c.base_type, encode_field) for c in schema.columns]
         piece = core_columnar.PIECE_ROWS
         for at in range(0, len(rows), piece):
-            out.write(b"".join([b"\t".join([enc(v) for enc, v in zip(encoders, row)]) + b"\n"
-                                for row in rows[at:at + piece]]))
+            out.write(load_data_rows(rows[at:at + piece], encoders))
         if runs:
             # Imported here: pyarrow is needed only by runs, which only the
             # compiled reader makes; the pure-Python applier never loads it.

@@ -12,10 +12,11 @@ import datetime
 import decimal
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
+from cynomys.core import compiled
 from cynomys.core.dialect import MARIADB
-from cynomys.core.model import ColumnDef, RawTemporal, Value
+from cynomys.core.model import ColumnDef, RawTemporal, Row, Value
 from cynomys.core.sourcetypes import datetime_text, members, time_text, type_params
 
 TypeRule = Callable[[ColumnDef], str]
@@ -174,6 +175,25 @@ def encode_year(v: Value) -> bytes:
 
 #: Source base type -> field encoder where it differs from encode_field.
 FIELD_ENCODERS: dict[str, Callable[[Value], bytes]] = {"year": encode_year}
+
+
+def load_data_rows(rows: Sequence[Row], encoders: Sequence[Callable[[Value], bytes]]) -> bytes:
+    """Row images as LOAD DATA lines, a field per encoder (``encode_field``
+    or a ``FIELD_ENCODERS`` one).  Compiled (``_speedups.load_data_rows``:
+    the common exact types written in C, anything else given to the
+    column's encoder), else ``load_data_rows_pure``: the same bytes.  The
+    rows of updates and deletes come this way; value by value in Python
+    they were about a third of the applier's CPU on a large UPDATE."""
+    ext = compiled.ext
+    if ext is None:
+        return load_data_rows_pure(rows, encoders)
+    out: bytes = ext.load_data_rows(rows if type(rows) is list else list(rows), list(encoders), encode_field)
+    return out
+
+
+def load_data_rows_pure(rows: Sequence[Row], encoders: Sequence[Callable[[Value], bytes]]) -> bytes:
+    """The reference of ``load_data_rows``."""
+    return b"".join([b"\t".join([enc(v) for enc, v in zip(encoders, row)]) + b"\n" for row in rows])
 
 
 def literal(v: Value) -> str:
