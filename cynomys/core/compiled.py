@@ -48,7 +48,7 @@ _reason = ""
 _announced = False
 #: Calls the compiled code handed back to the reference (``Fallback``):
 #: correct either way, but a count that grows with traffic means a slow path.
-fallbacks: dict[str, int] = {"decode": 0, "encode": 0, "decode_columns": 0, "load_data": 0}
+fallbacks: dict[str, int] = {"decode": 0, "encode": 0, "decode_columns": 0, "load_data": 0, "column_values": 0}
 
 
 def use_compiled(flag: bool) -> bool:

@@ -66,6 +66,15 @@ class Op(str, Enum):
 _FILE_NUM = re.compile(r"\.(\d+)$")
 
 
+@functools.lru_cache(maxsize=1024)
+def _file_number(name: str) -> int:
+    """The numeric suffix of a binlog file's name (-1: none).  Cached: the
+    applier orders every change of a flush by its position, and a stream
+    names few files."""
+    m = _FILE_NUM.search(name)
+    return int(m.group(1)) if m else -1
+
+
 @dataclass(frozen=True)
 class Position:
     """A place in the source's binlog: file + byte offset, plus the GTID of
@@ -78,8 +87,7 @@ class Position:
 
     def sort_key(self) -> tuple[int, str, int]:
         """Binlog order: the numeric suffix of the file name, then offset."""
-        m = _FILE_NUM.search(self.file)
-        return (int(m.group(1)) if m else -1, self.file, self.pos)
+        return (_file_number(self.file), self.file, self.pos)
 
     def __lt__(self, other: Position) -> bool:
         return self.sort_key() < other.sort_key()

@@ -176,14 +176,21 @@ def test_updates_deletes_and_ddl_are_read_by_the_compiled_reader_like_the_refere
     upd = Change(Op.UPDATE, "d", "t", "9", Position("b.000002", 4), 7, SCHEMA,
                  (1,) + (None,) * (len(COLS) - 1), (1,) + (None,) * (len(COLS) - 1))
     envelopes.append(codec.encode(Batch("p", (upd, ddl, upd), Position("b.000002", 90))))
-    before = compiled.fallbacks["decode_columns"]
+    before, values_before = compiled.fallbacks["decode_columns"], compiled.fallbacks["column_values"]
     for payload in envelopes:
         ref, col = codec.decode(payload), codec.decode_columnar(payload)
         assert _expanded(col) == _expanded(ref)
         assert (col.producer_id, col.end, col.complete, col.first_txn, col.meta) == \
             (ref.producer_id, ref.end, ref.complete, ref.first_txn, ref.meta)
     assert compiled.fallbacks["decode_columns"] == before, "an envelope left the compiled reader"
+    assert compiled.fallbacks["column_values"] == values_before, "a column's values left the compiled path"
     assert any(c.op is Op.UPDATE for p in envelopes for c in codec.decode_columnar(p).changes)
+    # One table definition is one object across envelopes (a flush compares
+    # shapes by identity first), and a transaction's changes share a position.
+    schemas = {id(c.schema) for p in envelopes for c in codec.decode_columnar(p).changes if c.schema is not None}
+    assert len(schemas) == 1
+    last = codec.decode_columnar(envelopes[-1]).changes
+    assert last[0].txn is last[2].txn
 
 
 def test_runs_count_as_rows_and_materialize_like_the_reference(compiled_path: object) -> None:
@@ -351,3 +358,45 @@ def test_a_keyless_tables_runs_stay_column_wise_unless_the_flush_deletes_its_row
     assert _keyless_rows(flush) == _keyless_rows(ref)
     # The copy of rows[0] deleted nets against one read here; the other row is deleted from the target.
     assert sum(tf.delete_rows.values()) == (1 if deletes else 0)
+
+
+def test_column_values_are_made_as_pyarrow_and_the_codec_make_them(compiled_path: object) -> None:
+    """_speedups.column_values against to_pylist + the codec's conversion,
+    every wire kind, NULLs, slices (an array offset) and concatenations."""
+    import pyarrow as pa
+
+    from cynomys.core.columnar import _compiled_values
+
+    blocks = [c.block for p in _envelopes(random.Random(8), 30, ops=False)
+              for c in codec.decode_columnar(p).changes if isinstance(c, InsertRun)]
+    assert blocks
+    seen = set()
+    for block in blocks:
+        for col, (kind, arr) in enumerate(zip(block.kinds, block.arrays)):
+            conv = block._to_python[col]
+            for piece in (arr, arr.slice(1, max(0, len(arr) - 2)), pa.concat_arrays([arr, arr.slice(len(arr) // 2)])):
+                raw = piece.to_pylist()
+                want = raw if conv is None else [None if v is None else conv(v) for v in raw]
+                got = _compiled_values(kind, piece)
+                assert got is not None
+                assert [(type(v), v) for v in got] == [(type(v), v) for v in want]
+                assert all(g.tzinfo is w.tzinfo for g, w in zip(got, want) if isinstance(g, datetime.datetime))
+                seen.add((kind, piece.null_count > 0))
+    assert {k for k, _ in seen} >= {"LongColumn", "DoubleColumn", "StringColumn", "BytesColumn", "DecimalColumn",
+                                    "DateColumn", "DateTimeColumn", "TimestampColumn", "TimeColumn"}
+    assert any(nulls for _, nulls in seen)
+
+
+def test_a_date_outside_python_years_goes_to_the_reference(compiled_path: object) -> None:
+    import array
+
+    import pyarrow as pa
+
+    from cynomys.core.columnar import _compiled_values
+
+    before = compiled.fallbacks["column_values"]
+    for kind, typ, code, value in (("DateColumn", pa.int32(), "i", 2932897),
+                                   ("DateTimeColumn", pa.int64(), "q", 253402300800000000)):
+        arr = pa.Array.from_buffers(typ, 1, [None, pa.py_buffer(array.array(code, [value]))])
+        assert _compiled_values(kind, arr) is None
+    assert compiled.fallbacks["column_values"] == before + 2
