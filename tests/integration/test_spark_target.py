@@ -693,6 +693,24 @@ def test_modify_column_in_place_rewrite_or_refuse(target: SparkTarget, db: str) 
         target.apply_ddl(contract.ddl(db, "ALTER TABLE m MODIFY n INT"), contract.state())
 
 
+def test_add_column_interrupted_before_its_fill_is_filled_by_the_replay(target: SparkTarget, db: str) -> None:
+    """ADD COLUMN ... DEFAULT is two Iceberg commits (the column, then the
+    fill of the rows already there); a crash between them left the column
+    NULL in every old row, and the replay found the column and did nothing
+    (seen in test_mixed_workload_with_kills_into_iceberg).  The replay fills."""
+    schema = TableSchema(db, "f", (ColumnDef("id", "int", False), ColumnDef("a", "int")), ("id",))
+    target.apply(contract.flush([contract.change(Op.INSERT, schema, after=(1, 10)),
+                                 contract.change(Op.INSERT, schema, after=(2, None))]))
+    alter = "ALTER TABLE f ADD COLUMN region CHAR(2) NOT NULL DEFAULT 'eu'"
+    # The first commit alone, as the applier made it before it was killed.
+    target.sql(f"ALTER TABLE {target.qualified(db, 'f')} ADD COLUMN region string COMMENT 'mysql:char(2)'")
+    assert sorted(target.fetch_rows(db, "f")) == [(1, 10, None), (2, None, None)]
+    target.apply_ddl(contract.ddl(db, alter), contract.state())  # the replay
+    assert sorted(target.fetch_rows(db, "f")) == [(1, 10, "eu"), (2, None, "eu")]
+    target.apply_ddl(contract.ddl(db, alter), contract.state())  # again: nothing changes
+    assert sorted(target.fetch_rows(db, "f")) == [(1, 10, "eu"), (2, None, "eu")]
+
+
 def test_rename_copy_interrupted_before_drop(target: SparkTarget, db: str) -> None:
     """A Hadoop catalog renames by copying; a crash after the copy leaves
     both tables, and the replay only drops the old one."""

@@ -227,11 +227,18 @@ def _add_column(r: Run, op: ddl.AddColumn) -> None:
         name = f"{op.database}.{op.table}"
         r.step(f"ALTER TABLE {r.table(op.database, op.table)} ADD COLUMN {r.target.column_sql(name, op.column)}")
         _fill(r, op)
+    else:
+        # A replay: the column is there, but the crash may have come between
+        # its commit and the fill's (two Iceberg commits), and the state is
+        # written after both.  No later change of the table was applied
+        # meanwhile, so a NULL in the new column is one the fill never set.
+        _fill(r, op, replay=True)
 
 
-def _fill(r: Run, op: ddl.AddColumn) -> None:
+def _fill(r: Run, op: ddl.AddColumn, replay: bool = False) -> None:
     """Give existing rows what the source gave them: no row event carries
-    it.  Setting the same value again on a replay changes nothing."""
+    it.  On a replay only the rows still NULL (none, when the fill had
+    committed)."""
     value: Any = r.fill_value(op)
     if value is None:
         return
@@ -245,8 +252,9 @@ def _fill(r: Run, op: ddl.AddColumn) -> None:
     except st.ValueRejected as exc:
         raise TargetRejectedError(f"{r.what('add column')}: DEFAULT {value!r} does not fit: {exc}",
                                   hint=ddl.SKIP_HINT) from None
+    where = f" WHERE {q(op.column.name)} IS NULL" if replay else ""
     r.step(f"UPDATE {r.table(op.database, op.table)} SET {q(op.column.name)} = "
-           f"CAST({_literal(stored)} AS {m.sql})")
+           f"CAST({_literal(stored)} AS {m.sql}){where}")
 
 
 def _literal(v: Any) -> str:
