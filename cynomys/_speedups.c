@@ -1791,13 +1791,49 @@ static inline char *ld_digits(char *o, uint64_t v, int width) {
     return o;
 }
 
+/* Days since 1970-01-01 that Python's date holds: 0001-01-01 .. 9999-12-31. */
+#define PY_DAYS_OK(days) ((days) >= -719162 && (days) <= 2932896)
+
+/* Microseconds since 1970-01-01 as whole days and the microseconds into the last. */
+static inline void split_us(int64_t us, int64_t *days, int64_t *rem) {
+    *days = us / 86400000000LL;
+    *rem = us % 86400000000LL;
+    if (*rem < 0) { *rem += 86400000000LL; *days -= 1; }
+}
+
+/* YYYY-MM-DD, as date.isoformat() writes it. */
+static char *ld_ymd(char *o, int y, int m, int d) {
+    o = ld_digits(o, (uint64_t)y, 4); *o++ = '-';
+    o = ld_digits(o, (uint64_t)m, 2); *o++ = '-';
+    return ld_digits(o, (uint64_t)d, 2);
+}
+
+/* HH:MM:SS.ffffff of the microseconds into a day. */
+static char *ld_hms(char *o, int64_t day_us) {
+    int64_t secs = day_us / 1000000;
+    o = ld_digits(o, (uint64_t)(secs / 3600), 2); *o++ = ':';
+    o = ld_digits(o, (uint64_t)(secs / 60 % 60), 2); *o++ = ':';
+    o = ld_digits(o, (uint64_t)(secs % 60), 2); *o++ = '.';
+    return ld_digits(o, (uint64_t)(day_us % 1000000), 6);
+}
+
+/* Backslash, tab and newline escaped with a backslash (FIELDS ESCAPED BY '\\'). */
+static inline char *ld_escape(char *o, const char *s, Py_ssize_t len) {
+    for (Py_ssize_t j = 0; j < len; j++) {
+        char ch = s[j];
+        if (ch == '\\' || ch == '\t' || ch == '\n') {
+            *o++ = '\\';
+            *o++ = ch == '\t' ? 't' : ch == '\n' ? 'n' : '\\';
+        } else *o++ = ch;
+    }
+    return o;
+}
+
 static char *ld_date(char *o, int64_t days) {
-    if (days < -719162 || days > 2932896) return NULL;  /* outside 0001-01-01 .. 9999-12-31 */
+    if (!PY_DAYS_OK(days)) return NULL;
     int y, m, d;
     civil_from_days(days, &y, &m, &d);
-    o = ld_digits(o, (uint64_t)y, 4); *o++ = '-';
-    o = ld_digits(o, m, 2); *o++ = '-';
-    return ld_digits(o, d, 2);
+    return ld_ymd(o, y, m, d);
 }
 
 
@@ -1910,13 +1946,7 @@ static PyObject *load_data_lines(PyObject *self, PyObject *args) {
                 const char *s = (const char *)c->data.buf + of[i];
                 Py_ssize_t len = of[i + 1] - of[i];
                 if (c->mode == 2) {
-                    for (Py_ssize_t j = 0; j < len; j++) {
-                        char ch = s[j];
-                        if (ch == '\\' || ch == '\t' || ch == '\n') {
-                            *o++ = '\\';
-                            *o++ = ch == '\t' ? 't' : ch == '\n' ? 'n' : '\\';
-                        } else *o++ = ch;
-                    }
+                    o = ld_escape(o, s, len);
                 } else {
                     if (c->mode == 3 && len && memchr(s, 'E', (size_t)len)) {
                         o = ld_plain_decimal(o, s, len);
@@ -1933,17 +1963,12 @@ static PyObject *load_data_lines(PyObject *self, PyObject *args) {
                 if (!o) { why = "a date outside years 1-9999"; goto stop; }
                 break;
             case 6: {
-                int64_t us = ((const int64_t *)c->data.buf)[i];
-                int64_t days = us / 86400000000LL, rem = us % 86400000000LL;
-                if (rem < 0) { rem += 86400000000LL; days -= 1; }
+                int64_t days, rem;
+                split_us(((const int64_t *)c->data.buf)[i], &days, &rem);
                 o = ld_date(o, days);
                 if (!o) { why = "a datetime outside years 1-9999"; goto stop; }
-                int64_t secs = rem / 1000000;
                 *o++ = ' ';
-                o = ld_digits(o, (uint64_t)(secs / 3600), 2); *o++ = ':';
-                o = ld_digits(o, (uint64_t)(secs / 60 % 60), 2); *o++ = ':';
-                o = ld_digits(o, (uint64_t)(secs % 60), 2); *o++ = '.';
-                o = ld_digits(o, (uint64_t)(rem % 1000000), 6);
+                o = ld_hms(o, rem);
                 break;
             }
             }
@@ -1994,16 +2019,15 @@ static PyObject *column_value(int kind, const char *data, const int32_t *of, Py_
     }
     case 6: {
         int64_t days = ((const int32_t *)data)[i];
-        if (days < -719162 || days > 2932896) { PyErr_SetString(Fallback, "a date outside years 1-9999"); return NULL; }
+        if (!PY_DAYS_OK(days)) { PyErr_SetString(Fallback, "a date outside years 1-9999"); return NULL; }
         int y, m, d;
         civil_from_days(days, &y, &m, &d);
         return PyDate_FromDate(y, m, d);
     }
     case 7: case 8: {
-        int64_t us = ((const int64_t *)data)[i];
-        int64_t days = us / 86400000000LL, rem = us % 86400000000LL;
-        if (rem < 0) { rem += 86400000000LL; days -= 1; }
-        if (days < -719162 || days > 2932896) { PyErr_SetString(Fallback, "a datetime outside years 1-9999"); return NULL; }
+        int64_t days, rem;
+        split_us(((const int64_t *)data)[i], &days, &rem);
+        if (!PY_DAYS_OK(days)) { PyErr_SetString(Fallback, "a datetime outside years 1-9999"); return NULL; }
         int y, m, d;
         civil_from_days(days, &y, &m, &d);
         int64_t secs = rem / 1000000;
@@ -2013,9 +2037,8 @@ static PyObject *column_value(int kind, const char *data, const int32_t *of, Py_
                                                        PyDateTimeAPI->DateTimeType);
     }
     case 9: {
-        int64_t us = ((const int64_t *)data)[i];
-        int64_t days = us / 86400000000LL, rem = us % 86400000000LL;
-        if (rem < 0) { rem += 86400000000LL; days -= 1; }
+        int64_t days, rem;
+        split_us(((const int64_t *)data)[i], &days, &rem);
         if (days > 999999999 || days < -999999999) { PyErr_SetString(Fallback, "a time beyond timedelta"); return NULL; }
         return PyDelta_FromDSU((int)days, (int)(rem / 1000000), (int)(rem % 1000000));
     }
@@ -2092,14 +2115,7 @@ static inline int ld_put(Buf *b, const char *s, Py_ssize_t n, int escape) {
     if (buf_grow(b, escape ? 2 * n : n) < 0) return -1;
     char *o = b->p + b->len;
     if (!escape) { memcpy(o, s, (size_t)n); b->len += n; return 0; }
-    for (Py_ssize_t j = 0; j < n; j++) {
-        char ch = s[j];
-        if (ch == '\\' || ch == '\t' || ch == '\n') {
-            *o++ = '\\';
-            *o++ = ch == '\t' ? 't' : ch == '\n' ? 'n' : '\\';
-        } else *o++ = ch;
-    }
-    b->len = o - b->p;
+    b->len = ld_escape(o, s, n) - b->p;
     return 0;
 }
 
@@ -2150,22 +2166,15 @@ static int ld_value(Buf *b, PyObject *v) {
     }
     if (PyDate_CheckExact(v)) {
         if (buf_grow(b, 10) < 0) return -1;
-        char *o = b->p + b->len;
-        o = ld_digits(o, (uint64_t)PyDateTime_GET_YEAR(v), 4); *o++ = '-';
-        o = ld_digits(o, (uint64_t)PyDateTime_GET_MONTH(v), 2); *o++ = '-';
-        b->len = ld_digits(o, (uint64_t)PyDateTime_GET_DAY(v), 2) - b->p;
+        b->len = ld_ymd(b->p + b->len, PyDateTime_GET_YEAR(v), PyDateTime_GET_MONTH(v), PyDateTime_GET_DAY(v)) - b->p;
         return 1;
     }
     if (PyDateTime_CheckExact(v) && ((PyDateTime_DateTime *)v)->hastzinfo == 0) {
         if (buf_grow(b, 26) < 0) return -1;
-        char *o = b->p + b->len;
-        o = ld_digits(o, (uint64_t)PyDateTime_GET_YEAR(v), 4); *o++ = '-';
-        o = ld_digits(o, (uint64_t)PyDateTime_GET_MONTH(v), 2); *o++ = '-';
-        o = ld_digits(o, (uint64_t)PyDateTime_GET_DAY(v), 2); *o++ = ' ';
-        o = ld_digits(o, (uint64_t)PyDateTime_DATE_GET_HOUR(v), 2); *o++ = ':';
-        o = ld_digits(o, (uint64_t)PyDateTime_DATE_GET_MINUTE(v), 2); *o++ = ':';
-        o = ld_digits(o, (uint64_t)PyDateTime_DATE_GET_SECOND(v), 2); *o++ = '.';
-        b->len = ld_digits(o, (uint64_t)PyDateTime_DATE_GET_MICROSECOND(v), 6) - b->p;
+        char *o = ld_ymd(b->p + b->len, PyDateTime_GET_YEAR(v), PyDateTime_GET_MONTH(v), PyDateTime_GET_DAY(v));
+        *o++ = ' ';
+        int64_t secs = (PyDateTime_DATE_GET_HOUR(v) * 60 + PyDateTime_DATE_GET_MINUTE(v)) * 60 + PyDateTime_DATE_GET_SECOND(v);
+        b->len = ld_hms(o, secs * 1000000 + PyDateTime_DATE_GET_MICROSECOND(v)) - b->p;
         return 1;
     }
     return 0;

@@ -95,32 +95,32 @@ def _compiled_values(kind: str, arr: Any) -> list[Value] | None:
     if ext is None or got is None:
         return None
     index, width = got
-    bufs = arr.buffers()
-    if width:
-        if arr.type.bit_width != width:
-            return None
-        data, offsets = bufs[1], None
-    else:
-        if arr.type.id not in _small_offset_ids():
-            return None
-        data, offsets = bufs[2], bufs[1]
+    bufs = compiled_buffers(arr, width)
+    if bufs is None:
+        return None
     try:
-        return ext.column_values(index, arr.offset, len(arr), bufs[0], data, offsets)  # type: ignore[no-any-return]
+        return ext.column_values(index, arr.offset, len(arr), *bufs)  # type: ignore[no-any-return]
     except ext.Fallback:
         compiled.fallbacks["column_values"] += 1
         return None
 
 
-_SMALL_OFFSETS: set[int] = set()
+_SMALL_OFFSETS: list[Any] = []
 
 
-def _small_offset_ids() -> set[int]:
-    """Arrow type ids of string and binary (int32 offsets), once pyarrow is loaded."""
+def compiled_buffers(arr: Any, width: int) -> tuple[Any, Any, Any] | None:
+    """(validity, data, offsets) of ``arr`` as the compiled readers take
+    them (``_speedups.column_values``, ``load_data_lines``): ``width`` bits
+    per value (offsets None), or, for ``width`` 0, text or bytes with 32-bit
+    offsets; None for any other layout (the caller goes the reference way)."""
+    bufs = arr.buffers()
+    if width:
+        return (bufs[0], bufs[1], None) if arr.type.bit_width == width else None
     if not _SMALL_OFFSETS:
-        import pyarrow as pa
+        import pyarrow as pa  # loaded already: ``arr`` is an Arrow array
 
-        _SMALL_OFFSETS.update({pa.string().id, pa.binary().id})
-    return _SMALL_OFFSETS
+        _SMALL_OFFSETS.extend((pa.string(), pa.binary()))
+    return (bufs[0], bufs[2], bufs[1]) if arr.type in _SMALL_OFFSETS else None
 
 
 @dataclass(frozen=True, eq=False)

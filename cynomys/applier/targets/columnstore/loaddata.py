@@ -130,16 +130,10 @@ def _compiled_lines(schema: TableSchema, kinds: tuple[str, ...], arrays: list[An
             return None
         if mode == 0 and col.base_type == "year":
             mode = _YEAR
-        width = _WIDTHS.get(mode)
-        bufs = arr.buffers()
-        if width is None:
-            if arr.type not in _SMALL_OFFSETS:
-                return None
-            columns.append((mode, arr.offset, bufs[0], bufs[2], bufs[1]))
-        else:
-            if arr.type.bit_width != width:
-                return None
-            columns.append((mode, arr.offset, bufs[0], bufs[1], None))
+        bufs = core_columnar.compiled_buffers(arr, _WIDTHS.get(mode, 0))
+        if bufs is None:
+            return None
+        columns.append((mode, arr.offset, *bufs))
     try:
         return ext.load_data_lines(len(arrays[0]), columns)  # type: ignore[no-any-return]
     except ext.Fallback:
