@@ -55,7 +55,15 @@ from cynomys.parser.txn import Commit, Item
 from cynomys.snapshot.chunker import build_chunk_query, quote_ident
 from cynomys.snapshot.columns import TableInfo, convert_rows
 from cynomys.snapshot.errors import SnapshotError, SnapshotRequestError
-from cynomys.snapshot.source import close_connection, connect, driver_error, driver_errors, fetch_all, statement_text
+from cynomys.snapshot.source import (
+    close_connection,
+    connect,
+    driver_error,
+    driver_errors,
+    fetch_all,
+    mysqlclient_cursor,
+    statement_text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -130,9 +138,7 @@ class DropRules:
 def _server_side_cursor(driver: str) -> Any:
     """The driver's streaming cursor class (rows fetched as they are read)."""
     if driver == "mysqlclient":
-        import MySQLdb.cursors
-
-        return MySQLdb.cursors.SSCursor
+        return mysqlclient_cursor(streamed=True)
     return pymysql.cursors.SSCursor
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import importlib.util
 import logging
 from typing import Any, Callable, Iterator, Sequence
@@ -89,37 +90,106 @@ def _temporal(parse: Callable[[str], Any]) -> Callable[[Any], Any]:
     return convert
 
 
-def mysqlclient_conversions() -> dict[Any, Any]:
-    """mysqlclient's converters with the model's temporal values (above)
-    and, on the compiled path, each DECIMAL/DATE/DATETIME converter wrapped
-    in ``_speedups.TextConverter``: equal texts give one object from a small
-    cache, dates in the server's form are parsed in C, anything else goes to
-    the converter it wraps (the same values).  On lineitem chunks the
-    wrappers cut the readers' conversions and the Avro writer's str() of
-    every DECIMAL (bench/initial_load.py, bench/README.md).  Made per
-    connection: each reader thread's cache is its own, and the path
-    (compiled or not) is the one selected when the connection opens."""
+def _text_fields() -> dict[int, Any]:
+    """Field type -> the compiled converter of its text (``_speedups.
+    TextConverter``) on the compiled path, {} on the pure one.
+
+    DECIMAL, DATE, DATETIME/TIMESTAMP and FLOAT/DOUBLE: mysqlclient converts
+    these by calling a Python converter per field (a str and an argument
+    tuple made, a call: ~300 ns a field, two thirds of its fetch of a
+    lineitem chunk).  On the compiled path the driver hands their text over
+    as bytes (no converter: its fast path) and the chunk cursor converts a
+    fetched block's fields in one pass (``_speedups.convert_fields``): equal
+    texts give one object from a small cache (lineitem's quantities,
+    discounts, taxes and dates repeat), so fewer objects are made and the Avro
+    writer's ``str(Decimal)`` cache (by identity) hits; dates, datetimes and
+    doubles in the server's form are parsed in C; any other text goes to the
+    Python converter the compiled one stands for (the same values:
+    tests/unit/test_text_converter.py, and test_snapshot.py reads every type
+    both ways).  Made per connection: each reader thread's caches are its
+    own, and the path is the one selected when the connection opens."""
+    ext = compiled.ext
+    if ext is None:
+        return {}
+    return {t: ext.TextConverter(kind, reference) for t, (kind, reference) in _reference_converters().items()}
+
+
+def _reference_converters() -> dict[int, tuple[int, Callable[[Any], Any]]]:
+    """Field type -> (TextConverter kind, the Python converter): mysqlclient's
+    own, but the model's temporal values (``_temporal``)."""
     import MySQLdb.converters
     from MySQLdb.constants import FIELD_TYPE
 
-    conv = dict(MySQLdb.converters.conversions)
-    kinds = {FIELD_TYPE.DATE: (1, _temporal(datetime.date.fromisoformat))}
+    conv = MySQLdb.converters.conversions
+    kinds: dict[int, tuple[int, Callable[[Any], Any]]] = {FIELD_TYPE.DATE: (1, _temporal(datetime.date.fromisoformat))}
     for t in (FIELD_TYPE.DATETIME, FIELD_TYPE.TIMESTAMP):
         kinds[t] = (2, _temporal(datetime.datetime.fromisoformat))
     for t in (FIELD_TYPE.DECIMAL, FIELD_TYPE.NEWDECIMAL):
         kinds[t] = (0, conv[t])
-    ext = compiled.ext
-    for t, (kind, reference) in kinds.items():
-        conv[t] = ext.TextConverter(kind, reference) if ext is not None else reference
+    for t in (FIELD_TYPE.FLOAT, FIELD_TYPE.DOUBLE):
+        kinds[t] = (3, conv[t])
+    return kinds
+
+
+def mysqlclient_conversions(text_fields: dict[int, Any] | None = None) -> dict[Any, Any]:
+    """mysqlclient's converters with the model's temporal values; the types
+    of ``text_fields`` (``_text_fields()``) have none: their text comes as
+    bytes and the cursor converts it (``_cursors``)."""
+    import MySQLdb.converters
+
+    conv = dict(MySQLdb.converters.conversions)
+    for t, (_, reference) in _reference_converters().items():
+        conv[t] = None if text_fields and t in text_fields else reference
     return conv
+
+
+@functools.cache
+def _cursors() -> tuple[type, type]:
+    """mysqlclient's cursor classes (stored, streamed) that convert the
+    ``text_fields`` of the connection's (``cynomys_text_fields``) in each
+    fetched block: every statement on a chunk connection reads through them
+    (chunk selects, boundaries, a keyless stream, status queries)."""
+    import MySQLdb.cursors
+
+    class TextFields:
+        _cynomys_desc: Any = None
+        _cynomys_plan: tuple[tuple[int, Any], ...] = ()
+
+        def _fetch_row(self, size: int = 1) -> Any:
+            rows = super()._fetch_row(size)  # type: ignore[misc]
+            desc = self.description  # type: ignore[attr-defined]
+            if desc is not self._cynomys_desc:  # a new result: its fields' converters
+                fields = getattr(self.connection, "cynomys_text_fields", None) or {}  # type: ignore[attr-defined]
+                self._cynomys_plan = tuple((i, fields[d[1]]) for i, d in enumerate(desc or ()) if d[1] in fields)
+                self._cynomys_desc = desc
+            ext = compiled.ext
+            if not self._cynomys_plan or not rows or ext is None:
+                return rows
+            return ext.convert_fields(rows, self._cynomys_plan)
+
+    class Cursor(TextFields, MySQLdb.cursors.Cursor):
+        pass
+
+    class SSCursor(TextFields, MySQLdb.cursors.SSCursor):
+        pass
+
+    return Cursor, SSCursor
+
+
+def mysqlclient_cursor(streamed: bool) -> type:
+    """The chunk connections' cursor class (``_cursors``)."""
+    return _cursors()[1 if streamed else 0]
 
 
 def _mysqlclient(cfg: SourceConfig) -> Any:
     import MySQLdb
 
-    return MySQLdb.connect(host=cfg.host, port=cfg.port, user=cfg.user, password=cfg.password,
+    fields = _text_fields()
+    conn = MySQLdb.connect(host=cfg.host, port=cfg.port, user=cfg.user, password=cfg.password,
                            connect_timeout=int(cfg.connect_timeout_s), autocommit=True, charset="utf8mb4",
-                           conv=mysqlclient_conversions())
+                           conv=mysqlclient_conversions(fields), cursorclass=mysqlclient_cursor(False))
+    conn.cynomys_text_fields = fields
+    return conn
 
 
 #: Driver name -> how it connects.  Both give the same values (module doc).

@@ -88,17 +88,98 @@ def test_mysqlclient_conversions_follow_the_selected_path() -> None:
     pytest.importorskip("MySQLdb")
     from MySQLdb.constants import FIELD_TYPE
 
-    from cynomys.snapshot.source import mysqlclient_conversions
+    from cynomys.snapshot.source import _text_fields, mysqlclient_conversions
 
+    types = (FIELD_TYPE.DATE, FIELD_TYPE.DATETIME, FIELD_TYPE.TIMESTAMP, FIELD_TYPE.NEWDECIMAL, FIELD_TYPE.DOUBLE)
     was = compiled.ext is not None
     try:
         compiled.use_compiled(True)
-        conv = mysqlclient_conversions()
-        assert all(type(conv[t]).__name__ == "TextConverter"
-                   for t in (FIELD_TYPE.DATE, FIELD_TYPE.DATETIME, FIELD_TYPE.TIMESTAMP, FIELD_TYPE.NEWDECIMAL))
+        fields = _text_fields()
+        conv = mysqlclient_conversions(fields)
+        # Compiled: the driver hands these fields over as bytes (no converter), the cursor converts them.
+        assert all(type(fields[t]).__name__ == "TextConverter" and conv[t] is None for t in types)
         compiled.use_compiled(False)
-        conv = mysqlclient_conversions()
-        assert conv[FIELD_TYPE.NEWDECIMAL] is decimal.Decimal
+        fields = _text_fields()
+        conv = mysqlclient_conversions(fields)
+        assert fields == {} and conv[FIELD_TYPE.NEWDECIMAL] is decimal.Decimal and conv[FIELD_TYPE.DOUBLE] is float
         assert conv[FIELD_TYPE.DATE]("0000-00-00") == RawTemporal("0000-00-00")
     finally:
         compiled.use_compiled(was)
+
+
+DOUBLES = ["0", "-0", "1.5", "-1.5e-3", "1e308", "1e999", "-1e999", "4.9e-324", "1e-400", "123456789012345678901",
+           "0.1", "3.141592653589793", "nan", "inf", "-inf", " 1", "1 ", "1_000", "", "0x10", "1e", "e1", "--1",
+           "1.7976931348623157e308", "2.2250738585072014e-308", "1.0000000000000002"]
+
+
+def test_doubles_the_same_as_float() -> None:
+    conv = _compiled(3, float)
+    for text in DOUBLES + [t.encode() for t in DOUBLES]:
+        want, got = _outcome(float, text), _outcome(conv, text)
+        assert want[0] == got[0], text
+        if want[0] == "value":
+            assert type(got[1]) is float and (got[1] == want[1] or (got[1] != got[1] and want[1] != want[1])), text
+            assert repr(got[1]) == repr(want[1]), text
+    ext = compiled._loaded
+    assert ext is not None
+    rng = random.Random(3)
+    texts = [repr(rng.uniform(-1e6, 1e6)) for _ in range(2000)] + [repr(rng.random() * 10 ** rng.randint(-300, 300))
+                                                                   for _ in range(2000)]
+    plan = ((0, conv),)
+    rows = ext.convert_fields([(t.encode(),) for t in texts], plan)
+    assert [r[0] for r in rows] == [float(t) for t in texts]
+
+
+def _reference_row(row: tuple[object, ...], plan: tuple[tuple[int, object], ...],
+                   refs: dict[int, object]) -> tuple[object, ...]:
+    out = list(row)
+    for i, _ in plan:
+        v = out[i]
+        if isinstance(v, bytes):
+            out[i] = refs[i](v.decode())  # type: ignore[operator]
+        elif isinstance(v, str):
+            out[i] = refs[i](v)  # type: ignore[operator]
+    return tuple(out)
+
+
+def test_convert_fields_gives_each_fields_reference_value() -> None:
+    """A fetched block's fields converted in one pass: the values the
+    converters give the driver's str one field at a time, NULLs kept, rows
+    only the block holds changed in place, any other copied (its holder
+    sees no change)."""
+    ext = compiled._loaded
+    assert ext is not None
+    rng = random.Random(11)
+    refs = {1: decimal.Decimal, 2: DATE_REF, 3: DATETIME_REF, 5: float}
+    kinds = {1: 0, 2: 1, 3: 2, 5: 3}
+    plan = tuple((i, _compiled(kinds[i], refs[i])) for i in sorted(refs))
+    pools = {1: DECIMALS[:-2] + ["17.00", "0.04", "-12.5"], 2: [d for d in DATES if d[:1] != "+"],
+             3: [d for d in DATETIMES if "+" not in d], 5: [d for d in DOUBLES if _outcome(float, d)[0] == "value"]}
+
+    def value(i: int) -> object:
+        if rng.random() < 0.1:
+            return None
+        text = rng.choice(pools[i])
+        return text if rng.random() < 0.1 else text.encode()  # a str goes through the converter's call
+
+    rows = [tuple([rng.randint(0, 9), value(1), value(2), value(3), "x", value(5)]) for _ in range(3000)]
+    want = [_reference_row(r, plan, refs) for r in rows]
+    shared = rows[7]  # held here too: must be copied, not changed
+    snapshot = tuple(shared)
+    got = ext.convert_fields(tuple(tuple(list(r)) if k != 7 else r for k, r in enumerate(rows)), plan)
+    assert isinstance(got, list) and len(got) == len(want)
+    for g, w in zip(got, want):
+        assert len(g) == len(w)
+        for a, b in zip(g, w):
+            assert _same(a, b) or (a is None and b is None) or (type(a) is float and type(b) is float and a != a), \
+                (g, w)
+    assert shared == snapshot and got[7] is not shared
+    # A field the reference refuses raises what it raises.
+    with pytest.raises(decimal.InvalidOperation):
+        ext.convert_fields([(0, b"1.2.3")], ((1, plan[0][1]),))
+    with pytest.raises(IndexError):
+        ext.convert_fields([(0,)], ((3, plan[0][1]),))
+    with pytest.raises(TypeError):
+        ext.convert_fields([(0, b"1")], ((1, decimal.Decimal),))
+    with pytest.raises(TypeError):
+        ext.convert_fields([[0, b"1"]], ((1, plan[0][1]),))
