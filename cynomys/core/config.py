@@ -144,7 +144,7 @@ class ApplierConfig:
     # Adaptive delay commit: buffer_rows / max_delay_ms are the floor a quiet
     # source sees; while envelopes keep arriving (the applier is behind) a
     # flush waits for them, up to this many buffered net changes, folded (memory bound;
-    # 0 = the target's backlog_factor x buffer_rows (3 on Spark, 1 elsewhere),
+    # 0 = the target's backlog_factor x buffer_rows (3 on Spark, 5 on ColumnStore/MariaDB, 1 elsewhere),
     # on Spark at least 400,000, which max_memory_mb bounds first for wide rows;
     # each buffered lineitem change costs the applier 2-7 KB).  A target whose commit is dear (Spark/Iceberg)
     # then pays it once for the whole backlog instead of once per buffer_rows.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from cynomys.applier.loop import backlog_cap
 from cynomys.applier.targets.columnstore.target import ColumnStoreTarget
+from cynomys.applier.targets.duckdb.target import DuckDBTarget
 from cynomys.applier.targets.spark.target import SparkTarget
 
 
@@ -21,5 +22,12 @@ def test_spark_takes_at_least_its_backlog_rows_whatever_buffer_rows() -> None:
     assert backlog_cap(caps, 200_000) == 600_000  # 3 x buffer_rows when that is more
 
 
+def test_columnstore_takes_five_buffer_rows_while_behind() -> None:
+    # Each flush leaves the server idle while the applier folds the next:
+    # 10M-row initial load 88.8 -> 81.7 s (bench/README.md, 2026-12-01).
+    assert backlog_cap(ColumnStoreTarget.capabilities, 2000) == 10_000
+    assert backlog_cap(ColumnStoreTarget.capabilities, 10_000) == 50_000
+
+
 def test_a_cheap_commit_keeps_one_buffer_rows() -> None:
-    assert backlog_cap(ColumnStoreTarget.capabilities, 2000) == 2000
+    assert backlog_cap(DuckDBTarget.capabilities, 2000) == 2000

@@ -47,8 +47,9 @@ class Capabilities:
     supports_keys: bool = True           # primary keys can be declared
     # Adaptive delay commit: how many x [applier] buffer_rows one flush may
     # take while a backlog waits.  Worth it where a commit costs far more
-    # than its rows (Iceberg); 1 where it does not (measured on lineitem:
-    # ColumnStore-on-MariaDB got no faster, only bigger).
+    # than its rows (Iceberg), or where each flush leaves the target idle
+    # while the applier folds the next (ColumnStore-on-MariaDB during an
+    # initial load: bench/README.md, 2026-12-01); 1 elsewhere.
     backlog_factor: int = 1
     # ... and at least this many net changes, whatever buffer_rows is: a
     # small buffer_rows (latency on a quiet source) must not multiply a dear
