@@ -19,7 +19,9 @@ MariaDB Connector/Python 248k rows/s but it fails on zero dates
 (bench/source_reads.py, results/source_reads.json).  mysqlclient's own
 temporal converters turn zero and invalid dates into None; ours keep them
 as text, as pymysql does, so both drivers give the same values (tests:
-test_snapshot.py, every type, both drivers).  With TLS to the source the
+test_snapshot.py, every type, both drivers).  On the compiled path the
+driver hands DECIMAL, temporal and floating fields over as bytes and the
+cursor converts a fetched block in one pass (``_text_fields``).  With TLS to the source the
 chunk selects use pymysql (the TLS settings are tested with it only).  A
 keyless table's whole-table read (snapshot/keyless.py) uses the same driver.
 """
