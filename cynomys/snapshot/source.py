@@ -92,7 +92,7 @@ def _temporal(parse: Callable[[str], Any]) -> Callable[[Any], Any]:
     return convert
 
 
-def _text_fields() -> dict[int, Any]:
+def _text_fields(ext: Any = None) -> dict[int, Any]:
     """Field type -> the compiled converter of its text (``_speedups.
     TextConverter``) on the compiled path, {} on the pure one.
 
@@ -109,8 +109,8 @@ def _text_fields() -> dict[int, Any]:
     Python converter the compiled one stands for (the same values:
     tests/unit/test_text_converter.py, and test_snapshot.py reads every type
     both ways).  Made per connection: each reader thread's caches are its
-    own, and the path is the one selected when the connection opens."""
-    ext = compiled.ext
+    own, and the path is the one selected when the connection opens
+    (``ext``: the compiled module then, None on the pure path)."""
     if ext is None:
         return {}
     return {t: ext.TextConverter(kind, reference) for t, (kind, reference) in _reference_converters().items()}
@@ -164,10 +164,11 @@ def _cursors() -> tuple[type, type]:
                 fields = getattr(self.connection, "cynomys_text_fields", None) or {}  # type: ignore[attr-defined]
                 self._cynomys_plan = tuple((i, fields[d[1]]) for i, d in enumerate(desc or ()) if d[1] in fields)
                 self._cynomys_desc = desc
-            ext = compiled.ext
-            if not self._cynomys_plan or not rows or ext is None:
+            # The pass of the path the connection opened on (its fields come as bytes), whatever is selected now.
+            convert = getattr(self.connection, "cynomys_convert", None)  # type: ignore[attr-defined]
+            if not self._cynomys_plan or not rows or convert is None:
                 return rows
-            return ext.convert_fields(rows, self._cynomys_plan)
+            return convert(rows, self._cynomys_plan)
 
     class Cursor(TextFields, MySQLdb.cursors.Cursor):
         pass
@@ -186,11 +187,13 @@ def mysqlclient_cursor(streamed: bool) -> type:
 def _mysqlclient(cfg: SourceConfig) -> Any:
     import MySQLdb
 
-    fields = _text_fields()
+    ext = compiled.ext  # the path, once: the fields that come as bytes and the pass that converts them
+    fields = _text_fields(ext)
     conn = MySQLdb.connect(host=cfg.host, port=cfg.port, user=cfg.user, password=cfg.password,
                            connect_timeout=int(cfg.connect_timeout_s), autocommit=True, charset="utf8mb4",
                            conv=mysqlclient_conversions(fields), cursorclass=mysqlclient_cursor(False))
     conn.cynomys_text_fields = fields
+    conn.cynomys_convert = ext.convert_fields if ext is not None and fields else None
     return conn
 
 

@@ -9,6 +9,8 @@ CI also runs the whole suite twice: as is (compiled) and with
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
+import decimal
 import random
 import shutil
 import time
@@ -334,3 +336,50 @@ def test_a_source_restart_during_a_live_read_loses_and_repeats_nothing(hot_path:
         stop.set()
         daemon.join(30)
     assert sorted(inserted()) == list(range(300))
+
+
+def test_a_chunk_connection_converts_its_fields_on_the_path_it_opened_on(mariadb: MariaDBServer) -> None:
+    """On the compiled path mysqlclient hands DECIMAL, temporal and floating
+    fields over as bytes and the cursor converts them (snapshot/source.py
+    ``_text_fields``): the values are the pure path's, for stored and
+    streamed cursors, and stay values when the selected path changes while
+    the connection is open (its fields still come as bytes)."""
+    pytest.importorskip("MySQLdb")
+    from cynomys.core.model import RawTemporal
+    from cynomys.snapshot.source import _mysqlclient, mysqlclient_cursor
+
+    cfg = SourceConfig(host="127.0.0.1", port=mariadb.port, user=REPL_USER, password=REPL_PASSWORD)
+    sql = ("SELECT CAST('12.50' AS DECIMAL(10,2)), DATE('2024-02-29'), CAST('2024-02-29 01:02:03.5' AS DATETIME(6)), "
+           "CAST(1.5 AS DOUBLE), NULL, CAST(0.1 AS FLOAT), 'x', 7")
+    zero = "SELECT CAST('0000-00-00' AS DATE), CAST('0000-00-00 00:00:00' AS DATETIME)"
+
+    def read(conn: Any, query: str, streamed: bool) -> list[tuple[Any, ...]]:
+        cur = conn.cursor(mysqlclient_cursor(streamed))
+        try:
+            cur.execute("SET SESSION sql_mode = ''")
+            cur.execute(query)
+            return list(cur.fetchall())
+        finally:
+            cur.close()
+
+    was = compiled.ext is not None
+    try:
+        compiled.use_compiled(False)
+        pure = _mysqlclient(cfg)
+        compiled.use_compiled(True)
+        fast = _mysqlclient(cfg)
+        try:
+            want = read(pure, sql, False) + read(pure, zero, False)
+            assert [type(v) for v in want[0]][:4] == [decimal.Decimal, dt.date, dt.datetime, float]
+            assert want[1] == (RawTemporal("0000-00-00"), RawTemporal("0000-00-00 00:00:00"))
+            for streamed in (False, True):
+                got = read(fast, sql, streamed) + read(fast, zero, streamed)
+                assert [[(type(v), v) for v in r] for r in got] == [[(type(v), v) for v in r] for r in want]
+            compiled.use_compiled(False)  # the connection opened compiled: its fields come as bytes still
+            got = read(fast, sql, True) + read(fast, zero, False)
+            assert [[(type(v), v) for v in r] for r in got] == [[(type(v), v) for v in r] for r in want]
+        finally:
+            pure.close()
+            fast.close()
+    finally:
+        compiled.use_compiled(was)

@@ -94,12 +94,12 @@ def test_mysqlclient_conversions_follow_the_selected_path() -> None:
     was = compiled.ext is not None
     try:
         compiled.use_compiled(True)
-        fields = _text_fields()
+        fields = _text_fields(compiled.ext)
         conv = mysqlclient_conversions(fields)
         # Compiled: the driver hands these fields over as bytes (no converter), the cursor converts them.
         assert all(type(fields[t]).__name__ == "TextConverter" and conv[t] is None for t in types)
         compiled.use_compiled(False)
-        fields = _text_fields()
+        fields = _text_fields(compiled.ext)
         conv = mysqlclient_conversions(fields)
         assert fields == {} and conv[FIELD_TYPE.NEWDECIMAL] is decimal.Decimal and conv[FIELD_TYPE.DOUBLE] is float
         assert conv[FIELD_TYPE.DATE]("0000-00-00") == RawTemporal("0000-00-00")
