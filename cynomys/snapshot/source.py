@@ -92,7 +92,7 @@ def _temporal(parse: Callable[[str], Any]) -> Callable[[Any], Any]:
     return convert
 
 
-def _text_fields(ext: Any = None) -> dict[int, Any]:
+def _text_fields(ext: Any) -> dict[int, Any]:
     """Field type -> the compiled converter of its text (``_speedups.
     TextConverter``) on the compiled path, {} on the pure one.
 
@@ -133,15 +133,15 @@ def _reference_converters() -> dict[int, tuple[int, Callable[[Any], Any]]]:
     return kinds
 
 
-def mysqlclient_conversions(text_fields: dict[int, Any] | None = None) -> dict[Any, Any]:
+def mysqlclient_conversions(text_fields: dict[int, Any]) -> dict[Any, Any]:
     """mysqlclient's converters with the model's temporal values; the types
-    of ``text_fields`` (``_text_fields()``) have none: their text comes as
+    of ``text_fields`` (``_text_fields``) have none: their text comes as
     bytes and the cursor converts it (``_cursors``)."""
     import MySQLdb.converters
 
     conv = dict(MySQLdb.converters.conversions)
     for t, (_, reference) in _reference_converters().items():
-        conv[t] = None if text_fields and t in text_fields else reference
+        conv[t] = None if t in text_fields else reference
     return conv
 
 
