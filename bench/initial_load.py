@@ -10,7 +10,8 @@ the same table without a key.  Measured in the same run:
 
   hand copy   ``SELECT * INTO OUTFILE`` on the source + ``LOAD DATA INFILE``
               into a fresh table of a second MariaDB (InnoDB): what a user
-              would do by hand, without writers
+              would do by hand, without writers (``--keyless-index``: the
+              copy's table has no index either, like Cynomys' target)
   Cynomys     the producer and applier daemons started on the source with
               writers going (``[source] start = "current"``, the initial
               snapshot on, every other setting the default; Redis Stream
@@ -23,7 +24,8 @@ The writers (``--writers`` threads, ``--write-rate`` transactions/s each)
 update a random existing row and insert a new order past the table's end in
 each transaction, so keys change inside chunk windows while they are read.
 Recorded: seconds and rows/s of each, their ratio, the producer's and
-applier's peak RSS (VmHWM) and the load average during the run.  Targets:
+applier's peak RSS (VmHWM), the load average during the run and the cores
+each process used second by second (plotted, ``*_cpu.png``).  Targets:
 ``columnstore`` (the ColumnStore target code on a second MariaDB with
 engine InnoDB) and ``spark`` (local Spark, Iceberg).  Equality: row count
 and the canonical checksum of every row (verify/checksum.py) in SQL on both
@@ -73,15 +75,21 @@ def make_tsv(rows: int, path: Path) -> None:
     con.close()
 
 
-def ddl(keyless: bool) -> str:
-    return LINEITEM_DDL.replace(",\n  PRIMARY KEY (l_orderkey, l_linenumber))", ")") if keyless else LINEITEM_DDL
+def ddl(keyless: bool, index: bool = False) -> str:
+    """The table; ``keyless``: without its primary key; ``index``: a keyless
+    table with a non-unique index on l_orderkey (still no key to tell rows
+    apart, so Cynomys reads it as any keyless table)."""
+    if not keyless:
+        return LINEITEM_DDL
+    return LINEITEM_DDL.replace(",\n  PRIMARY KEY (l_orderkey, l_linenumber))",
+                                ",\n  KEY (l_orderkey))" if index else ")")
 
 
-def load(srv: MariaDBServer, tsv: Path, keyless: bool) -> None:
+def load(srv: MariaDBServer, tsv: Path, keyless: bool, index: bool = False) -> None:
     srv.execute("CREATE DATABASE IF NOT EXISTS tpch")
     conn = srv.connect("tpch", local_infile=True)
     with conn.cursor() as cur:
-        cur.execute(ddl(keyless))
+        cur.execute(ddl(keyless, index))
         cur.execute(f"LOAD DATA LOCAL INFILE '{tsv}' INTO TABLE lineitem FIELDS TERMINATED BY '\\t'")
         cur.execute("ANALYZE TABLE lineitem")
     conn.close()
@@ -96,6 +104,42 @@ def cpu_s(pid: int) -> float:
 def server_cpu(srv: MariaDBServer) -> float:
     assert srv.proc is not None
     return cpu_s(srv.proc.pid)
+
+
+class CpuTimeline:
+    """Cores each named process used, second by second, from the daemons'
+    start: where the time goes (reading, loading, idle) on a box of 2 cores."""
+
+    def __init__(self, pids: dict[str, int], period_s: float = 1.0) -> None:
+        self.pids, self.period_s = pids, period_s
+        self.t: list[float] = []
+        self.cores: dict[str, list[float]] = {name: [] for name in pids}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        t0 = time.monotonic()
+        last = {name: cpu_s(pid) for name, pid in self.pids.items()}
+        at = t0
+        while not self.stop.wait(self.period_s):
+            now = time.monotonic()
+            try:
+                cur = {name: cpu_s(pid) for name, pid in self.pids.items()}
+            except OSError:  # a process ended: the run is over
+                return
+            self.t.append(round(now - t0, 1))
+            for name in self.pids:
+                self.cores[name].append(round((cur[name] - last[name]) / (now - at), 2))
+            last, at = cur, now
+
+    def start(self) -> CpuTimeline:
+        self.thread.start()
+        return self
+
+    def close(self) -> dict[str, Any]:
+        self.stop.set()
+        self.thread.join(5)
+        return {"t_s": self.t, "cores": self.cores}
 
 
 def hand_copy(src: MariaDBServer, tgt: MariaDBServer, work: Path, keyless: bool) -> dict[str, Any]:
@@ -268,7 +312,7 @@ def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, 
     try:
         if replica is not None:
             replica.make_replica_of(src)
-        load(src, tsv, args.keyless)
+        load(src, tsv, args.keyless, args.keyless_index)
         if replica is not None:
             replica.wait_caught_up(src, timeout=args.timeout)
         rows = int(src.execute("SELECT COUNT(*) FROM tpch.lineitem")[0][0])
@@ -286,6 +330,8 @@ def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, 
                    **({"replica_server": replica} if replica is not None else {})}
         cpu0 = {name: server_cpu(srv) for name, srv in servers.items()}
         procs = [daemon(cfg, "produce", work / "producer.log"), daemon(cfg, "apply", work / "applier.log")]
+        timeline = CpuTimeline({**{name: srv.proc.pid for name, srv in servers.items() if srv.proc is not None},
+                                "producer": procs[0].pid, "applier": procs[1].pid}).start()
         rss: dict[str, float | None] = {}
         snap_s = None
         last_print = 0.0
@@ -326,6 +372,7 @@ def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, 
         for name, p in zip(("producer", "applier"), procs):
             rss[name] = vm_hwm_mb(p.pid)
             cpu[name] = round(cpu_s(p.pid), 1)
+        cpu_timeline = timeline.close()
         for p in procs:
             p.send_signal(signal.SIGTERM)
         for p in procs:
@@ -341,11 +388,12 @@ def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, 
             check = {"source": want, "target": got,
                      "equal": [norm[0](v) for v in want] == [norm[0](v) for v in got]}
         result = {
-            "target": kind, "keyless": args.keyless, "rows": rows, "hand_copy": copy,
+            "target": kind, "keyless": args.keyless, "keyless_index": args.keyless_index, "rows": rows,
+            "hand_copy": copy,
             "max_connections": args.max_connections or "default", "read_from_replica": args.read_from_replica,
             "cynomys": {"snapshot_done_s": round(snap_s, 2), "target_equal_s": round(equal_s, 2),
                         "rows_per_s": round(rows / equal_s), "writer_transactions": written,
-                        "peak_rss_mb": rss, "cpu_s": cpu},
+                        "peak_rss_mb": rss, "cpu_s": cpu, "cpu_timeline": cpu_timeline},
             "cynomys_vs_hand_copy": round(equal_s / copy["seconds"], 2),
             "load_avg": {"samples": [round(x, 1) for x in loads],
                          "mean": round(sum(loads) / len(loads), 1) if loads else None},
@@ -382,6 +430,33 @@ def plot(results: list[dict[str, Any]], out: Path, title: str) -> None:
     ax.set_title(title)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def plot_cpu(results: list[dict[str, Any]], out: Path, title: str) -> None:
+    """Cores each process used over the run, one panel per target (stacked:
+    the top line is the box's load, 2 cores at most here)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(results), 1, figsize=(9, 3.2 * len(results)), squeeze=False)
+    for ax, r in zip(axes[:, 0], results):
+        tl = r["cynomys"]["cpu_timeline"]
+        names = list(tl["cores"])
+        ax.stackplot(tl["t_s"], *[tl["cores"][n] for n in names], labels=names, alpha=0.85)
+        ax.axvline(r["cynomys"]["snapshot_done_s"], color="k", ls="--", lw=0.8)
+        ax.text(r["cynomys"]["snapshot_done_s"], 0.05, " read done", fontsize=8)
+        ax.set_ylabel("cores")
+        ax.set_xlabel("seconds from the daemons' start")
+        ax.set_title(f"{r['target']}: target equal at {r['cynomys']['target_equal_s']:.1f} s "
+                     f"(hand copy {r['hand_copy']['seconds']:.1f} s)", fontsize=9)
+        ax.legend(loc="upper right", fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
 
 
 def main() -> None:
@@ -389,6 +464,9 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--targets", default="columnstore,spark")
     ap.add_argument("--keyless", action="store_true", help="the table without a primary key")
+    ap.add_argument("--keyless-index", action="store_true",
+                    help="with --keyless: a non-unique index on l_orderkey, so the writers' single-row updates "
+                         "find their row through it instead of scanning the table (still no primary key)")
     ap.add_argument("--writers", type=int, default=4)
     ap.add_argument("--write-rate", type=float, default=25.0, help="transactions/s of each writer")
     ap.add_argument("--timeout", type=float, default=7200.0)
@@ -414,7 +492,8 @@ def main() -> None:
     plot(results, RESULTS / f"{name}.png",
          f"Initial load of {args.rows:,} lineitem rows{' (no primary key)' if args.keyless else ''}, "
          f"{args.writers} writers going")
-    print(f"wrote {out} and {RESULTS / (name + '.png')}")
+    plot_cpu(results, RESULTS / f"{name}_cpu.png", f"CPU by process, {args.rows:,} rows")
+    print(f"wrote {out}, {RESULTS / (name + '.png')} and {RESULTS / (name + '_cpu.png')}")
 
 
 if __name__ == "__main__":
