@@ -10,7 +10,10 @@ Exactly-once effect, by construction:
   changes whose transactions the target lacks, or stops;
 - a source transaction too large for ``[applier] max_memory_mb`` is
   applied in parts into one target transaction kept open until its end
-  (applier/spill.py): the same flush, spread over time.
+  (applier/spill.py): the same flush, spread over time;
+- while behind, a flush commits on a worker thread as the loop folds the
+  next one (applier/committer.py): its envelopes are acknowledged once it
+  committed, and every other use of the target waits for it.
 """
 from __future__ import annotations
 
@@ -20,11 +23,12 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from cynomys.applier import spill
 from cynomys.applier.admit import Admission, BufferView, Decision, Verdict
 from cynomys.applier.batcher import DelayBuffer, Span
+from cynomys.applier.committer import Committer, Guarded
 from cynomys.applier.opening import AHEAD, OpenAhead, Unsealed, unseal
 from cynomys.applier.partition import Partitioning, PartitionTarget
 from cynomys.applier.receive import make_subscriber
@@ -74,7 +78,12 @@ class Applier:
         self.cfg = cfg
         self.monitor = monitor or ApplierMonitor(cfg)  # metrics/health (cynomys/metrics)
         self.partitioning = Partitioning.of(cfg)  # which tables are ours (all, unpartitioned)
-        self.target: Target = PartitionTarget(target, self.partitioning)
+        # The commit stage (applier/committer.py): the loop reaches the target
+        # only through ``Guarded``, which waits for a flush in flight first;
+        # the worker thread commits through ``inner``.
+        self.committer = Committer()
+        self.inner: Target = PartitionTarget(target, self.partitioning)
+        self.target: Target = cast(Target, Guarded(self.inner, self.committer))
         self.sub = subscriber
         self.opener = opener
         self.stop = stop or threading.Event()
@@ -121,11 +130,14 @@ class Applier:
             self._run(until_idle_s)
         finally:
             self.reading = False
+            self.committer.close()  # after an error: the flush in flight ends before the target closes
             self.ahead.close()
 
     def _run(self, until_idle_s: float) -> None:
         while not self.stop.is_set():
             if not self.ahead:
+                if not self.behind:
+                    self.committer.settle()  # nothing waits: finish the flush in flight before waiting
                 count = self._read_count()
                 deliveries = self.sub.read(count, int(self.buffer.wait_s() * 1000))
                 self.ahead.add(deliveries)
@@ -141,10 +153,11 @@ class Applier:
                 self.handle(*self.ahead.take())
                 if self.buffer.due() and self._full():
                     self.flush()  # the backlog cap, checked per envelope
-                elif self.buffer.cost > self.budget:
+                elif self._over_budget():
                     self.relieve()  # the memory bound, likewise
             if self.buffer.due() and not self.behind:
                 self.flush()
+            self.committer.settle(block=False)  # a flush in flight that is done: acknowledged now
             self._ack()  # envelopes seen again after a restart: nothing to commit for them
             self.monitor.turn(self._turn(delivered))
             if not delivered and not self.buffer.envelopes:
@@ -154,6 +167,7 @@ class Applier:
                 log.info("idle for %.1fs: exiting", until_idle_s)
                 break
         self.reading = False  # the last flush reads nothing ahead: it would wait unacknowledged
+        self.committer.settle()
         if self.buffer.complete:
             if self.buffer.envelopes:
                 self.flush()
@@ -200,9 +214,24 @@ class Applier:
         return self.buffer.held() >= self.max_buffer_rows or len(self.buffer) >= RAW_FACTOR * self.max_buffer_rows
 
     # ------------------------------------------------------------------
-    # ------------------------------------------------------------------
     # The memory bound (applier/spill.py)
     # ------------------------------------------------------------------
+    def _over_budget(self) -> bool:
+        """The buffer is past its memory share.  A flush or part in flight
+        holds memory too until it commits: past the share together, the
+        loop waits for it.  Parts that may overlap each take half the share,
+        so one in flight and the next one buffered stay within it."""
+        share = self.budget // 2 if self._may_overlap_parts() else self.budget
+        if self.buffer.cost > share:
+            return True
+        if self.committer and self.buffer.cost + self.committer.cost > self.budget:
+            self.committer.settle()
+        return False
+
+    def _may_overlap_parts(self) -> bool:
+        return (self.reading and self.behind and self.cfg.applier.overlap_commits and not self.buffer.complete
+                and self.target.capabilities.applies_parts)
+
     def relieve(self) -> None:
         """The buffer is past its memory share: flush it when it ends on a
         transaction boundary, else apply its open part ahead of the
@@ -231,21 +260,33 @@ class Applier:
                 self.sub.ack(self.unacked[:n])
                 self.unacked = self.unacked[n:]
             self._report(state)
+        overlap, cost = self._may_overlap_parts(), buf.cost
         changes = buf.take_open()
         if not changes:
             return
         pid = self.open_pid or self.producer_id
         held = self.admit.held(pid) or AppliedState(pid, 0, Position("", 0))
         self._read_ahead()
-        t0 = time.monotonic()
-        caps = self.target.capabilities
-        self.target.apply_part(build_flush(changes, held, caps.columnar_inserts, caps.keyless_runs))
         self.parts += 1
         self.stats.parts += 1
-        self.stats.rows_out += row_count(changes)
-        self.monitor.flushed(changes, time.monotonic() - t0)  # rows written (uncommitted: in the open transaction)
-        log.info("applied part %d of a source transaction (%d net changes, %.2fs); it commits at its last fragment",
-                 self.parts, len(changes), time.monotonic() - t0)
+        part, target, caps = self.parts, self.inner, self.inner.capabilities
+
+        def work() -> float:
+            t0 = time.monotonic()
+            target.apply_part(build_flush(changes, held, caps.columnar_inserts, caps.keyless_runs))
+            return time.monotonic() - t0
+
+        def done(seconds: float) -> None:
+            self.stats.rows_out += row_count(changes)
+            self.monitor.flushed(changes, seconds)  # rows written (uncommitted: in the open transaction)
+            log.info("applied part %d of a source transaction (%d net changes, %.2fs%s); it commits at its last "
+                     "fragment", part, len(changes), seconds, ", overlapped" if overlap else "")
+
+        if overlap:  # applied on the worker while the loop takes the next fragments (applier/committer.py)
+            self.committer.submit(work, done, cost)
+        else:
+            self.committer.settle()
+            done(work())
 
     def _commit(self, changes: list[Change], state: AppliedState,
                 amend: Callable[[Flush], None] | None = None) -> None:
@@ -455,12 +496,56 @@ class Applier:
 
     def _flush_with(self, state: AppliedState, amend: Callable[[Flush], None] | None = None) -> None:
         """``amend``: adds to the flush before it is applied (verify's purges)."""
+        overlap = self._may_overlap(amend)
+        cost = self.buffer.cost
         changes = self.buffer.take()
         if changes or amend is not None or self.parts or self.admit.held(state.producer_id) != state:
+            if overlap:
+                self._commit_overlapped(changes, state, cost)
+                return
             self._commit(changes, state, amend)
         self.admit.committed(state)
         self._ack()
         self._report(state)
+
+    def _may_overlap(self, amend: Callable[[Flush], None] | None) -> bool:
+        """A flush commits on the worker while the loop goes on when the
+        loop has more waiting (behind) and the flush is a plain one: whole
+        transactions, no parts to commit with it, no verification's purges."""
+        return (self.reading and self.behind and self.cfg.applier.overlap_commits and amend is None
+                and not self.parts and self.buffer.complete)
+
+    def _commit_overlapped(self, changes: list[Change], state: AppliedState, cost: int) -> None:
+        """Hand the flush to the commit stage; its envelopes are acknowledged,
+        and the state file written, once it committed (``done``).  The admit
+        stage counts it as committed now: if it fails, the error stops the
+        loop at the next settle and the applier restarts from the target."""
+        self.committer.settle()
+        self._read_ahead()  # opened while the target works on this flush
+        acks, self.unacked, self.sealed_acks = self.unacked, [], 0
+        target, caps = self.inner, self.inner.capabilities
+
+        def work() -> tuple[float, Any]:
+            t0 = time.monotonic()
+            target.apply(build_flush(changes, state, caps.columnar_inserts, caps.keyless_runs))
+            seconds = time.monotonic() - t0
+            visible = target.visible_at()
+            target.after_commit()
+            return seconds, visible
+
+        def done(result: tuple[float, Any]) -> None:
+            seconds, visible = result
+            self.stats.flushes += 1
+            self.stats.rows_out += row_count(changes)
+            self.monitor.flushed(changes, seconds, visible)
+            log.debug("flushed %d net changes in %.3fs up to %s (overlapped)", len(changes), seconds,
+                      state.position)
+            if acks:
+                self.sub.ack(acks)
+            self._report(state)
+
+        self.committer.submit(work, done, cost)
+        self.admit.committed(state)
 
     def _report(self, state: AppliedState) -> None:
         """``state_dir/applier.json``: what the target holds, for `cynomys
@@ -481,6 +566,7 @@ class Applier:
 
     def _ack(self) -> None:
         if self.unacked and self.buffer.complete and not self.buffer.envelopes:
+            self.committer.settle()  # acknowledgements in order: the flush in flight's first
             self.sub.ack(self.unacked)
             self.unacked = []
             self.sealed_acks = 0
