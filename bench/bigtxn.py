@@ -144,9 +144,9 @@ class Sampler(threading.Thread):
 # One target
 # --------------------------------------------------------------------------
 def config(work: Path, src: MariaDBServer, redis_url: str, target: str, keys: dict[str, Path],
-           max_memory_mb: int) -> Path:
+           max_memory_mb: int, applier: str = "") -> Path:
     return redis_config(work, src, redis_url, keys, include="tpch.*", start=src.binlog_end(),
-                        applier=f"max_memory_mb = {max_memory_mb}\n", tail=target)
+                        applier=f"max_memory_mb = {max_memory_mb}\n{applier}", tail=target)
 
 
 def applied_gtid(work: Path) -> str | None:
@@ -161,7 +161,7 @@ def applier_parts(log: Path) -> int:
 
 
 class Run:
-    def __init__(self, kind: str, work: Path, max_memory_mb: int, monetdb_url: str) -> None:
+    def __init__(self, kind: str, work: Path, max_memory_mb: int, monetdb_url: str, applier: str = "") -> None:
         from cynomys.transport.keys import generate_keys
 
         self.kind, self.work = kind, work
@@ -171,7 +171,8 @@ class Run:
         section, self.tgt = target_section(kind, work, monetdb_url)
         self.src.execute("CREATE DATABASE tpch")
         self.src.execute(LINEITEM_DDL, database="tpch")
-        self.cfg = config(work, self.src, self.redis.url, section, generate_keys(work / "keys"), max_memory_mb)
+        self.cfg = config(work, self.src, self.redis.url, section, generate_keys(work / "keys"), max_memory_mb,
+                          applier)
         self.procs = [daemon(self.cfg, "produce", work / "producer.log"),
                       daemon(self.cfg, "apply", work / "applier.log")]
         self.sampler = Sampler(self.procs[0].pid, self.procs[1].pid)
@@ -267,10 +268,10 @@ class Run:
 
 
 def run_target(kind: str, sizes: list[int], ops: list[str], files: list[Path], max_memory_mb: int,
-               monetdb_url: str, keep: bool, save: Any = None) -> list[dict[str, Any]]:
+               monetdb_url: str, keep: bool, save: Any = None, applier: str = "") -> list[dict[str, Any]]:
     """``save(results)`` after every phase: a long run interrupted keeps what it measured."""
     work = Path(tempfile.mkdtemp(prefix=f"cynomys-bigtxn-{kind}-"))
-    run = Run(kind, work, max_memory_mb, monetdb_url)
+    run = Run(kind, work, max_memory_mb, monetdb_url, applier)
     results: list[dict[str, Any]] = []
     ok = False
     try:
@@ -385,6 +386,8 @@ def main() -> None:
     ap.add_argument("--targets", default="columnstore,spark")
     ap.add_argument("--ops", default="update,delete")
     ap.add_argument("--max-memory-mb", type=int, default=500)
+    ap.add_argument("--applier", action="append", default=[], metavar="KEY=VALUE",
+                    help="an [applier] setting, TOML (e.g. 'overlap_commits = false'); repeatable")
     ap.add_argument("--monetdb-url", default=os.environ.get("CYNOMYS_TEST_MONETDB", ""))
     ap.add_argument("--append", action="store_true", help="add to bench/results/bigtxn.json instead of replacing it")
     ap.add_argument("--keep", action="store_true")
@@ -432,7 +435,8 @@ def main() -> None:
             plot(results, args.max_memory_mb, RESULTS / f"{args.name}.png")
 
         for kind in args.targets.split(","):
-            done += run_target(kind, sizes, ops, files, args.max_memory_mb, args.monetdb_url, args.keep, save)
+            done += run_target(kind, sizes, ops, files, args.max_memory_mb, args.monetdb_url, args.keep, save,
+                               "".join(f"{line}\n" for line in args.applier))
     finally:
         shutil.rmtree(data, ignore_errors=True)
     print(f"wrote {path} and {RESULTS / (args.name + '.png')}")
