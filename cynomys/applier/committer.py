@@ -5,8 +5,10 @@ left the target idle while the loop read, opened and folded the next one,
 and the loop idle while the target loaded: measured on a 10M-row initial
 load into ColumnStore-on-MariaDB, the target server at 1.25 cores and the
 applier's main thread at 0.4 after the snapshot read, 0.4 of a core unused.
-So a flush taken while behind is handed to one worker thread, and the loop
-goes on taking envelopes into the next buffer.
+So a flush is handed to one worker thread, and the loop goes on taking
+envelopes into the next buffer; the next flush starts once this one is done
+(or when the buffer is full): group commit, its size set by the target's
+pace, as the backlog cap sets it when the applier is behind.
 
 What keeps exactly-once intact:
 - at most one commit is in flight: the next flush, and every other use of

@@ -11,8 +11,8 @@ Exactly-once effect, by construction:
 - a source transaction too large for ``[applier] max_memory_mb`` is
   applied in parts into one target transaction kept open until its end
   (applier/spill.py): the same flush, spread over time;
-- while behind, a flush commits on a worker thread as the loop folds the
-  next one (applier/committer.py): its envelopes are acknowledged once it
+- a flush commits on a worker thread as the loop folds the next one
+  (applier/committer.py): its envelopes are acknowledged once it
   committed, and every other use of the target waits for it.
 """
 from __future__ import annotations
@@ -49,6 +49,8 @@ from cynomys.verify.applier import VERIFY_OPS, Verifier
 log = logging.getLogger(__name__)
 
 READ_COUNT = 200  # envelopes per transport read, at most (spill.read_count)
+#: How long a transport read waits, at most, while a flush is in flight.
+IN_FLIGHT_POLL_S = 0.02
 #: A first read's envelopes, before their size is known (then spill.read_count).
 FIRST_READ_COUNT = 20
 RAW_FACTOR = 10  # x max_buffer_rows raw changes also end a backlog flush (bounds the replay after a crash)
@@ -136,10 +138,10 @@ class Applier:
     def _run(self, until_idle_s: float) -> None:
         while not self.stop.is_set():
             if not self.ahead:
-                if not self.behind:
-                    self.committer.settle()  # nothing waits: finish the flush in flight before waiting
                 count = self._read_count()
-                deliveries = self.sub.read(count, int(self.buffer.wait_s() * 1000))
+                # A flush in flight: look again soon, to acknowledge it once done.
+                wait_s = min(self.buffer.wait_s(), IN_FLIGHT_POLL_S) if self.committer else self.buffer.wait_s()
+                deliveries = self.sub.read(count, int(wait_s * 1000))
                 self.ahead.add(deliveries)
                 # Behind (the read came back full: more is waiting): take the
                 # backlog into this flush rather than commit once per buffer_rows.
@@ -155,9 +157,11 @@ class Applier:
                     self.flush()  # the backlog cap, checked per envelope
                 elif self._over_budget():
                     self.relieve()  # the memory bound, likewise
-            if self.buffer.due() and not self.behind:
-                self.flush()
             self.committer.settle(block=False)  # a flush in flight that is done: acknowledged now
+            if self.buffer.due() and not self.behind and not self.committer:
+                # (With a flush in flight, the buffer goes on taking envelopes
+                # until it is done: group commit, up to the backlog cap.)
+                self.flush()
             self._ack()  # envelopes seen again after a restart: nothing to commit for them
             self.monitor.turn(self._turn(delivered))
             if not delivered and not self.buffer.envelopes:
@@ -509,10 +513,12 @@ class Applier:
         self._report(state)
 
     def _may_overlap(self, amend: Callable[[Flush], None] | None) -> bool:
-        """A flush commits on the worker while the loop goes on when the
-        loop has more waiting (behind) and the flush is a plain one: whole
-        transactions, no parts to commit with it, no verification's purges."""
-        return (self.reading and self.behind and self.cfg.applier.overlap_commits and amend is None
+        """A flush of the loop commits on the worker while the loop goes on
+        when it is a plain one: whole transactions, no parts to commit with
+        it, no verification's purges.  The next flush then starts when this
+        one is done (or the buffer is full): its size follows the target's
+        pace -- a slow commit gathers a larger next flush, as on a backlog."""
+        return (self.reading and self.cfg.applier.overlap_commits and amend is None
                 and not self.parts and self.buffer.complete)
 
     def _commit_overlapped(self, changes: list[Change], state: AppliedState, cost: int) -> None:

@@ -155,12 +155,13 @@ class ApplierConfig:
     # last fragment (Spark/Iceberg: staged in a branch of each table and
     # published at its end), never visible in part (applier/spill.py).
     max_memory_mb: int = field(default=500, metadata=POSITIVE)
-    # While behind, a flush commits on a worker thread as the applier takes
-    # and folds the next one (applier/committer.py): the target loads while
-    # the applier works instead of waiting for it.  Its envelopes are
-    # acknowledged once it committed; at most one is in flight, and its
-    # buffer counts against max_memory_mb until then.  false: each flush
-    # commits before the next envelope is taken.
+    # A flush commits on a worker thread as the applier takes and folds the
+    # next one (applier/committer.py): the target loads while the applier
+    # works instead of waiting for it, and the next flush starts when this
+    # one is done (group commit).  Its envelopes are acknowledged once it
+    # committed; at most one is in flight, and its buffer counts against
+    # max_memory_mb until then.  false: each flush commits before the next
+    # envelope is taken.
     overlap_commits: bool = True
     state_dir: str = "./state/applier"
     consumer_name: str = "applier-1"
