@@ -52,6 +52,7 @@ from cynomys.snapshot.state import (
     FAILED,
     JOB_ACTIVE,
     JOB_OVER,
+    KEYLESS_PHASE,
     PAUSED,
     QUEUED,
     RUNNING,
@@ -66,6 +67,8 @@ from cynomys.snapshot.window import ChunkWindow, Phase, Window, python_ordered
 log = logging.getLogger(__name__)
 
 INITIAL_JOB_ID = "initial"
+#: How often a keyless read's rows so far are written to the state file.
+PROGRESS_SAVE_S = 2.0
 #: How soon the producer looks again for a reader thread's answer.
 _RESULT_POLL_S = 0.005
 #: Rows per chunk when ``chunk_size`` is 0: ``chunk_bytes`` of the table's
@@ -151,6 +154,9 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
                               and not any(j.id == INITIAL_JOB_ID for j in self.jobs))
         self._stop = stop
         self._keyless: _KeylessNext | None = None
+        # The keyless read being streamed (job, table, read), for progress.
+        self._streaming: tuple[str, str, KeylessRead] | None = None
+        self._progress_saved = 0.0
         # Keyless tables read (or being read): their changes before the read's position are in it.
         self._drop_rules = DropRules()
         for j in self.jobs:
@@ -480,12 +486,24 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
                  k.job_id, k.info.name, at, read.position)
 
         def done(rows: int) -> None:
+            self._streaming = None
             self._hand_over(_Emitted(k.job_id, k.part, at, None, True, rows, rows, 0))
 
         tid = f"{SNAPSHOT_TID_PREFIX}{k.job_id}:{uuid.uuid4().hex[:12]}"
         convert = row_converter(k.info.schema.columns, MODEL_TYPES[read.driver])
-        return KeylessRead(read, self._schema_for(k.info), convert, at, ts, tid, done,
-                           self._stop)
+        stream = KeylessRead(read, self._schema_for(k.info), convert, at, ts, tid, done,
+                             self._stop, self._keyless_progress)
+        self._streaming = (k.job_id, k.info.name, stream)
+        self._progress_saved = time.monotonic()
+        return stream
+
+    def _keyless_progress(self, rows: int) -> None:
+        """A keyless read streams for minutes without a chunk finishing: its
+        rows so far go to the state file every PROGRESS_SAVE_S (`cynomys
+        status`: rows read, rate, ETA)."""
+        if time.monotonic() - self._progress_saved >= PROGRESS_SAVE_S:
+            self._progress_saved = time.monotonic()
+            self._save()
 
     def _emit(self, a: _Active, at: Position, ts: int, tid: str) -> list[Item]:
         c = a.chunk
@@ -518,6 +536,10 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
     # Jobs and requests
     # ------------------------------------------------------------------
     def _live(self) -> dict[str, Any] | None:
+        if self._streaming is not None and self._streaming[2].reading:
+            job_id, name, stream = self._streaming
+            return {"job": job_id, "table": name, "phase": KEYLESS_PHASE, "chunks_in_flight": 1, "reading": 1,
+                    "selected": stream.rows}
         if not self._inflight:
             return None
         a = self._inflight[0]

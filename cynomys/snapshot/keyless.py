@@ -237,11 +237,13 @@ class KeylessRead:
     """The items of one keyless read at ``at`` (a boundary of the processed
     log): TRUNCATE, the rows as READ changes, a Commit at ``at``.  Iterated
     once, by the producer, which cuts it into fragments; ``done`` is called
-    with the row count just before the Commit is handed over."""
+    with the row count just before the Commit is handed over, ``progress``
+    with the rows read so far after each fetched block (a read of a large
+    table takes minutes: `cynomys status` shows how far it is)."""
 
     def __init__(self, read: ConsistentRead, schema: TableSchema, convert: Callable[[Sequence[Any]], Row],
                  at: Position, ts: int, tid: str, done: Callable[[int], None],
-                 stop: threading.Event | None = None) -> None:
+                 stop: threading.Event | None = None, progress: Callable[[int], None] | None = None) -> None:
         self.read = read
         self.schema = schema
         self.convert = convert
@@ -250,7 +252,9 @@ class KeylessRead:
         self.tid = tid
         self.done = done
         self.stop = stop
+        self.progress = progress
         self.rows = 0
+        self.reading = True  # until the read is over (done, failed or stopped)
 
     def __iter__(self) -> Iterator[Item]:
         db, t, at, ts, tid, schema, convert = (self.schema.database, self.schema.table, self.at, self.ts, self.tid,
@@ -268,7 +272,11 @@ class KeylessRead:
                 # block where a fragment ends (producer/batching.py ``_cut``).
                 yield ManyRows(Op.READ, db, t, tid, at, ts, schema, images=convert_rows(convert, block))
                 self.rows += len(block)
+                if self.progress is not None:
+                    self.progress(self.rows)
+            self.reading = False
             self.done(self.rows)
             yield Commit(at, at, ts, "")
         finally:
+            self.reading = False
             self.read.close()

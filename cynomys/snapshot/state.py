@@ -38,6 +38,8 @@ JOB_OVER = (FINISHED, CANCELLED, FAILED)
 
 STATE_FILE = "snapshot.json"
 REQUEST_DIR = "snapshot-requests"
+#: The live phase of a keyless table's read (snapshot/keyless.py), in the state file.
+KEYLESS_PHASE = "keyless read"
 
 
 class Part(Protocol):
@@ -161,10 +163,11 @@ class SnapshotJob:
     def parts(self) -> tuple[TableProgress, ...]:
         return self.tables
 
-    def progress(self, now: float | None = None) -> Progress:
+    def progress(self, now: float | None = None, reading: int = 0) -> Progress:
         """Rows done and expected, the rate since the job started and the
-        time left at that rate (``Progress``)."""
-        done = sum(t.scanned for t in self.tables)
+        time left at that rate (``Progress``); ``reading``: rows of a read
+        still streaming (a keyless table's), not yet counted in its part."""
+        done = sum(t.scanned for t in self.tables) + reading
         total = max(sum(max(t.estimate, t.scanned) for t in self.tables), done)
         end = self.finished or (time.time() if now is None else now)
         secs = max(0.0, end - self.started) if self.started else 0.0
@@ -291,8 +294,13 @@ def status_report(state_dir: Path, recent: int = 5) -> dict[str, Any]:
     shown = [j for j in jobs if j.status not in JOB_OVER] + [j for j in jobs if j.status in JOB_OVER][-recent:]
     out: dict[str, Any] = {"pending_requests": len(store.pending_requests()), "in_flight": store.load_live(),
                            "jobs": {}}
+    live = out["in_flight"] or {}
     for j in shown:
-        p = j.progress()
+        # A keyless table's rows so far: it is read whole, in one read that
+        # counts in its part only when it ends.
+        reading = int(live.get("selected") or 0) if live.get("phase") == KEYLESS_PHASE and live.get("job") == j.id \
+            and j.status not in JOB_OVER else 0
+        p = j.progress(reading=reading)
         scanned, estimate = p.done, p.total
         current = next((t for t in j.tables if not t.over), None)
         out["jobs"][j.id] = {

@@ -330,3 +330,30 @@ def test_a_keyless_read_stopped_half_way_closes_cleanly_on_either_driver(mariadb
     rows = [r for b in again.blocks(5000) for r in b]
     again.close()
     assert len(rows) == 30000 and len({r[1] for r in rows}) == 30000
+
+
+def test_a_keyless_read_reports_its_rows_as_it_streams(mariadb: MariaDBServer, tmp_path: Path) -> None:
+    """``progress`` sees the rows read so far after each fetched block, up
+    to the table's count, and the read is marked over once it ends."""
+    from cynomys.core.config import load_config
+    from cynomys.core.model import Position
+    from cynomys.snapshot.keyless import ConsistentRead, KeylessRead
+    from cynomys.snapshot.source import SnapshotConnection
+
+    db = "kl_progress"
+    mariadb.execute(f"CREATE DATABASE {db}", f"CREATE TABLE {db}.bag (v INT, w VARCHAR(20))",
+                    f"INSERT INTO {db}.bag SELECT seq % 7, CONCAT('row ', seq) FROM {db}.seq_1_to_25000")
+    cfg = load_config(write_config(tmp_path / "c.toml", mariadb), env={}).source
+    conn = SnapshotConnection(cfg)
+    try:
+        info = conn.describe(db, "bag")
+    finally:
+        conn.close()
+    seen: list[int] = []
+    ended: list[int] = []
+    stream = KeylessRead(ConsistentRead(cfg, info), info.schema, tuple, Position("f", 4), 0, "t", ended.append,
+                         progress=seen.append)
+    assert stream.reading
+    items = list(stream)
+    assert len(seen) >= 2 and seen == sorted(seen) and seen[-1] == 25000 and ended == [25000]
+    assert not stream.reading and sum(len(i.images) for i in items[1:-1]) == 25000  # type: ignore[attr-defined]

@@ -231,6 +231,30 @@ def test_jobs_round_trip_and_settle(tmp_path: Path) -> None:
     assert [(p, d["action"]) for p, d in store.pending_requests()] == [(r, "cancel")]
 
 
+
+def test_status_counts_the_rows_of_a_keyless_read_still_streaming(tmp_path: Path) -> None:
+    """A keyless table is read whole: its part counts rows only when the
+    read ends, so `cynomys status` adds the live read's rows so far."""
+    import time
+
+    from cynomys.snapshot.state import KEYLESS_PHASE, RUNNING, status_report
+
+    store = SnapshotStore(tmp_path)
+    job = SnapshotJob("initial", "initial", RUNNING, (TableProgress("d.keyed", status=DONE, scanned=1000),
+                                                      TableProgress("d.bag", estimate=9000)),
+                      started=time.time() - 10)
+    store.save([job], live={"job": "initial", "table": "d.bag", "phase": KEYLESS_PHASE, "selected": 4000})
+    got = status_report(tmp_path)["jobs"]["initial"]
+    assert got["rows_read"] == 5000 and got["rows_estimate"] == 10000 and got["progress"] == "50.0%"
+    assert got["current_table"] == "d.bag" and 400 < got["rows_per_s"] < 600 and 8 < got["eta_s"] < 12
+    # Once over, the part counts its rows itself: the live record is not added again.
+    done = SnapshotJob("initial", "initial", FINISHED, (TableProgress("d.keyed", status=DONE, scanned=1000),
+                                                        TableProgress("d.bag", status=DONE, scanned=9000)),
+                       started=time.time() - 20, finished=time.time())
+    store.save([done], live={"job": "initial", "table": "d.bag", "phase": KEYLESS_PHASE, "selected": 9000})
+    assert status_report(tmp_path)["jobs"]["initial"]["rows_read"] == 10000
+
+
 # -- the coordinator's lifecycle (no server: the chunk in flight is put in place) -----
 WM_SCHEMA = TableSchema("cynomys_meta", "watermark", (ColumnDef("producer_id", "varchar(64)"),
                         ColumnDef("uuid", "char(36)"), ColumnDef("kind", "varchar(4)")), ("producer_id",))
