@@ -348,8 +348,11 @@ def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, 
                 break
             if time.monotonic() - last_print > 10:
                 loads.append(os.getloadavg()[0])
-                done = sum(t["scanned"] for t in job["tables"]) if job else 0
-                print(f"[{kind}]   {time.monotonic() - t0:6.1f}s snapshot read {done:,} rows", flush=True)
+                # What `cynomys status` shows (a keyless read's rows so far included).
+                from cynomys.snapshot.state import status_report
+                st = status_report(work / "producer").get("jobs", {}).get("initial") or {}
+                print(f"[{kind}]   {time.monotonic() - t0:6.1f}s snapshot read {st.get('rows_read', 0):,} rows "
+                      f"({st.get('progress')}, {st.get('rows_per_s')} rows/s, ETA {st.get('eta_s')} s)", flush=True)
                 last_print = time.monotonic()
             time.sleep(0.1)
         if snap_s is None:
@@ -373,6 +376,10 @@ def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, 
             rss[name] = vm_hwm_mb(p.pid)
             cpu[name] = round(cpu_s(p.pid), 1)
         cpu_timeline = timeline.close()
+        try:  # the applier's counters (flushes, rows), from its state report
+            stats = json.loads((work / "applier" / "applier.json").read_text()).get("stats", {})
+        except (OSError, ValueError):
+            stats = {}
         for p in procs:
             p.send_signal(signal.SIGTERM)
         for p in procs:
@@ -393,7 +400,8 @@ def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, 
             "max_connections": args.max_connections or "default", "read_from_replica": args.read_from_replica,
             "cynomys": {"snapshot_done_s": round(snap_s, 2), "target_equal_s": round(equal_s, 2),
                         "rows_per_s": round(rows / equal_s), "writer_transactions": written,
-                        "peak_rss_mb": rss, "cpu_s": cpu, "cpu_timeline": cpu_timeline},
+                        "peak_rss_mb": rss, "cpu_s": cpu, "cpu_timeline": cpu_timeline,
+                        "applier_flushes": stats.get("flushes"), "applier_parts": stats.get("parts")},
             "cynomys_vs_hand_copy": round(equal_s / copy["seconds"], 2),
             "load_avg": {"samples": [round(x, 1) for x in loads],
                          "mean": round(sum(loads) / len(loads), 1) if loads else None},
