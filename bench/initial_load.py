@@ -23,6 +23,12 @@ the same table without a key.  Measured in the same run:
 The writers (``--writers`` threads, ``--write-rate`` transactions/s each)
 update a random existing row and insert a new order past the table's end in
 each transaction, so keys change inside chunk windows while they are read.
+``--two-hosts`` pins the source side (source server, Redis, producer) to
+core 0 and the analytics side (applier, target server) to core 1: the
+deployment the daemons are made for (a producer on the source host, an
+applier on the analytics host), on one box; the hand copy's OUTFILE then
+runs on core 0 and its LOAD DATA on core 1.
+
 Recorded: seconds and rows/s of each, their ratio, the producer's and
 applier's peak RSS (VmHWM), the load average during the run and the cores
 each process used second by second (plotted, ``*_cpu.png``).  Targets:
@@ -99,6 +105,11 @@ def cpu_s(pid: int) -> float:
     """CPU seconds (user + system) a process has used so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pin(pid: int, cpu: int) -> None:
+    """Every thread of ``pid``, and those it starts, on core ``cpu`` only."""
+    subprocess.run(["taskset", "-a", "-p", "-c", str(cpu), str(pid)], check=True, stdout=subprocess.DEVNULL)
 
 
 def server_cpu(srv: MariaDBServer) -> float:
@@ -317,6 +328,9 @@ def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, 
             replica.wait_caught_up(src, timeout=args.timeout)
         rows = int(src.execute("SELECT COUNT(*) FROM tpch.lineitem")[0][0])
         print(f"[{kind}] source holds {rows:,} rows", flush=True)
+        if args.two_hosts:
+            pin(src.proc.pid, 0)  # type: ignore[union-attr]
+            pin(copy_tgt.proc.pid, 1)  # type: ignore[union-attr]
         copy = hand_copy(src, copy_tgt, work, args.keyless)
         print(f"[{kind}] hand copy: {copy}", flush=True)
         max_key = int(src.execute("SELECT MAX(l_orderkey) FROM tpch.lineitem")[0][0])
@@ -330,6 +344,14 @@ def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, 
                    **({"replica_server": replica} if replica is not None else {})}
         cpu0 = {name: server_cpu(srv) for name, srv in servers.items()}
         procs = [daemon(cfg, "produce", work / "producer.log"), daemon(cfg, "apply", work / "applier.log")]
+        if args.two_hosts and isinstance(tgt, MariaDBServer):
+            # The deployment Cynomys is made for, on one box of 2 cores: the
+            # source host (source, producer, Redis) on core 0, the analytics
+            # host (applier, target) on core 1.
+            for pid in (src.proc.pid, redis.proc.pid, procs[0].pid):  # type: ignore[union-attr]
+                pin(pid, 0)
+            for pid in (tgt.proc.pid, procs[1].pid):  # type: ignore[union-attr]
+                pin(pid, 1)
         timeline = CpuTimeline({**{name: srv.proc.pid for name, srv in servers.items() if srv.proc is not None},
                                 "producer": procs[0].pid, "applier": procs[1].pid}).start()
         rss: dict[str, float | None] = {}
@@ -398,6 +420,7 @@ def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, 
             "target": kind, "keyless": args.keyless, "keyless_index": args.keyless_index, "rows": rows,
             "hand_copy": copy,
             "max_connections": args.max_connections or "default", "read_from_replica": args.read_from_replica,
+            "two_hosts": args.two_hosts,
             "cynomys": {"snapshot_done_s": round(snap_s, 2), "target_equal_s": round(equal_s, 2),
                         "rows_per_s": round(rows / equal_s), "writer_transactions": written,
                         "peak_rss_mb": rss, "cpu_s": cpu, "cpu_timeline": cpu_timeline,
@@ -483,6 +506,9 @@ def main() -> None:
     ap.add_argument("--max-connections", type=int, default=0, help="[snapshot] max_connections (0: the default)")
     ap.add_argument("--read-from-replica", action="store_true",
                     help="start a GTID replica of the source and read the snapshot's chunks there ([snapshot] read_from)")
+    ap.add_argument("--two-hosts", action="store_true",
+                    help="pin the source side (source server, Redis, producer) to core 0 and the analytics side "
+                         "(applier, target server) to core 1, as on two hosts (columnstore only)")
     ap.add_argument("--applier", action="append", default=[], metavar="KEY=VALUE",
                     help="an [applier] setting, TOML (e.g. 'buffer_rows = 200000'); repeatable; default: none")
     args = ap.parse_args()
