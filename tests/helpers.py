@@ -8,13 +8,13 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from cynomys.applier.batcher import Mark, Span
 from cynomys.core.config import Config
 from cynomys.core.model import Batch, Change, ColumnDef, RawTemporal, Row, Value
 from cynomys.schemas import codec
-from cynomys.transport.bus import open_subscriber
+from cynomys.transport.bus import Delivery, Subscriber, open_subscriber
 from cynomys.transport.envelope import Opened, Opener
 from cynomys.transport.keys import load_private_key, load_public_key
 from tests.servers.mariadb import REPL_PASSWORD, REPL_USER, MariaDBServer
@@ -193,3 +193,22 @@ def duckdb_reader(path: Path, wait_s: float = 5.0) -> Any:
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.05)
+
+
+class SubscriberProxy:
+    """A real subscriber passed through: tests override what they watch or break."""
+
+    def __init__(self, sub: Subscriber) -> None:
+        self.sub = sub
+
+    def read(self, count: int, block_ms: int) -> list[Delivery]:
+        return self.sub.read(count, block_ms)
+
+    def ack(self, ids: Sequence[str]) -> None:
+        self.sub.ack(ids)
+
+    def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        self.sub.dead_letter(delivery, reason)
+
+    def close(self) -> None:
+        self.sub.close()

@@ -303,25 +303,30 @@ def test_keyless_read_survives_sigkill_of_both_daemons(tmp_path: Path, redis_url
     print(f"\nkeyless read with SIGKILLs: { {k: v for k, v in out.items() if not k.endswith('_log')} }")
 
 
+def _bag(mariadb: MariaDBServer, tmp_path: Path, db: str, rows: int) -> tuple[Any, Any]:
+    """A keyless table ``db.bag`` of ``rows`` rows: the source config and its TableInfo."""
+    from cynomys.core.config import load_config
+    from cynomys.snapshot.source import SnapshotConnection
+
+    mariadb.execute(f"CREATE DATABASE {db}", f"CREATE TABLE {db}.bag (v INT, w VARCHAR(20))",
+                    f"INSERT INTO {db}.bag SELECT seq % 7, CONCAT('row ', seq) FROM {db}.seq_1_to_{rows}")
+    cfg = load_config(write_config(tmp_path / "c.toml", mariadb), env={}).source
+    conn = SnapshotConnection(cfg)
+    try:
+        return cfg, conn.describe(db, "bag")
+    finally:
+        conn.close()
+
+
 @pytest.mark.parametrize("driver", ["pymysql", "mysqlclient"])
 def test_a_keyless_read_stopped_half_way_closes_cleanly_on_either_driver(mariadb: MariaDBServer, tmp_path: Path,
                                                                          driver: str) -> None:
     """A daemon stopped inside a keyless read (KeylessRead's ``stop``)
     closes the streaming connection with rows still unread; on the next
     start the whole table is read again, every row once."""
-    from cynomys.core.config import load_config
     from cynomys.snapshot.keyless import ConsistentRead
-    from cynomys.snapshot.source import SnapshotConnection
 
-    db = f"kl_stop_{driver}"
-    mariadb.execute(f"CREATE DATABASE {db}", f"CREATE TABLE {db}.bag (v INT, w VARCHAR(20))",
-                    f"INSERT INTO {db}.bag SELECT seq % 7, CONCAT('row ', seq) FROM {db}.seq_1_to_30000")
-    cfg = load_config(write_config(tmp_path / "c.toml", mariadb), env={}).source
-    conn = SnapshotConnection(cfg)
-    try:
-        info = conn.describe(db, "bag")
-    finally:
-        conn.close()
+    cfg, info = _bag(mariadb, tmp_path, f"kl_stop_{driver}", 30000)
     first = ConsistentRead(cfg, info, driver=driver)
     block = next(iter(first.blocks(1000)))
     assert len(block) == 1000
@@ -335,20 +340,10 @@ def test_a_keyless_read_stopped_half_way_closes_cleanly_on_either_driver(mariadb
 def test_a_keyless_read_reports_its_rows_as_it_streams(mariadb: MariaDBServer, tmp_path: Path) -> None:
     """``progress`` sees the rows read so far after each fetched block, up
     to the table's count, and the read is marked over once it ends."""
-    from cynomys.core.config import load_config
     from cynomys.core.model import Position
     from cynomys.snapshot.keyless import ConsistentRead, KeylessRead
-    from cynomys.snapshot.source import SnapshotConnection
 
-    db = "kl_progress"
-    mariadb.execute(f"CREATE DATABASE {db}", f"CREATE TABLE {db}.bag (v INT, w VARCHAR(20))",
-                    f"INSERT INTO {db}.bag SELECT seq % 7, CONCAT('row ', seq) FROM {db}.seq_1_to_25000")
-    cfg = load_config(write_config(tmp_path / "c.toml", mariadb), env={}).source
-    conn = SnapshotConnection(cfg)
-    try:
-        info = conn.describe(db, "bag")
-    finally:
-        conn.close()
+    cfg, info = _bag(mariadb, tmp_path, "kl_progress", 25000)
     seen: list[int] = []
     ended: list[int] = []
     stream = KeylessRead(ConsistentRead(cfg, info), info.schema, tuple, Position("f", 4), 0, "t", ended.append,

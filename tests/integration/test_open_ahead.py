@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Sequence
 
 import pytest
 
@@ -18,18 +17,19 @@ from cynomys.core.errors import TransportUnavailableError
 from cynomys.transport.bus import Delivery, Subscriber
 from cynomys.transport.channel import make_opener
 from cynomys.transport.keys import generate_keys
-from tests.helpers import produce_to_end, write_config
+from tests.helpers import SubscriberProxy, produce_to_end, write_config
 from tests.servers.mariadb import MariaDBServer
 
 pytestmark = pytest.mark.integration
 
 
-class FlakyAhead:
+class FlakyAhead(SubscriberProxy):
     """The real subscriber, failing its first ``fail`` reads that do not
     wait (the reads ahead) as a lost Redis connection would."""
 
     def __init__(self, sub: Subscriber, fail: int) -> None:
-        self.sub, self.fail = sub, fail
+        super().__init__(sub)
+        self.fail = fail
         self.ahead_reads = 0
 
     def read(self, count: int, block_ms: int) -> list[Delivery]:
@@ -39,15 +39,6 @@ class FlakyAhead:
                 self.fail -= 1
                 raise TransportUnavailableError("injected: connection lost while reading ahead")
         return self.sub.read(count, block_ms)
-
-    def ack(self, ids: Sequence[str]) -> None:
-        self.sub.ack(ids)
-
-    def dead_letter(self, delivery: Delivery, reason: str) -> None:
-        self.sub.dead_letter(delivery, reason)
-
-    def close(self) -> None:
-        self.sub.close()
 
 
 @pytest.fixture

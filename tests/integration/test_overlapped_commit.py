@@ -18,10 +18,10 @@ from cynomys.applier.receive import make_subscriber
 from cynomys.applier.targets.base import Flush, open_target
 from cynomys.core.config import Config, load_config
 from cynomys.core.errors import TargetUnavailableError
-from cynomys.transport.bus import Delivery, Subscriber
+from cynomys.transport.bus import Subscriber
 from cynomys.transport.channel import make_opener
 from cynomys.transport.keys import generate_keys
-from tests.helpers import produce_to_end, transport_envelopes, write_config
+from tests.helpers import SubscriberProxy, produce_to_end, transport_envelopes, write_config
 from tests.servers.mariadb import MariaDBServer
 
 pytestmark = pytest.mark.integration
@@ -46,25 +46,17 @@ class Recorder:
             self.events.append((kind, value, threading.get_ident()))
 
 
-class Acks:
-    """The real subscriber; each acknowledgement checked against what committed."""
+class Acks(SubscriberProxy):
+    """The real subscriber; each acknowledgement recorded, to be checked against what committed."""
 
     def __init__(self, sub: Subscriber, rec: Recorder) -> None:
-        self.sub, self.rec = sub, rec
-
-    def read(self, count: int, block_ms: int) -> list[Delivery]:
-        return self.sub.read(count, block_ms)
+        super().__init__(sub)
+        self.rec = rec
 
     def ack(self, ids: Sequence[str]) -> None:
         self.rec.acked += len(ids)
         self.rec.add("ack", self.rec.acked)
         self.sub.ack(ids)
-
-    def dead_letter(self, delivery: Delivery, reason: str) -> None:
-        self.sub.dead_letter(delivery, reason)
-
-    def close(self) -> None:
-        self.sub.close()
 
 
 @pytest.fixture
@@ -126,6 +118,14 @@ def _applier(cfg: Config, rec: Recorder, fail_at: int = 0, slow_s: float = 0.15)
     return app[0], acks
 
 
+def _run_to_idle(app: Applier, acks: Acks) -> None:
+    try:
+        app.run(until_idle_s=0.5)
+    finally:
+        acks.close()
+        app.target.close()
+
+
 def _check_acks_follow_commits(rec: Recorder) -> None:
     committed = 0
     for kind, value, _ in rec.events:
@@ -146,11 +146,7 @@ def test_while_behind_the_loop_takes_envelopes_as_a_flush_commits_and_acknowledg
     db, cfg, n = _source(mariadb, target, tmp_path)
     rec = Recorder()
     app, acks = _applier(cfg, rec)
-    try:
-        app.run(until_idle_s=0.5)
-    finally:
-        acks.close()
-        app.target.close()
+    _run_to_idle(app, acks)
     main = threading.get_ident()
     on_worker = [e for e in rec.events if e[0] == "commit-start" and e[2] != main]
     assert on_worker, "no flush committed on the commit stage's worker"
@@ -165,11 +161,7 @@ def test_overlap_commits_off_commits_each_flush_in_the_loop(mariadb: MariaDBServ
     db, cfg, _ = _source(mariadb, target, tmp_path, overlap=False)
     rec = Recorder()
     app, acks = _applier(cfg, rec, slow_s=0.0)
-    try:
-        app.run(until_idle_s=0.5)
-    finally:
-        acks.close()
-        app.target.close()
+    _run_to_idle(app, acks)
     assert {e[2] for e in rec.events if e[0] == "commit-start"} == {threading.get_ident()}
     assert rec.taken_during_commit == 0
     assert _rows(target, db) == _rows(mariadb, db)
@@ -180,12 +172,8 @@ def test_a_flush_that_fails_in_flight_stops_the_loop_unacknowledged_and_the_next
     db, cfg, n = _source(mariadb, target, tmp_path)
     rec = Recorder()
     app, acks = _applier(cfg, rec, fail_at=3)
-    try:
-        with pytest.raises(TargetUnavailableError, match="injected"):
-            app.run(until_idle_s=0.5)
-    finally:
-        acks.close()
-        app.target.close()
+    with pytest.raises(TargetUnavailableError, match="injected"):
+        _run_to_idle(app, acks)
     failed = [e for e in rec.events if e[0] == "commit-failed"]
     assert failed and failed[0][2] != threading.get_ident(), "the failing commit ran on the worker"
     _check_acks_follow_commits(rec)
@@ -207,10 +195,6 @@ def test_a_flush_that_fails_in_flight_stops_the_loop_unacknowledged_and_the_next
 
     again = Recorder()
     app, acks = _applier(cfg, again, slow_s=0.0)
-    try:
-        app.run(until_idle_s=0.5)
-    finally:
-        acks.close()
-        app.target.close()
+    _run_to_idle(app, acks)
     assert again.acked == n - rec.acked, "the next start acknowledges what the failed run had not"
     assert _rows(target, db) == _rows(mariadb, db) and len(_rows(target, db)) == 25 * TXNS
