@@ -145,9 +145,13 @@ class FakeStore:
 
 def fake_config(state_dir: Path, producer_id: str = PRODUCER, **applier: Any) -> Config:
     """A config for an applier on the fakes: flushes as soon as the buffer
-    is whole (``max_delay_ms`` 0), unless ``applier`` says otherwise."""
+    is whole (``max_delay_ms`` 0), each committed in the loop
+    (``overlap_commits`` off: with commits on the worker, where one flush
+    ends follows thread timing, and tests that die at the k-th commit need
+    the same commits in every run), unless ``applier`` says otherwise."""
     return Config(producer=ProducerConfig(id=producer_id),
-                  applier=ApplierConfig(**{"state_dir": str(state_dir), "max_delay_ms": 0, **applier}))
+                  applier=ApplierConfig(**{"state_dir": str(state_dir), "max_delay_ms": 0,
+                                           "overlap_commits": False, **applier}))
 
 
 class FakeTarget(Target):

@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from cynomys.applier.targets.base import Flush
 from tests.fakes import (
     FakeProducer,
@@ -37,11 +39,12 @@ class _Recording(FakeTarget):
         self.calls.append("after_commit")
 
 
-def test_after_commit_follows_each_flush_once_it_was_counted(tmp_path: Path) -> None:
+@pytest.mark.parametrize("overlap", [False, True])
+def test_after_commit_follows_each_flush_once_it_was_counted(tmp_path: Path, overlap: bool) -> None:
     source = random_workload(FakeSource(), 3, txns=20, big=3, big_every=50)
     store, stream, wire = checked_store(source), FakeStream(), Wire()
     publish(stream, wire, FakeProducer(source, max_events=4, cut=cutter(3, 0.5)).run())
-    cfg = fake_config(tmp_path)
+    cfg = fake_config(tmp_path, overlap_commits=overlap)  # on: committed on the worker (applier/committer.py)
     calls: list[str] = []
     app = make_applier(cfg, _Recording(cfg, store, calls=calls), stream, wire, per_read=2)
     counted = app.monitor.flushed

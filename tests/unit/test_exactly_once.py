@@ -86,6 +86,30 @@ def test_the_applier_dies_before_each_commit_in_turn(tmp_path: Path, seed: int) 
 
 
 @pytest.mark.parametrize("seed", SEEDS)
+def test_the_applier_dies_in_each_commit_on_the_worker_in_turn(tmp_path: Path, seed: int) -> None:
+    """The same deaths with commits on the worker (applier/committer.py,
+    ``overlap_commits``): the death comes back to the loop, nothing of the
+    dying flush is acknowledged, and the restart lands it once.  Where a
+    flush ends follows thread timing here, so a death at the k-th commit
+    may not come (the run had fewer): at most one death, and exact."""
+    source = _source(seed)
+    sent = FakeProducer(source, max_events=4, cut=cutter(seed, 0.3)).run()
+    wire = Wire()
+    deaths = 0
+    for k in range(1, 12):
+        store, stream = checked_store(source), FakeStream()
+        store.crash_at = k
+        publish(stream, wire, sent)
+        cfg = fake_config(tmp_path / str(k), overlap_commits=True)
+        died = run_until_settled(cfg, store, stream, wire, per_read=2)
+        assert died <= 1
+        deaths += died
+        assert store.states["p"].position == source.end, f"crash at commit {k}"
+        assert_target_at(store, source)
+    assert deaths >= 3, "the deaths did not come"
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 def test_the_applier_dies_between_deliveries(tmp_path: Path, seed: int) -> None:
     """Deaths at reads (whatever the buffer holds, fragments included, is
     lost with the process and delivered again)."""
