@@ -292,27 +292,48 @@ class Applier:
             self.committer.settle()
             done(work())
 
-    def _commit(self, changes: list[Change], state: AppliedState,
-                amend: Callable[[Flush], None] | None = None) -> None:
-        """One flush: with the parts applied before it (committing them) or alone."""
+    def _commit(self, changes: list[Change], state: AppliedState, amend: Callable[[Flush], None] | None = None,
+                *, overlap: bool = False, cost: int = 0, acks: list[Any] | None = None) -> None:
+        """One flush: with the parts applied before it (committing them) or
+        alone; on the commit stage's worker while the loop goes on
+        (``overlap``, applier/committer.py) or here.  ``acks``: the envelopes
+        to acknowledge, and the state file to write, once it committed --
+        the caller's to do when None."""
         self._read_ahead()  # opened while the target works on this flush
-        caps = self.target.capabilities
-        flush = build_flush(changes, state, caps.columnar_inserts, caps.keyless_runs)
-        if amend is not None:
-            amend(flush)
-        t0 = time.monotonic()
-        if self.parts:
-            self.target.commit_parts(flush)
-            log.info("committed a source transaction applied in %d part(s) and a flush of %d net changes "
-                     "in %.2fs", self.parts, len(changes), time.monotonic() - t0)
+        self.committer.settle()
+        parts, target, caps = self.parts, self.inner, self.inner.capabilities
+
+        def work() -> tuple[float, Any]:
+            flush = build_flush(changes, state, caps.columnar_inserts, caps.keyless_runs)
+            if amend is not None:
+                amend(flush)
+            t0 = time.monotonic()
+            (target.commit_parts if parts else target.apply)(flush)
+            return time.monotonic() - t0, target.visible_at()
+
+        def done(result: tuple[float, Any]) -> None:
+            seconds, visible = result
             self.parts = 0
+            self.stats.flushes += 1
+            self.stats.rows_out += row_count(changes)
+            self.monitor.flushed(changes, seconds, visible)
+            if parts:
+                log.info("committed a source transaction applied in %d part(s) and a flush of %d net changes "
+                         "in %.2fs", parts, len(changes), seconds)
+            log.debug("flushed %d net changes in %.3fs up to %s%s", len(changes), seconds, state.position,
+                      " (overlapped)" if overlap else "")
+            # After the flush is counted readable (Spark's maintenance of an
+            # overdue table must not delay its freshness).
+            target.after_commit()
+            if acks is not None:
+                if acks:
+                    self.sub.ack(acks)
+                self._report(state)
+
+        if overlap:
+            self.committer.submit(work, done, cost)
         else:
-            self.target.apply(flush)
-        self.stats.flushes += 1
-        self.stats.rows_out += row_count(changes)
-        self.monitor.flushed(changes, time.monotonic() - t0, self.target.visible_at())
-        log.debug("flushed %d net changes in %.3fs up to %s", len(changes), time.monotonic() - t0, state.position)
-        self.target.after_commit()
+            done(work())
 
     # ------------------------------------------------------------------
     def handle(self, d: Delivery, unsealed: Callable[[], Unsealed] | None = None) -> None:
@@ -505,7 +526,14 @@ class Applier:
         changes = self.buffer.take()
         if changes or amend is not None or self.parts or self.admit.held(state.producer_id) != state:
             if overlap:
-                self._commit_overlapped(changes, state, cost)
+                # Handed to the commit stage: its envelopes are acknowledged,
+                # and the state file written, once it committed.  The admit
+                # stage counts it committed now: if it fails, the error stops
+                # the loop at the next settle and the applier restarts from
+                # the target.
+                acks, self.unacked, self.sealed_acks = self.unacked, [], 0
+                self._commit(changes, state, overlap=True, cost=cost, acks=acks)
+                self.admit.committed(state)
                 return
             self._commit(changes, state, amend)
         self.admit.committed(state)
@@ -520,38 +548,6 @@ class Applier:
         pace -- a slow commit gathers a larger next flush, as on a backlog."""
         return (self.reading and self.cfg.applier.overlap_commits and amend is None
                 and not self.parts and self.buffer.complete)
-
-    def _commit_overlapped(self, changes: list[Change], state: AppliedState, cost: int) -> None:
-        """Hand the flush to the commit stage; its envelopes are acknowledged,
-        and the state file written, once it committed (``done``).  The admit
-        stage counts it as committed now: if it fails, the error stops the
-        loop at the next settle and the applier restarts from the target."""
-        self.committer.settle()
-        self._read_ahead()  # opened while the target works on this flush
-        acks, self.unacked, self.sealed_acks = self.unacked, [], 0
-        target, caps = self.inner, self.inner.capabilities
-
-        def work() -> tuple[float, Any]:
-            t0 = time.monotonic()
-            target.apply(build_flush(changes, state, caps.columnar_inserts, caps.keyless_runs))
-            return time.monotonic() - t0, target.visible_at()
-
-        def done(result: tuple[float, Any]) -> None:
-            seconds, visible = result
-            self.stats.flushes += 1
-            self.stats.rows_out += row_count(changes)
-            self.monitor.flushed(changes, seconds, visible)
-            log.debug("flushed %d net changes in %.3fs up to %s (overlapped)", len(changes), seconds,
-                      state.position)
-            # After the flush is counted readable, as in the loop's own commit
-            # (Spark's maintenance of an overdue table must not delay it).
-            target.after_commit()
-            if acks:
-                self.sub.ack(acks)
-            self._report(state)
-
-        self.committer.submit(work, done, cost)
-        self.admit.committed(state)
 
     def _report(self, state: AppliedState) -> None:
         """``state_dir/applier.json``: what the target holds, for `cynomys
