@@ -66,3 +66,43 @@ def test_a_keyless_delete_that_scans_is_named_once_with_the_fix(server: MariaDBS
         assert server.execute("SELECT COUNT(*) FROM bag.t")[0][0] == ROWS + 1 - 3
     finally:
         target.close()
+
+
+def _rows_scanned(server: MariaDBServer) -> int:
+    return int(server.execute("SHOW GLOBAL STATUS LIKE 'Handler_read_rnd_next'")[0][1])
+
+
+def test_a_flush_of_many_keyless_deletes_scans_the_table_twice_not_once_a_row(server: MariaDBServer) -> None:
+    """300 updated or deleted rows of a 100,000-row keyless table in one
+    flush: one scan each would read ~15M rows; by batches, two scans a
+    batch.  Rows with copies in the target (and rows with NULL) are still
+    removed one copy at a time: the table ends exactly as the source."""
+    n = 100_000
+    schema = TableSchema("bag2", "t", SCHEMA.columns, ())
+    cfg = Config(target=TargetConfig(kind="columnstore", url=server.url, options=(ColumnStoreConfig("InnoDB"),)))
+    target = ColumnStoreTarget(cfg)
+    target.connect()
+    try:
+        target.apply(contract.flush([contract.change(Op.INSERT, schema, after=(0, 0, None))]))
+        server.execute(f"INSERT INTO bag2.t SELECT seq, seq % 7, CONCAT('row ', seq) FROM bag2.seq_1_to_{n}")
+        deleted, updated = range(1, n, 500), range(250, n, 1000)  # 200 and 100 rows all over the table
+        changes = [contract.change(Op.DELETE, schema, before=(k, k % 7, f"row {k}")) for k in deleted]
+        changes += [contract.change(Op.UPDATE, schema, before=(k, k % 7, f"row {k}"), after=(k, k % 7, "changed"))
+                    for k in updated]
+        before = _rows_scanned(server)
+        target.apply(contract.flush(changes))
+        scanned = _rows_scanned(server) - before
+        assert scanned < 5 * n, f"{scanned:,} rows read for 300 keyless deletes of a {n:,}-row table"
+        assert server.execute("SELECT COUNT(*) FROM bag2.t")[0][0] == n + 1 - len(deleted)
+        assert server.execute("SELECT COUNT(*) FROM bag2.t WHERE s = 'changed'")[0][0] == len(updated)
+        assert server.execute(f"SELECT COUNT(*) FROM bag2.t WHERE a IN ({', '.join(map(str, deleted))})")[0][0] == 0
+
+        # Copies: two of row 7, one of them deleted, in a batch with other
+        # rows; a NULL row deleted beside them.
+        server.execute("INSERT INTO bag2.t VALUES (7, 0, 'row 7')")
+        target.apply(contract.flush([contract.change(Op.DELETE, schema, before=(7, 0, "row 7")),
+                                     contract.change(Op.DELETE, schema, before=(8, 1, "row 8")),
+                                     contract.change(Op.DELETE, schema, before=(0, 0, None))]))
+        assert server.execute("SELECT a, COUNT(*) FROM bag2.t WHERE a IN (0, 7, 8) GROUP BY a") == [(7, 1)]
+    finally:
+        target.close()
