@@ -37,6 +37,15 @@ def mariadb() -> Iterator[MariaDBServer]:
 
 
 @pytest.fixture
+def target() -> Iterator[MariaDBServer]:
+    """A second MariaDB of its own for one test: the target of an applier
+    (modules that test another target define their own ``target``)."""
+    server = MariaDBServer(server_id=2).start()
+    yield server
+    server.destroy()
+
+
+@pytest.fixture
 def fresh_mariadb() -> Iterator[MariaDBServer]:
     """A MariaDB of the test's own (for tests that kill, reconfigure or purge it)."""
     server = MariaDBServer(server_id=1).start()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -20,12 +19,6 @@ from tests.servers.mariadb import MariaDBServer
 
 pytestmark = pytest.mark.integration
 
-
-@pytest.fixture
-def target() -> Iterator[MariaDBServer]:
-    srv = MariaDBServer(server_id=2).start()
-    yield srv
-    srv.destroy()
 
 
 def _config(tmp_path: Path, src: MariaDBServer, tgt: MariaDBServer, **applier: object) -> Path:

@@ -17,7 +17,6 @@ import shutil
 import threading
 import uuid
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -59,12 +58,6 @@ class CrashingSink(SealedSink):
                 raise Crash(f"after fragment {self.k}, envelope {seq}")
             self.fragments += 1
 
-
-@pytest.fixture
-def target() -> Iterator[MariaDBServer]:
-    srv = MariaDBServer(server_id=2).start()
-    yield srv
-    srv.destroy()
 
 
 def _workload(src: MariaDBServer) -> None:

@@ -41,12 +41,6 @@ class FlakyAhead(SubscriberProxy):
         return self.sub.read(count, block_ms)
 
 
-@pytest.fixture
-def target() -> MariaDBServer:
-    srv = MariaDBServer(server_id=2).start()
-    yield srv  # type: ignore[misc]
-    srv.destroy()
-
 
 def test_a_fault_while_reading_ahead_delays_nothing_and_loses_nothing(mariadb: MariaDBServer, target: MariaDBServer,
                                                                       tmp_path: Path) -> None:

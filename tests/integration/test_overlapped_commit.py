@@ -9,7 +9,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import pytest
 
@@ -58,12 +58,6 @@ class Acks(SubscriberProxy):
         self.rec.add("ack", self.rec.acked)
         self.sub.ack(ids)
 
-
-@pytest.fixture
-def target() -> Iterator[MariaDBServer]:
-    srv = MariaDBServer(server_id=2).start()
-    yield srv
-    srv.destroy()
 
 
 def _source(mariadb: MariaDBServer, target: MariaDBServer, tmp_path: Path,

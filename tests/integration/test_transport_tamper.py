@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -28,12 +28,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).parents[2]
 
-
-@pytest.fixture
-def target() -> Iterator[MariaDBServer]:
-    srv = MariaDBServer(server_id=2).start()
-    yield srv
-    srv.destroy()
 
 
 def _daemon(cfg: Path, cmd: str, log: Path) -> subprocess.Popen[bytes]:
