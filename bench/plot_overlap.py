@@ -1,6 +1,6 @@
-"""Side-by-side plot of initial loads with ``[applier] overlap_commits`` off and on.
+"""Side-by-side plot of initial loads (such as `[applier] overlap_commits` off and on).
 
-    python bench/plot_overlap.py OUT.png NAME [NAME ...]
+    python bench/plot_overlap.py [--title TEXT] OUT.png NAME [NAME ...]
 
 Each NAME is a bench/results JSON of ``bench/initial_load.py`` (one target);
 a bar per run: the snapshot read, then the tail to target equal, with the
@@ -21,7 +21,11 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out, names = Path(sys.argv[1]), sys.argv[2:]
+    args = sys.argv[1:]
+    title = "Initial load, overlap_commits off (grey) / on (blue)"
+    if args[:1] == ["--title"]:
+        title, args = args[1], args[2:]
+    out, names = Path(args[0]), args[1:]
     runs = []
     for name in names:
         r = json.loads((RESULTS / f"{name}.json").read_text())["results"][0]
@@ -35,9 +39,9 @@ def main() -> None:
         ax.text(equal, i, f" {equal:.1f} s ({equal / hand:.2f}x)", va="center", fontsize=8)
     ax.set_yticks(range(len(runs)), [n.replace("initial_load_", "") for n, *_ in runs], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("seconds from the daemons' start: snapshot read (light), then to target equal (dark); "
+    ax.set_xlabel("seconds from the daemons' start: snapshot read (light), then to target equal (dark);\n"
                   "red: the same run's hand copy")
-    ax.set_title("Initial load, overlap_commits off (grey) / on (blue)", fontsize=10)
+    ax.set_title(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 
