@@ -282,7 +282,7 @@ class Applier:
 
         def done(seconds: float) -> None:
             self.stats.rows_out += row_count(changes)
-            self.monitor.flushed(changes, seconds)  # rows written (uncommitted: in the open transaction)
+            self.monitor.flushed(changes, seconds, readable=[])  # rows written, not readable before the commit
             log.info("applied part %d of a source transaction (%d net changes, %.2fs%s); it commits at its last "
                      "fragment", part, len(changes), seconds, ", overlapped" if overlap else "")
 
@@ -302,21 +302,22 @@ class Applier:
         self._read_ahead()  # opened while the target works on this flush
         self.committer.settle()
         parts, target, caps = self.parts, self.inner, self.inner.capabilities
+        readable = self.monitor.committing()  # not what the loop takes while this commits
 
-        def work() -> tuple[float, Any]:
+        def work() -> tuple[float, Any, float]:
             flush = build_flush(changes, state, caps.columnar_inserts, caps.keyless_runs)
             if amend is not None:
                 amend(flush)
             t0 = time.monotonic()
             (target.commit_parts if parts else target.apply)(flush)
-            return time.monotonic() - t0, target.visible_at()
+            return time.monotonic() - t0, target.visible_at(), time.time()
 
-        def done(result: tuple[float, Any]) -> None:
-            seconds, visible = result
+        def done(result: tuple[float, Any, float]) -> None:
+            seconds, visible, committed_at = result
             self.parts = 0
             self.stats.flushes += 1
             self.stats.rows_out += row_count(changes)
-            self.monitor.flushed(changes, seconds, visible)
+            self.monitor.flushed(changes, seconds, visible, committed_at, readable)
             if parts:
                 log.info("committed a source transaction applied in %d part(s) and a flush of %d net changes "
                          "in %.2fs", parts, len(changes), seconds)

@@ -57,6 +57,9 @@ FRESHNESS_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1
 
 #: Ops of the live stream (what a source transaction changed).
 LIVE_OPS = frozenset({Op.INSERT, Op.UPDATE, Op.DELETE})
+#: Transactions taken, not yet readable: (estimated source commit time,
+#: how many, the tables they touched).
+Pending = list[tuple[float, int, frozenset[str]]]
 
 #: `cynomys status` shows the quantiles of this many last seconds.
 WINDOW_S = 300.0
@@ -237,7 +240,7 @@ class Freshness:
                                       registry=registry)
         self.skew = Skew()
         self._estimator = CommitEstimator()
-        self._pending: list[tuple[float, int, frozenset[str]]] = []
+        self._pending: Pending = []
         self._recent: deque[tuple[float, float, int]] = deque()  # (monotonic time, freshness, weight)
         self._last_flush: float | None = None
         self.set_skew(self.skew)
@@ -258,23 +261,33 @@ class Freshness:
         self._pending.clear()
         self._estimator.forget()
 
-    def flushed(self, visible: float, tables_at: Mapping[str, float] | None = None) -> None:
+    def detach(self) -> Pending:
+        """The transactions taken so far, handed to the flush about to
+        commit (``flushed(..., pending=)``): what the loop takes while that
+        flush commits on the commit stage's worker belongs to the next."""
+        pending, self._pending = self._pending, []
+        return pending
+
+    def flushed(self, visible: float, tables_at: Mapping[str, float] | None = None,
+                pending: Pending | None = None) -> None:
         """A flush committed at ``visible`` (applier clock, seconds since
-        the epoch): everything taken since the last one is readable.
+        the epoch): its transactions (``pending``, from ``detach``; else
+        everything taken since the last flush) are readable.
         ``tables_at``: where tables became readable one by one (Spark/
         Iceberg: a commit per table, base.Target.visible_at), the moment
         each did; a transaction is readable once the last of its tables is."""
-        if not self._pending:
+        if pending is None:
+            pending = self.detach()
+        if not pending:
             return
         mono = time.monotonic()
-        for committed, n, where in self._pending:
+        for committed, n, where in pending:
             at = max((tables_at.get(t, visible) for t in where), default=visible) if tables_at else visible
             # Below 0 only by a clock error larger than its uncertainty.
             age = max(0.0, at - committed)
             self.histogram.observe(age, n)
             self._recent.append((mono, age, n))
-        newest = max(t for t, _, _ in self._pending)
-        self._pending.clear()
+        newest = max(t for t, _, _ in pending)
         self._last_flush = max(0.0, visible - newest)
         self.last.set(self._last_flush)
         while len(self._recent) > WINDOW_MAX or (self._recent and mono - self._recent[0][0] > WINDOW_S):

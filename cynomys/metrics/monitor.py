@@ -50,7 +50,7 @@ from cynomys.core.errors import CynomysError, SourceUnavailableError, TargetUnav
 from cynomys.core.model import Change, Op, Position
 from cynomys.metrics.clock import Offset
 from cynomys.metrics.events import ApplierTurn, ProducerTurn
-from cynomys.metrics.freshness import Freshness, Skew
+from cynomys.metrics.freshness import Freshness, Pending, Skew
 from cynomys.metrics.health import Health
 from cynomys.metrics.server import MetricsServer
 
@@ -433,11 +433,21 @@ class ApplierMonitor(_Monitor):
         self._newest = batch.end
         self.freshness.taken(batch)
 
-    def flushed(self, changes: Iterable[Change], seconds: float, tables_at: Mapping[str, float] | None = None) -> None:
-        """Called right after the flush's target transaction committed;
-        ``tables_at``: the target's Target.visible_at (tables readable one
-        by one)."""
-        self.freshness.flushed(time.time(), tables_at)
+    def committing(self) -> Pending:
+        """The transactions taken so far, handed to the flush about to
+        commit: readable once it has (``flushed(..., readable=)``)."""
+        return self.freshness.detach()
+
+    def flushed(self, changes: Iterable[Change], seconds: float, tables_at: Mapping[str, float] | None = None,
+                committed_at: float | None = None, readable: Pending | None = None) -> None:
+        """Called once the flush's target transaction committed, at
+        ``committed_at`` (``time.time()``; now when None: a flush committed
+        on the commit stage's worker is counted here up to a loop turn
+        later); ``tables_at``: the target's Target.visible_at (tables
+        readable one by one); ``readable``: its transactions (from
+        ``committing``; everything taken so far when None; [] for a part
+        of a transaction, not readable before its commit)."""
+        self.freshness.flushed(time.time() if committed_at is None else committed_at, tables_at, readable)
         self.flush_s.observe(seconds)
         for table, n in _tally(c for c in changes if c.op is not Op.DDL).items():
             self.rows_out.labels(table).inc(n)

@@ -4,6 +4,7 @@ metric and the flush time are the moment rows became readable, not that
 moment plus a compaction (base.Target.after_commit)."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 
 from cynomys.applier.targets.base import Flush
 from tests.fakes import (
+    PRODUCER,
     FakeProducer,
     FakeSource,
     FakeStream,
@@ -60,3 +62,44 @@ def test_after_commit_follows_each_flush_once_it_was_counted(tmp_path: Path, ove
     assert flushes >= 2, calls
     # Every flush: applied, counted readable, then the after-commit work.
     assert calls == ["apply", "counted", "after_commit"] * flushes, calls
+
+
+class _Slow(FakeTarget):
+    def apply(self, flush: Flush) -> None:
+        time.sleep(0.01)  # the loop takes the next envelopes meanwhile (overlap on)
+        super().apply(flush)
+
+
+def _counts(tmp_path: Path, overlap: bool) -> list[tuple[int, int]]:
+    """(transactions counted readable so far, transactions the target
+    holds) at each flush's count."""
+    source = random_workload(FakeSource(), 5, txns=80, big=3, big_every=50)
+    store, stream, wire = checked_store(source), FakeStream(), Wire()
+    publish(stream, wire, FakeProducer(source, max_events=4, cut=cutter(5, 0.3)).run())
+    cfg = fake_config(tmp_path, overlap_commits=overlap)
+    app = make_applier(cfg, _Slow(cfg, store), stream, wire, per_read=1)
+    counted, seen = app.monitor.flushed, []
+
+    def flushed(*args: Any, **kw: Any) -> None:
+        counted(*args, **kw)
+        held = app.inner.applied(PRODUCER)
+        assert held is not None
+        seen.append((app.monitor.freshness.summary()["transactions"], source.index_at(held.position)))
+
+    app.monitor.flushed = flushed  # type: ignore[method-assign]
+    app.run(until_idle_s=1e-6)
+    assert_target_at(store, source)
+    return seen
+
+
+def test_a_flush_counts_readable_only_the_transactions_it_committed(tmp_path: Path) -> None:
+    """Freshness counts a transaction readable at the commit of the flush
+    that holds it: with commits on the worker, what the loop takes while a
+    flush commits is the next flush's, not counted at this one's commit.
+    At every count, the transactions counted so far are at most those the
+    target holds; in the end, as many as with commits in the loop."""
+    in_loop, overlapped = _counts(tmp_path / "loop", False), _counts(tmp_path / "worker", True)
+    for seen in (in_loop, overlapped):
+        assert len(seen) >= 3, seen
+        assert all(readable <= held for readable, held in seen), seen
+    assert overlapped[-1][0] == in_loop[-1][0] > 0, (overlapped[-1], in_loop[-1])

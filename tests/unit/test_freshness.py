@@ -129,6 +129,22 @@ def test_tables_readable_one_by_one_count_each_transaction_at_its_last_table() -
     assert [round(age, 3) for _, age, _ in f._recent][-1] == 2.9
 
 
+def test_a_flush_counts_what_was_handed_to_it_not_what_came_after() -> None:
+    """``detach`` at the hand-over: transactions taken while the flush
+    commits wait for the next flush; a part (``pending=[]``) counts none."""
+    f = Freshness(CollectorRegistry())
+    f.taken(_batch([_change(1, T0), _change(2, T0)], T0 + 0.2))
+    handed = f.detach()
+    f.taken(_batch([_change(3, T0 + 1)], T0 + 1.2))
+    f.flushed(T0 + 2.0, pending=[])
+    assert f.summary()["transactions"] == 0
+    f.flushed(T0 + 2.0, pending=handed)
+    assert f.summary()["transactions"] == 2
+    f.flushed(T0 + 3.0)
+    assert f.summary()["transactions"] == 3
+    assert [(round(age, 3), n) for _, age, n in f._recent] == [(1.9, 2), (1.9, 1)]
+
+
 def test_a_failed_loop_forgets_what_it_took() -> None:
     f = Freshness(CollectorRegistry())
     f.taken(_batch([_change(1, T0)], T0 + 0.2))
