@@ -614,7 +614,7 @@ class ColumnStoreTarget(SqlTarget):
         cols = ", ".join(MARIADB.ident(c.name) for c in schema.columns)
         where = f"({cols}) IN ({', '.join(texts)})"
         t0 = time.monotonic()
-        cur.execute(f"SELECT 1 FROM {tbl} WHERE {where} GROUP BY {cols} HAVING COUNT(*) > 1 LIMIT 1")
+        self._execute(cur, f"SELECT 1 FROM {tbl} WHERE {where} GROUP BY {cols} HAVING COUNT(*) > 1 LIMIT 1", schema)
         if cur.fetchone() is not None:
             return False
         self._execute(cur, f"DELETE FROM {tbl} WHERE {where}", schema)
