@@ -95,6 +95,10 @@ class Applier:
         self.max_buffer_rows = cfg.applier.max_buffer_rows or backlog_cap(target.capabilities, cfg.applier.buffer_rows)
         self.admit = Admission()  # the admit stage: what of each envelope the target needs
         self.unacked: list[str] = []
+        # While a flush commits on the worker: what the target held before it
+        # (in a 1-tuple), shown as applied instead of what the admit stage
+        # already counts (_turn); None when no flush is in flight.
+        self.shown: tuple[AppliedState | None] | None = None
         self.stats = ApplierStats()
         self.producer_id = cfg.producer.id
         self.buffer_server = ""  # the source server of the buffered envelopes' positions
@@ -203,7 +207,8 @@ class Applier:
             self.behind = len(deliveries) >= count
 
     def _turn(self, delivered: int) -> ApplierTurn:
-        s, held = self.stats, self.admit.held(self.producer_id)
+        s = self.stats
+        held = self.shown[0] if self.shown is not None else self.admit.held(self.producer_id)
         return ApplierTurn(id(self), delivered, {"envelopes": s.envelopes, "duplicates": s.duplicates,
                                                  "flushes": s.flushes, "ddl": s.ddl},
                            dict(s.rejected), len(self.buffer), self.buffer.envelopes,
@@ -314,7 +319,7 @@ class Applier:
 
         def done(result: tuple[float, Any, float]) -> None:
             seconds, visible, committed_at = result
-            self.parts = 0
+            self.parts, self.shown = 0, None
             self.stats.flushes += 1
             self.stats.rows_out += row_count(changes)
             self.monitor.flushed(changes, seconds, visible, committed_at, readable)
@@ -534,6 +539,7 @@ class Applier:
                 # the target.
                 acks, self.unacked, self.sealed_acks = self.unacked, [], 0
                 self._commit(changes, state, overlap=True, cost=cost, acks=acks)
+                self.shown = (self.admit.held(self.producer_id),)
                 self.admit.committed(state)
                 return
             self._commit(changes, state, amend)

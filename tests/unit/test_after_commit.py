@@ -103,3 +103,27 @@ def test_a_flush_counts_readable_only_the_transactions_it_committed(tmp_path: Pa
         assert len(seen) >= 3, seen
         assert all(readable <= held for readable, held in seen), seen
     assert overlapped[-1][0] == in_loop[-1][0] > 0, (overlapped[-1], in_loop[-1])
+
+
+def test_the_applied_position_shown_is_one_the_target_holds(tmp_path: Path) -> None:
+    """The loop's turn reports what the target holds (metrics, health):
+    with a flush committing on the worker, the position before it, not
+    the one the admit stage already counts."""
+    source = random_workload(FakeSource(), 7, txns=80, big=3, big_every=50)
+    store, stream, wire = checked_store(source), FakeStream(), Wire()
+    publish(stream, wire, FakeProducer(source, max_events=4, cut=cutter(7, 0.3)).run())
+    cfg = fake_config(tmp_path, overlap_commits=True)
+    app = make_applier(cfg, _Slow(cfg, store), stream, wire, per_read=1)
+    turn, shown = app.monitor.turn, []
+
+    def watched(t: Any) -> None:
+        held = app.inner.applied(PRODUCER)  # only moves forward: read after the turn was made
+        shown.append((t.applied_position, held.position if held else None))
+        turn(t)
+
+    app.monitor.turn = watched  # type: ignore[method-assign]
+    app.run(until_idle_s=1e-6)
+    assert_target_at(store, source)
+    positions = [(p, h) for p, h in shown if p is not None]
+    assert len({p for p, _ in positions}) >= 3, shown
+    assert all(h is not None and p.sort_key() <= h.sort_key() for p, h in positions), shown
