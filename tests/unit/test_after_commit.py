@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 
+from cynomys.applier.loop import Applier
 from cynomys.applier.targets.base import Flush
 from tests.fakes import (
     PRODUCER,
     FakeProducer,
     FakeSource,
+    FakeStore,
     FakeStream,
     FakeTarget,
     Wire,
@@ -70,14 +72,19 @@ class _Slow(FakeTarget):
         super().apply(flush)
 
 
+def _slow_applier(tmp_path: Path, seed: int, overlap: bool) -> tuple[Applier, FakeStore, FakeSource]:
+    """An applier over 80 transactions, one envelope a read, its commits slowed."""
+    source = random_workload(FakeSource(), seed, txns=80, big=3, big_every=50)
+    store, stream, wire = checked_store(source), FakeStream(), Wire()
+    publish(stream, wire, FakeProducer(source, max_events=4, cut=cutter(seed, 0.3)).run())
+    cfg = fake_config(tmp_path, overlap_commits=overlap)
+    return make_applier(cfg, _Slow(cfg, store), stream, wire, per_read=1), store, source
+
+
 def _counts(tmp_path: Path, overlap: bool) -> list[tuple[int, int]]:
     """(transactions counted readable so far, transactions the target
     holds) at each flush's count."""
-    source = random_workload(FakeSource(), 5, txns=80, big=3, big_every=50)
-    store, stream, wire = checked_store(source), FakeStream(), Wire()
-    publish(stream, wire, FakeProducer(source, max_events=4, cut=cutter(5, 0.3)).run())
-    cfg = fake_config(tmp_path, overlap_commits=overlap)
-    app = make_applier(cfg, _Slow(cfg, store), stream, wire, per_read=1)
+    app, store, source = _slow_applier(tmp_path, 5, overlap)
     counted, seen = app.monitor.flushed, []
 
     def flushed(*args: Any, **kw: Any) -> None:
@@ -109,11 +116,7 @@ def test_the_applied_position_shown_is_one_the_target_holds(tmp_path: Path) -> N
     """The loop's turn reports what the target holds (metrics, health):
     with a flush committing on the worker, the position before it, not
     the one the admit stage already counts."""
-    source = random_workload(FakeSource(), 7, txns=80, big=3, big_every=50)
-    store, stream, wire = checked_store(source), FakeStream(), Wire()
-    publish(stream, wire, FakeProducer(source, max_events=4, cut=cutter(7, 0.3)).run())
-    cfg = fake_config(tmp_path, overlap_commits=True)
-    app = make_applier(cfg, _Slow(cfg, store), stream, wire, per_read=1)
+    app, store, source = _slow_applier(tmp_path, 7, True)
     turn, shown = app.monitor.turn, []
 
     def watched(t: Any) -> None:
