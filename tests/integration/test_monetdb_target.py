@@ -9,6 +9,7 @@ Every test works in databases (schemas) of its own, so a shared server is fine.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime
 import itertools
@@ -499,3 +500,35 @@ def test_runs_load_what_rows_load(url: str, kind: type[MonetDBTarget], db: str) 
     assert len(got["runs"]) == len(rows)
     assert got["runs"] == got["rows"]
     target.close()
+
+
+def test_a_flush_of_many_keyless_deletes_goes_together(target: MonetDBTarget, db: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """300 keyless deletes and updates in one flush: a few statements, not
+    two a row (each a scan of the table), and the multiset exact after --
+    a row the table holds twice loses one copy, and a row holding NULL is
+    still deleted alone."""
+    schema = TableSchema(db, "bag", (ColumnDef("a", "int"), ColumnDef("s", "varchar(20)"),
+                                     ColumnDef("d", "decimal(10,2)"), ColumnDef("t", "datetime(6)")), ())
+    at = datetime.datetime(2026, 12, 1, 12, 0, 0, 500)
+    rows = [(i, f"r{i}", (Decimal(i) / 4).quantize(Decimal("0.01")), at + datetime.timedelta(seconds=i)) for i in range(3000)]
+    twice, null_row = rows[:3], (7, None, Decimal("1.25"), None)  # rows 0 and 1 change below, row 2 does not
+    held = collections.Counter(rows + twice + [null_row])
+    target.apply(contract.flush([contract.change(Op.INSERT, schema, after=r) for r in held.elements()]))
+    gone, updated = rows[::20], rows[1::20]  # 150 rows each
+    changes = [contract.change(Op.DELETE, schema, before=r) for r in gone + [null_row]]
+    changes += [contract.change(Op.UPDATE, schema, before=r, after=(r[0] + 10_000,) + r[1:]) for r in updated]
+    statements = []
+    execute = type(target)._execute
+
+    def counted(self: MonetDBTarget, cur: Any, sql: str, schema: TableSchema) -> None:
+        statements.append(sql)
+        execute(self, cur, sql, schema)
+
+    monkeypatch.setattr(type(target), "_execute", counted)
+    target.apply(contract.flush(changes))
+    held.subtract(gone + [null_row] + updated)
+    held.update((r[0] + 10_000,) + r[1:] for r in updated)
+    contract.assert_rows(target, schema, held.elements())
+    deletes = [s for s in statements if s.startswith("DELETE")]
+    assert len(deletes) <= 2, f"{len(deletes)} DELETE statements for 301 keyless rows"
