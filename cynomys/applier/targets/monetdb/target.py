@@ -577,12 +577,12 @@ class MonetDBTarget(SqlTarget):
         table (``_deleted_together``).  Rows holding NULL go alone: '='
         matches no NULL, and old releases lack IS NOT DISTINCT FROM."""
         together = [r for r in rows if None not in r]
-        alone = [r for r in rows if None in r] if len(together) > 1 else list(rows)
+        if len(together) < 2:  # one row alone costs no more, without a temporary table
+            together = []
+        alone = [r for r in rows if None in r] if together else list(rows)
         back: list[Row] = []
-        if len(together) > 1:
-            for start in range(0, len(together), KEYLESS_DELETE_ROWS):
-                back.extend(self._deleted_together(cur, schema, codecs, together[start:start + KEYLESS_DELETE_ROWS],
-                                                   rows))
+        for start in range(0, len(together), KEYLESS_DELETE_ROWS):
+            back.extend(self._deleted_together(cur, schema, codecs, together[start:start + KEYLESS_DELETE_ROWS], rows))
         for row in alone:
             back.extend(self._delete_row(cur, schema, codecs, row, rows[row]))
         return back
@@ -595,8 +595,8 @@ class MonetDBTarget(SqlTarget):
         one semijoin; the surplus over ``wanted`` comes back to be inserted."""
         names = {c.name.lower() for c in schema.columns}
         number = next(n for n in (f"cynomys_row{i or ''}" for i in range(len(names) + 1)) if n not in names)
-        numbering = self.codecs(TableSchema("tmp", self.key_table, (ColumnDef(number, "int"),), ()))
-        tmp_tbl = self._temporary(cur, schema, codecs + numbering, [row + (i,) for i, row in enumerate(batch)])
+        tmp_tbl = self._temporary(cur, schema, codecs + [self.codec(ColumnDef(number, "int"))],
+                                  [row + (i,) for i, row in enumerate(batch)])
         tbl, alias = qualified(schema.database, schema.table), quote_ident("cynomys_k")
 
         def match(table: str) -> str:
