@@ -750,7 +750,7 @@ static int put_int_obj(Buf *b, PyObject *v) {
     return put_long(b, n);
 }
 
-static PyObject *S_file, *S_pos, *S_gtid, *S_database, *S_table, *S_columns, *S_key, *S_name, *S_type,
+static PyObject *S_file, *S_pos, *S_gtid, *S_database, *S_table, *S_columns, *S_key, *S_indexes, *S_name, *S_type,
     *S_nullable, *S_tid, *S_sql, *S_op, *S_txn, *S_commit_ts, *S_schema, *S_before, *S_after, *S_images;
 
 static int put_attr_str(Buf *b, PyObject *o, PyObject *name) {
@@ -1019,9 +1019,10 @@ static Py_ssize_t add_image(TableImages *t, PyObject *row) {
     return t->nrows++;
 }
 
-static int put_table_def(Buf *b, PyObject *schema) {
+/* One TableDef; ``indexes``: the schema's version holds TableDef.indexes (v3). */
+static int put_table_def(Buf *b, PyObject *schema, int indexes) {
     int rc = -1;
-    PyObject *cols = NULL, *key = NULL;
+    PyObject *cols = NULL, *key = NULL, *idx = NULL;
     if (put_attr_str(b, schema, S_database) < 0 || put_attr_str(b, schema, S_table) < 0) return -1;
     cols = PyObject_GetAttr(schema, S_columns);
     if (!cols) goto done;
@@ -1045,10 +1046,29 @@ static int put_table_def(Buf *b, PyObject *schema) {
     if (n && put_long(b, n) < 0) goto done;
     for (Py_ssize_t i = 0; i < n; i++)
         if (put_str(b, PyTuple_GET_ITEM(key, i)) < 0) goto done;
-    rc = put_long(b, 0);
+    if (put_long(b, 0) < 0) goto done;
+    if (indexes) {
+        idx = PyObject_GetAttr(schema, S_indexes);
+        if (!idx) goto done;
+        if (!PyTuple_CheckExact(idx)) { fallback("schema indexes not a tuple"); goto done; }
+        n = PyTuple_GET_SIZE(idx);
+        if (n && put_long(b, n) < 0) goto done;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *one = PyTuple_GET_ITEM(idx, i);
+            if (!PyTuple_CheckExact(one)) { fallback("schema index not a tuple"); goto done; }
+            Py_ssize_t m = PyTuple_GET_SIZE(one);
+            if (m && put_long(b, m) < 0) goto done;
+            for (Py_ssize_t j = 0; j < m; j++)
+                if (put_str(b, PyTuple_GET_ITEM(one, j)) < 0) goto done;
+            if (put_long(b, 0) < 0) goto done;
+        }
+        if (put_long(b, 0) < 0) goto done;
+    }
+    rc = 0;
 done:
     Py_XDECREF(cols);
     Py_XDECREF(key);
+    Py_XDECREF(idx);
     return rc;
 }
 
@@ -1142,7 +1162,7 @@ static PyObject *encode_batch(PyObject *self, PyObject *args) {
     /* tables */
     if (ts.n && put_long(&b, ts.n) < 0) goto done;
     for (Py_ssize_t i = 0; i < ts.n; i++)
-        if (put_table_def(&b, ts.t[i].schema) < 0) goto done;
+        if (put_table_def(&b, ts.t[i].schema, PyBytes_AS_STRING(prefix)[PyBytes_GET_SIZE(prefix) - 1] >= 3) < 0) goto done;
     if (put_long(&b, 0) < 0) goto done;
 
     /* records */
@@ -1289,8 +1309,23 @@ static PyObject *rd_position(Rd *r) {
     return t;
 }
 
-/* The tables array: [(database, table, [(name, type, nullable)], [key])]. */
-static PyObject *rd_tables(Rd *r) {
+/* A string array (Avro blocks) appended to ``out``. */
+static int rd_strings(Rd *r, PyObject *out) {
+    int64_t m;
+    for (;;) {
+        if (rd_block(r, &m) < 0) return -1;
+        if (m == 0) return 0;
+        for (int64_t j = 0; j < m; j++) {
+            PyObject *k = rd_str(r);
+            if (!k || PyList_Append(out, k) < 0) { Py_XDECREF(k); return -1; }
+            Py_DECREF(k);
+        }
+    }
+}
+
+/* The tables array: [(database, table, [(name, type, nullable)], [key], [[index column]])];
+ * ``indexes``: the writer's version holds TableDef.indexes (v3), else each is []. */
+static PyObject *rd_tables(Rd *r, int indexes) {
     PyObject *out = PyList_New(0);
     int64_t n;
     if (!out) return NULL;
@@ -1298,11 +1333,12 @@ static PyObject *rd_tables(Rd *r) {
         if (rd_block(r, &n) < 0) goto fail;
         if (n == 0) break;
         for (int64_t i = 0; i < n; i++) {
-            PyObject *db = rd_str(r), *tb = db ? rd_str(r) : NULL, *cols = NULL, *keys = NULL, *t;
+            PyObject *db = rd_str(r), *tb = db ? rd_str(r) : NULL, *cols = NULL, *keys = NULL, *idx = NULL, *t;
             if (!tb) { Py_XDECREF(db); goto fail; }
             cols = PyList_New(0);
             keys = PyList_New(0);
-            if (!cols || !keys) goto tfail;
+            idx = PyList_New(0);
+            if (!cols || !keys || !idx) goto tfail;
             int64_t m;
             for (;;) {
                 if (rd_block(r, &m) < 0) goto tfail;
@@ -1316,21 +1352,22 @@ static PyObject *rd_tables(Rd *r) {
                     Py_DECREF(c);
                 }
             }
-            for (;;) {
+            if (rd_strings(r, keys) < 0) goto tfail;
+            while (indexes) {
                 if (rd_block(r, &m) < 0) goto tfail;
                 if (m == 0) break;
                 for (int64_t j = 0; j < m; j++) {
-                    PyObject *k = rd_str(r);
-                    if (!k || PyList_Append(keys, k) < 0) { Py_XDECREF(k); goto tfail; }
-                    Py_DECREF(k);
+                    PyObject *one = PyList_New(0);
+                    if (!one || rd_strings(r, one) < 0 || PyList_Append(idx, one) < 0) { Py_XDECREF(one); goto tfail; }
+                    Py_DECREF(one);
                 }
             }
-            t = Py_BuildValue("(NNNN)", db, tb, cols, keys);
+            t = Py_BuildValue("(NNNNN)", db, tb, cols, keys, idx);
             if (!t || PyList_Append(out, t) < 0) { Py_XDECREF(t); goto fail; }
             Py_DECREF(t);
             continue;
         tfail:
-            Py_DECREF(db); Py_DECREF(tb); Py_XDECREF(cols); Py_XDECREF(keys);
+            Py_DECREF(db); Py_DECREF(tb); Py_XDECREF(cols); Py_XDECREF(keys); Py_XDECREF(idx);
             goto fail;
         }
     }
@@ -1598,17 +1635,17 @@ fail:
 }
 
 /* decode_columns(payload: bytes-like (the Avro after MAGIC+version), op_insert: int, op_read: int = -1,
- *                all: int = 0)
+ *                all: int = 0, indexes: int = 0)
  *   -> (producer_id, end, complete, first_txn | None, created_us, last_commit_ts, meta, tables, runs, images)
  * ``runs``: runs of plain INSERT/READ images; with ``all``, other records
  * among them in stream order (rd_runs). */
 static PyObject *decode_columns(PyObject *self, PyObject *args) {
     Py_buffer view;
     long long op_insert, op_read = -1;
-    int all = 0;
+    int all = 0, indexes = 0;
     PyObject *producer = NULL, *end = NULL, *first = NULL, *meta = NULL, *tables = NULL, *runs = NULL,
              *images = NULL, *out = NULL;
-    if (!PyArg_ParseTuple(args, "y*L|Lp:decode_columns", &view, &op_insert, &op_read, &all)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*L|Lpp:decode_columns", &view, &op_insert, &op_read, &all, &indexes)) return NULL;
     Rd r = {(const unsigned char *)view.buf, (const unsigned char *)view.buf + view.len};
     int64_t v, created, last_ts;
     int complete;
@@ -1638,7 +1675,7 @@ static PyObject *decode_columns(PyObject *self, PyObject *args) {
             if (rc < 0) goto done;
         }
     }
-    if (!(tables = rd_tables(&r)) || !(runs = rd_runs(&r, op_insert, op_read, all)) || !(images = rd_images(&r))) goto done;
+    if (!(tables = rd_tables(&r, indexes)) || !(runs = rd_runs(&r, op_insert, op_read, all)) || !(images = rd_images(&r))) goto done;
     out = Py_BuildValue("(OOOOLLOOOO)", producer, end, complete ? Py_True : Py_False, first, (long long)created,
                         (long long)last_ts, meta, tables, runs, images);
 done:
@@ -2355,7 +2392,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     if (!Fallback || PyModule_AddObjectRef(m, "Fallback", Fallback) < 0) goto fail;
 #define INTERN(var, text) if (!(var = PyUnicode_InternFromString(text))) goto fail
     INTERN(S_file, "file"); INTERN(S_pos, "pos"); INTERN(S_gtid, "gtid"); INTERN(S_database, "database");
-    INTERN(S_table, "table"); INTERN(S_columns, "columns"); INTERN(S_key, "key"); INTERN(S_name, "name");
+    INTERN(S_table, "table"); INTERN(S_columns, "columns"); INTERN(S_key, "key"); INTERN(S_indexes, "indexes"); INTERN(S_name, "name");
     INTERN(S_type, "type"); INTERN(S_nullable, "nullable"); INTERN(S_tid, "tid"); INTERN(S_sql, "sql");
     INTERN(S_op, "op"); INTERN(S_txn, "txn"); INTERN(S_commit_ts, "commit_ts"); INTERN(S_schema, "schema");
     INTERN(S_before, "before"); INTERN(S_after, "after"); INTERN(S_images, "images");

@@ -143,6 +143,13 @@ class TableSchema:
     table: str
     columns: tuple[ColumnDef, ...]
     key: tuple[str, ...] = ()  # primary key (or first NOT NULL unique key); () = none
+    #: A keyless table's secondary indexes on the source, each its column
+    #: names in order (the snapshot reads them; the binlog does not carry
+    #: them).  A hint, not the table's shape, so not compared: a target that
+    #: can index creates them with the table, so that the applier's
+    #: ``DELETE ... WHERE <every column>`` of a changed row is a lookup, not
+    #: a scan of the table.
+    indexes: tuple[tuple[str, ...], ...] = field(default=(), compare=False)
 
     @property
     def name(self) -> str:

@@ -405,22 +405,45 @@ def _create(node: exp.Create, db: str) -> list[DdlOp]:
         raise ValueError("CREATE TABLE without a column list")
     columns: list[ColumnDef] = []
     key: tuple[str, ...] = ()
+    unique: list[tuple[str, ...]] = []
+    plain: list[tuple[str, ...]] = []
     for e in schema.expressions:
         if isinstance(e, exp.ColumnDef):
             col, primary = _column(e)
             columns.append(col)
             if primary:
                 key = (col.name,)
+            elif any(isinstance(c.args.get("kind"), exp.UniqueColumnConstraint) for c in e.constraints):
+                unique.append((col.name,))  # `c INT UNIQUE`
         else:
             pk = _primary_key(e)
             if pk is not None:
                 key = _names(pk.expressions)
-            # other table elements: indexes, UNIQUE, FOREIGN KEY, CHECK
+            elif (index := _whole_column_index(e)) is not None:
+                (unique if isinstance(e, exp.UniqueColumnConstraint) else plain).append(index)
+            # other table elements: FOREIGN KEY, CHECK, prefix/expression/FULLTEXT indexes
     if not columns:
         raise ValueError("CREATE TABLE without columns")
     lowered = {k.lower() for k in key}  # PRIMARY KEY columns are NOT NULL
     columns = [ColumnDef(c.name, c.type, False) if c.name.lower() in lowered else c for c in columns]
-    return pre + [CreateTable(ref[0], ref[1], tuple(columns), key, exists)]
+    indexes = () if key else tuple(dict.fromkeys(unique + plain))
+    return pre + [CreateTable(ref[0], ref[1], tuple(columns), key, exists, indexes)]
+
+
+def _whole_column_index(node: exp.Expression) -> tuple[str, ...] | None:
+    """A table element ``KEY [name] (a, b)`` / ``UNIQUE [KEY] [name] (a, b)``
+    -> ('a', 'b'); None for anything else, and for an index a target could
+    not build the same way: a prefix part, an expression, FULLTEXT/SPATIAL
+    (as the snapshot's ``whole_column_indexes`` reads them)."""
+    if isinstance(node, exp.IndexColumnConstraint) and not node.args.get("kind"):
+        parts = node.expressions
+    elif isinstance(node, exp.UniqueColumnConstraint) and isinstance(node.this, exp.Schema):
+        parts = node.this.expressions
+    else:
+        return None
+    if not parts or not all(isinstance(p, exp.Column) for p in parts):
+        return None
+    return tuple(p.name for p in parts)
 
 
 def _drop(node: exp.Drop, db: str) -> list[DdlOp]:

@@ -68,6 +68,9 @@ class CreateTable(DdlOp):
     columns: tuple[ColumnDef, ...]
     key: tuple[str, ...] = ()  # the primary key; () = none
     if_not_exists: bool = False
+    #: Without a key: its UNIQUE and plain indexes on whole columns, unique
+    #: first (``TableSchema.indexes``: a target that can index makes them).
+    indexes: tuple[tuple[str, ...], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -35,10 +35,13 @@ from cynomys.core.model import Batch, Change, ColumnDef, Op, Position, RawTempor
 MAGIC = b"CYB"
 # Writers use the oldest version that can carry the batch: v1 unless it
 # holds a verification record (CHECKSUM, PURGE: the only change in v2, two
-# enum symbols appended, so v1's indexes stay).  An applier that predates
-# v2 thus keeps reading every producer that does not run `cynomys verify`.
+# enum symbols appended, so v1's indexes stay) or a keyless table's source
+# indexes (TableDef.indexes, v3: a snapshot or repair of such a table).  An
+# applier that predates v2 thus keeps reading every producer that does not
+# run `cynomys verify`, one that predates v3 every log change.
 VERSION = 1
-LATEST = 2
+INDEXES = 3
+LATEST = 3
 _V2_OPS = frozenset({Op.CHECKSUM, Op.PURGE})
 _HERE = Path(__file__).parent
 _NS = "cynomys.v1."
@@ -237,7 +240,12 @@ def _op_index() -> dict[Op, int]:
 
 def writer_version(batch: Batch) -> int:
     """The oldest schema version that holds ``batch``."""
-    return LATEST if any(c.op in _V2_OPS for c in batch.changes) else VERSION
+    v2 = False
+    for c in batch.changes:
+        if c.schema is not None and c.schema.indexes:
+            return INDEXES
+        v2 = v2 or c.op in _V2_OPS
+    return 2 if v2 else VERSION
 
 
 def encode(batch: Batch) -> bytes:
@@ -275,6 +283,7 @@ def encode_pure(batch: Batch) -> bytes:
                     "database_name": schema.database, "table_name": schema.table,
                     "columns": [{"name": col.name, "type": col.type, "nullable": col.nullable} for col in schema.columns],
                     "key_columns": list(schema.key),
+                    "indexes": [list(i) for i in schema.indexes],  # written from v3 on
                 })
                 images.append([])
             refs[id(schema)] = ref
@@ -334,7 +343,8 @@ def decode(payload: bytes) -> Batch:
     assert isinstance(d, dict)
     schemas = [TableSchema(t["database_name"], t["table_name"],
                            tuple(ColumnDef(c["name"], c["type"], c["nullable"]) for c in t["columns"]),
-                           tuple(t["key_columns"])) for t in d["tables"]]
+                           tuple(t["key_columns"]), tuple(map(tuple, t.get("indexes", ()))))
+               for t in d["tables"]]
     rows: dict[int, list[Row]] = {}
     for block in d["images"]:
         columns = [_decode_column(c) for c in block["columns"]]
@@ -404,13 +414,14 @@ _TABLES: dict[tuple[Any, ...], TableSchema] = {}
 _TABLES_MAX = 4096
 
 
-def _schema(db: str, tb: str, cols: Any, key: Any) -> TableSchema:
-    ident = (db, tb, tuple(map(tuple, cols)), tuple(key))
+def _schema(db: str, tb: str, cols: Any, key: Any, indexes: Any) -> TableSchema:
+    ident = (db, tb, tuple(map(tuple, cols)), tuple(key), tuple(map(tuple, indexes)))
     schema = _TABLES.get(ident)
     if schema is None:
         if len(_TABLES) >= _TABLES_MAX:
             _TABLES.clear()  # DDL churn: start again rather than grow
-        schema = _TABLES[ident] = TableSchema(db, tb, tuple(ColumnDef(n, t, nl) for n, t, nl in cols), tuple(key))
+        schema = _TABLES[ident] = TableSchema(db, tb, tuple(ColumnDef(n, t, nl) for n, t, nl in cols), tuple(key),
+                                              ident[4])
     return schema
 
 
@@ -426,13 +437,14 @@ def decode_columnar(payload: bytes) -> Batch:
     envelope the compiled reader does not take (mixed columns, schema v2,
     anything unexpected), this is ``decode``."""
     ext = compiled.ext
-    if ext is None or len(payload) < 4 or payload[:3] != MAGIC or payload[3] != VERSION:
+    if ext is None or len(payload) < 4 or payload[:3] != MAGIC or payload[3] not in (VERSION, INDEXES):
         return decode(payload)
     ops = _op_index()
     try:
         (producer_id, end, complete, first_txn, created_us, last_commit_ts, meta, tables, runs,
-         images) = ext.decode_columns(memoryview(payload)[4:], ops[Op.INSERT], ops[Op.READ], True)
-        schemas = [_schema(db, tb, cols, key) for db, tb, cols, key in tables]
+         images) = ext.decode_columns(memoryview(payload)[4:], ops[Op.INSERT], ops[Op.READ], True,
+                                      payload[3] >= INDEXES)
+        schemas = [_schema(*table) for table in tables]
         blocks = {ref: _block(schemas[ref], rows, cols) for ref, rows, cols in images}
         rows_of: dict[int, list[Row]] = {}  # a block's row images, made at its first record that needs them
 

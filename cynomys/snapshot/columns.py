@@ -156,10 +156,31 @@ class TableInfo:
         return self.schema.name
 
 
+def whole_column_indexes(parts: Sequence[tuple[str, str | None, bool, str]]) -> tuple[tuple[str, ...], ...]:
+    """information_schema.STATISTICS rows (INDEX_NAME, COLUMN_NAME, has a
+    SUB_PART, INDEX_TYPE), each index's in SEQ_IN_INDEX order -> the
+    indexes on whole columns, each its column names, in the rows' order.
+    An index with a prefix part, an expression part (no COLUMN_NAME, MySQL
+    8) or a type other than B-tree/hash is left out: a target could not
+    build it the same way."""
+    names: dict[str, list[str] | None] = {}
+    for index, column, prefix, kind in parts:
+        cols = names.setdefault(index, [])
+        if cols is None:
+            continue
+        if column is None or prefix or kind.upper() not in ("BTREE", "HASH"):
+            names[index] = None
+        else:
+            cols.append(column)
+    return tuple(dict.fromkeys(tuple(cols) for cols in names.values() if cols))  # one of two the same
+
+
 def table_info(database: str, table: str, columns: Sequence[tuple[str, str]], primary_key: Sequence[str],
-               engine: str, rows_estimate: int, avg_row_bytes: int = 0) -> TableInfo:
+               engine: str, rows_estimate: int, avg_row_bytes: int = 0,
+               indexes: tuple[tuple[str, ...], ...] = ()) -> TableInfo:
     """``columns`` as (COLUMN_NAME, COLUMN_TYPE) in ORDINAL_POSITION order,
-    ``primary_key`` in key order."""
+    ``primary_key`` in key order, ``indexes`` the secondary indexes of a
+    table without one (``TableSchema.indexes``)."""
     defs = []
     for name, ctype in columns:
         base = re.split(r"[(\s]", ctype.strip().lower(), maxsplit=1)[0]
@@ -169,5 +190,5 @@ def table_info(database: str, table: str, columns: Sequence[tuple[str, str]], pr
                 "binlog's value form",
                 hint=f"leave {database}.{table} out of the snapshot (--tables), or change the column type")
         defs.append(ColumnDef(name, normalize_type(ctype)))
-    return TableInfo(TableSchema(database, table, tuple(defs), tuple(primary_key)), engine, rows_estimate,
+    return TableInfo(TableSchema(database, table, tuple(defs), tuple(primary_key), indexes), engine, rows_estimate,
                      avg_row_bytes)

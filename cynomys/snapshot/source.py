@@ -42,7 +42,7 @@ from cynomys.core.errors import CynomysError, SourceUnavailableError
 from cynomys.core.flavour import flavour_of
 from cynomys.core.model import Position, RawTemporal
 from cynomys.core.tls import source_connect_args, source_tls_enabled, source_tls_error
-from cynomys.snapshot.columns import TableInfo, table_info
+from cynomys.snapshot.columns import TableInfo, table_info, whole_column_indexes
 from cynomys.snapshot.errors import SnapshotError
 
 log = logging.getLogger(__name__)
@@ -331,7 +331,19 @@ class SnapshotConnection:
             "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s AND INDEX_NAME = 'PRIMARY' ORDER BY SEQ_IN_INDEX",
             (database, table))
         return table_info(database, table, [(str(n), str(t)) for n, t in cols], [str(r[0]) for r in pk],
-                          str(engine or ""), int(est or 0), int(avg or 0))
+                          str(engine or ""), int(est or 0), int(avg or 0),
+                          () if pk else self.secondary_indexes(database, table))
+
+    def secondary_indexes(self, database: str, table: str) -> tuple[tuple[str, ...], ...]:
+        """The table's plain B-tree indexes, each its column names in order,
+        unique ones first: what a target can build on whole columns (a
+        prefix, an expression, a FULLTEXT or SPATIAL index is left out)."""
+        rows = self.query(
+            "SELECT INDEX_NAME, COLUMN_NAME, SUB_PART, INDEX_TYPE FROM information_schema.STATISTICS "
+            "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s AND INDEX_NAME <> 'PRIMARY' "
+            "ORDER BY NON_UNIQUE, INDEX_NAME, SEQ_IN_INDEX", (database, table))
+        return whole_column_indexes([(str(n), None if c is None else str(c), s is not None, str(t or ""))
+                                     for n, c, s, t in rows])
 
     def base_tables(self) -> list[tuple[str, str]]:
         """Every base table outside the system schemas, (db, table) sorted."""

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, ClassVar, Generic, Protocol, Sequence, TypeVar
 
 from cynomys.core.columnar import ManyRows
@@ -397,10 +397,11 @@ class ChunkedTask(Generic[J, F, E]):
         """The binlog's own shape of the table when the log has shown it
         since the last DDL (the applier needs one shape per table and
         flush), else the one built from information_schema (equal to it
-        for every type the row decoder knows)."""
+        for every type the row decoder knows), with the source's indexes
+        of a keyless table (the binlog does not carry them)."""
         seen = self._schemas.get((info.schema.database, info.schema.table))
         if seen is not None and seen.column_names == info.schema.column_names and seen.key == info.schema.key:
-            return seen
+            return replace(seen, indexes=info.schema.indexes) if info.schema.indexes != seen.indexes else seen
         return info.schema
 
     # ------------------------------------------------------------------

@@ -117,3 +117,38 @@ def test_a_flush_of_many_keyless_deletes_scans_the_table_twice_not_once_a_row(se
         assert server.execute(f"SELECT COUNT(*) FROM bag2.t WHERE a IN ({', '.join(map(str, more))})")[0][0] == 0
     finally:
         target.close()
+
+
+def test_a_new_keyless_table_gets_the_source_indexes_it_can_hold(server: MariaDBServer,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """A keyless table's schema carrying the source's indexes (the snapshot
+    reads them): the target table is created with those an InnoDB table
+    can hold on whole columns, each refused one named in a warning, and a
+    flush's deletes then find their rows through the index, not by scans."""
+    n = 100_000
+    cols = SCHEMA.columns + (ColumnDef("doc", "text"), ColumnDef("wide", "varchar(1000)"))
+    schema = TableSchema("bag3", "t", cols, (), (("a",), ("doc",), ("wide", "s"), ("b", "s")))
+    cfg = Config(target=TargetConfig(kind="columnstore", url=server.url, options=(ColumnStoreConfig("InnoDB"),)))
+    target = ColumnStoreTarget(cfg)
+    target.connect()
+    try:
+        with caplog.at_level(logging.WARNING, logger=columnstore.__name__):
+            target.apply(contract.flush([contract.change(Op.INSERT, schema, after=(0, 0, "row 0", "d", "w"))]))
+        made = server.execute("SELECT INDEX_NAME, GROUP_CONCAT(COLUMN_NAME ORDER BY SEQ_IN_INDEX) FROM "
+                              "information_schema.STATISTICS WHERE TABLE_SCHEMA = 'bag3' GROUP BY 1 ORDER BY 1")
+        assert made == [("cynomys_a", "a"), ("cynomys_b_s", "b,s")], made
+        refused = sorted(r.getMessage() for r in caplog.records if "is not made" in r.getMessage())
+        assert len(refused) == 2 and "index (doc)" in refused[0] and "index (wide, s)" in refused[1], refused
+        assert "too long" in refused[1].lower(), refused  # the server's own reason
+
+        server.execute(f"INSERT INTO bag3.t SELECT seq, seq % 7, CONCAT('row ', seq), 'd', 'w' "
+                       f"FROM bag3.seq_1_to_{n}")
+        gone = range(3, n, 500)
+        before = _rows_scanned(server)
+        target.apply(contract.flush([contract.change(Op.DELETE, schema, before=(k, k % 7, f"row {k}", "d", "w"))
+                                     for k in gone]))
+        scanned = _rows_scanned(server) - before
+        assert scanned < n // 10, f"{scanned:,} rows read for {len(gone)} keyless deletes through the mirrored index"
+        assert server.execute("SELECT COUNT(*) FROM bag3.t")[0][0] == n + 1 - len(gone)
+    finally:
+        target.close()

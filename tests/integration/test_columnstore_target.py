@@ -237,6 +237,24 @@ def test_primary_key_ddl(server: MariaDBServer, db: str) -> None:
     target.close()
 
 
+def test_a_replicated_keyless_create_table_brings_its_whole_column_indexes(server: MariaDBServer, db: str) -> None:
+    # A keyless table's updated rows are found by their values: the indexes
+    # its CREATE TABLE declares on whole columns are made on the target (a
+    # prefix one is not); a table with a key gets only its key.
+    target = ColumnStoreTarget(make_config(server.url))
+    target.connect()
+    try:
+        for sql in (f"CREATE TABLE `{db}`.bag (a INT, b VARCHAR(10), c VARCHAR(30), KEY (a), UNIQUE KEY (b), "
+                    "KEY pre (c(3)))",
+                    f"CREATE TABLE `{db}`.keyed (a INT PRIMARY KEY, b INT, KEY (b))"):
+            target.apply_ddl(contract.ddl("", sql), contract.state())
+        rows = server.execute(f"SELECT TABLE_NAME, INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS "
+                              f"WHERE TABLE_SCHEMA='{db}' ORDER BY 1, 2")
+        assert rows == [("bag", "cynomys_a", "a"), ("bag", "cynomys_b", "b"), ("keyed", "PRIMARY", "a")]
+    finally:
+        target.close()
+
+
 def test_modify_by_copy_keeps_values(server: MariaDBServer, db: str) -> None:
     target = EmulatedColumnStore(make_config(server.url))
     target.connect()

@@ -34,7 +34,9 @@ from tests.servers.mariadb import MariaDBServer
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TABLES = {
-    "events": "who INT, what VARCHAR(20), n INT, at DATETIME(6)",  # no primary key
+    # No primary key; an index the target is given (whole columns) and one
+    # it is not (a prefix).
+    "events": "who INT, what VARCHAR(20), n INT, at DATETIME(6), KEY by_who (who), KEY by_what (what(5))",
     "acct": "id INT PRIMARY KEY, owner VARCHAR(40), balance DECIMAL(14,2), ver INT",
 }
 
@@ -86,6 +88,12 @@ class MariaDBSide:
                 continue
             out[t] = None if a == b else {"source_rows": len(a), "target_rows": len(b)}
         return out
+
+    def indexes(self) -> list[tuple[str, str]]:
+        """(index, column) of the target's keyless table."""
+        return [(str(i), str(c)) for i, c in self.tgt.execute(
+            "SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = 'app' "
+            "AND TABLE_NAME = 'events' ORDER BY 1, SEQ_IN_INDEX")]
 
     def destroy(self) -> None:
         self.tgt.destroy()
@@ -244,6 +252,7 @@ def _run(tmp_path: Path, redis_url: str, *, events: int, batch_max_events: int, 
         counts = {t: src.execute(f"SELECT COUNT(*) FROM app.{t}")[0][0] for t in TABLES}
         assert counts["events"] > events // 2, counts
         return {"writes": done[0], "written_s": round(written, 1), "kills": kills, "rows": counts,
+                "target_indexes": tgt.indexes() if isinstance(tgt, MariaDBSide) else None,
                 "events_read": ev.rows, "producer_log": (logs / "producer.log").read_text(errors="replace"),
                 "applier_log": (logs / "applier.log").read_text(errors="replace")}
     finally:
@@ -257,6 +266,10 @@ def _run(tmp_path: Path, redis_url: str, *, events: int, batch_max_events: int, 
 def test_keyless_table_in_initial_snapshot_under_writers(tmp_path: Path, redis_url: str) -> None:
     out = _run(tmp_path, redis_url, events=20_000, batch_max_events=2000)
     assert "initial snapshot skips" not in out["producer_log"]
+    # The source's whole-column index reached the target with the table
+    # (schema v3), so its changed rows are found by it; the prefix one not.
+    assert out["target_indexes"] == [("cynomys_who", "who")], out["target_indexes"]
+    assert "indexed keyless table app.events" in out["applier_log"]
     print(f"\nkeyless initial snapshot under 4 writers: { {k: v for k, v in out.items() if not k.endswith('_log')} }")
 
 

@@ -17,11 +17,11 @@ from tests.unit.test_codec import VALUES, _batch
 pytestmark = pytest.mark.skipif(not compiled.available(), reason="cynomys._speedups is not built")
 
 
-def _compiled_bytes(batch: Batch) -> bytes:
+def _compiled_bytes(batch: Batch, version: int = codec.VERSION) -> bytes:
     """The compiled writer alone (no fallback), so a test proves it ran."""
     ext = compiled._loaded
     assert ext is not None
-    return ext.encode_batch(codec.MAGIC + bytes([codec.VERSION]), batch.producer_id, batch.end, batch.complete,
+    return ext.encode_batch(codec.MAGIC + bytes([version]), batch.producer_id, batch.end, batch.complete,
                             batch.first_txn, batch.created_us, batch.last_commit_ts, dict(batch.meta),
                             tuple(batch.changes), codec._op_index(), ManyRows)
 
@@ -137,3 +137,34 @@ def test_unusual_values_fall_back_to_the_reference() -> None:
         cols = (ColumnDef("a", "int"), ColumnDef("b", "int"))
         codec.encode(Batch("p", (Change(Op.INSERT, "d", "t", "x", Position("f", 4), 0, TableSchema("d", "t", cols, ("a",)),
                                         None, (1,)),), Position("f", 5)))
+
+
+def test_a_keyless_tables_indexes_travel_in_v3_on_both_paths() -> None:
+    # A keyless table's snapshot read carries the source's secondary
+    # indexes (TableSchema.indexes): schema v3, the compiled writer's bytes
+    # the reference's, both readers give them back; a batch without them
+    # stays v1 and reads back without.
+    cols = (ColumnDef("k", "int"), ColumnDef("s", "varchar(10)"), ColumnDef("d", "decimal(10,2)"))
+    indexed = TableSchema("d", "t", cols, (), (("k",), ("s", "d")))
+    plain = TableSchema("d", "u", cols, ())
+    rows = tuple((i, f"s{i}", decimal.Decimal(i).scaleb(-2)) for i in range(50))
+    b = Batch("p", (ManyRows(Op.READ, "d", "t", "snap", Position("f", 4), 5, indexed, images=rows),
+                    Change(Op.INSERT, "d", "u", "x", Position("f", 4), 5, plain, None, rows[0]),
+                    Change(Op.PURGE, "d", "t", "x", Position("f", 4), 5, sql="{}")),
+              Position("f", 9))
+    assert codec.writer_version(b) == codec.INDEXES
+    got = _compiled_bytes(b, codec.INDEXES)
+    assert got == codec.encode_pure(b) == codec.encode(b)
+    assert got[:4] == b"CYB\x03"
+    for read in (codec.decode, codec.decode_columnar):
+        out = read(got)
+        by_table = {c.table: c.schema for c in out.changes if c.schema is not None}
+        assert by_table["t"].indexes == (("k",), ("s", "d")) and by_table["u"].indexes == ()
+        assert by_table["t"] == indexed  # a hint, not the shape: equal either way
+    assert [c.op for c in codec.decode(got).changes][-1] is Op.PURGE
+    before = compiled.fallbacks["decode_columns"]
+    codec.decode_columnar(got)
+    assert compiled.fallbacks["decode_columns"] == before, "a v3 envelope left the compiled reader"
+    without = Batch("p", b.changes[1:2], Position("f", 9))
+    assert codec.encode(without)[:4] == b"CYB\x01"
+    assert codec.decode(codec.encode(without)).changes[0].schema.indexes == ()

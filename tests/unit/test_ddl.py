@@ -287,3 +287,13 @@ def test_added_binary_columns_fill_existing_rows_as_the_source_does(sql: str, fi
     written as text and held as their bytes."""
     (op,) = parse_ddl(sql, "d")
     assert op.fill == fill  # type: ignore[attr-defined]
+
+
+def test_a_keyless_create_table_keeps_its_whole_column_indexes() -> None:
+    # Unique ones first, each once; a prefix, an expression, FULLTEXT left
+    # out (a target could not build them the same); none with a key.
+    (op,) = parse_ddl("CREATE TABLE d.t (a INT, b VARCHAR(20), c TEXT, u INT UNIQUE, KEY by_a (a), INDEX (b, a), "
+                      "UNIQUE KEY ub (b), KEY p (b(5)), FULLTEXT KEY f (c), INDEX e ((a + 1)), KEY again (a))", "d")
+    assert isinstance(op, CreateTable) and op.indexes == (("u",), ("b",), ("a",), ("b", "a"))
+    (keyed,) = parse_ddl("CREATE TABLE d.k (a INT PRIMARY KEY, b INT, KEY (b))", "d")
+    assert isinstance(keyed, CreateTable) and keyed.key == ("a",) and keyed.indexes == ()

@@ -12,7 +12,7 @@ from cynomys.core.columnar import ManyRows
 from cynomys.core.gtid import GtidError, GtidSet
 from cynomys.core.model import Change, ColumnDef, Op, Position, RawTemporal, TableSchema
 from cynomys.snapshot.chunker import build_chunk_query, decode_key, encode_key, key_condition
-from cynomys.snapshot.columns import normalize_type, row_converter, table_info
+from cynomys.snapshot.columns import normalize_type, row_converter, table_info, whole_column_indexes
 from cynomys.snapshot.state import DONE, FAILED, FINISHED, QUEUED, SnapshotJob, SnapshotStore, TableProgress
 from cynomys.snapshot.watermark import read_watermark, same_statement, watermark_ddl
 from cynomys.snapshot.window import ChunkWindow, GtidMarks, python_ordered
@@ -84,6 +84,20 @@ def test_table_info_keeps_order_and_key() -> None:
     info = table_info("d", "t", [("id", "int(11)"), ("k", "varchar(5)"), ("x", "double")], ["k", "id"], "InnoDB", 7)
     assert info.schema == TableSchema("d", "t", (ColumnDef("id", "int"), ColumnDef("k", "varchar(5)"),
                                                  ColumnDef("x", "double")), ("k", "id"))
+
+
+def test_only_whole_column_btree_indexes_are_kept_for_a_target() -> None:
+    # information_schema.STATISTICS rows: (INDEX_NAME, COLUMN_NAME, has a SUB_PART, INDEX_TYPE)
+    rows = [("u_ab", "a", False, "BTREE"), ("u_ab", "b", False, "BTREE"),
+            ("by_c", "c", False, "BTREE"),
+            ("pre", "c", False, "BTREE"), ("pre", "d", True, "BTREE"),       # a prefix part
+            ("expr", None, False, "BTREE"),                                  # MySQL 8 functional
+            ("ft", "d", False, "FULLTEXT"), ("geo", "g", False, "SPATIAL"),
+            ("again", "c", False, "BTREE"), ("h", "e", False, "HASH")]
+    assert whole_column_indexes(rows) == (("a", "b"), ("c",), ("e",))
+    info = table_info("d", "t", [("c", "int(11)")], [], "InnoDB", 7, indexes=(("c",),))
+    assert info.schema.indexes == (("c",),)
+    assert info.schema == TableSchema("d", "t", (ColumnDef("c", "int"),), ())  # a hint, not the shape
 
 
 def test_types_that_travel_as_their_binlog_bytes() -> None:

@@ -144,7 +144,8 @@ def unify_shapes(changes: list[Change]) -> list[Change]:
                 raise ValueError(f"table {s.name} changed its key inside one flush")
             for col in s.columns:
                 cols[col.name.lower()] = col
-        unions[ident] = TableSchema(ident[0], ident[1], tuple(cols.values()), seen[0].key)
+        unions[ident] = TableSchema(ident[0], ident[1], tuple(cols.values()), seen[0].key,
+                                    next((s.indexes for s in seen if s.indexes), ()))
     maps: dict[int, Callable[[Row | None], Row | None]] = {}
     out: list[Change] = []
     for c in changes:

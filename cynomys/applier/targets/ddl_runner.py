@@ -190,7 +190,7 @@ def _has(s: TableSchema, name: str) -> bool:
 def _remember_one(run: DdlRun[Any], op: ddl.DdlOp) -> None:
     schemas, ev = run.schemas, run.evolve
     if isinstance(op, ddl.CreateTable):
-        schemas[(op.database, op.table)] = TableSchema(op.database, op.table, op.columns, op.key)
+        schemas[(op.database, op.table)] = TableSchema(op.database, op.table, op.columns, op.key, op.indexes)
     elif isinstance(op, ddl.CreateTableLike):
         like = schemas.get((op.like_database, op.like_table))
         if like is not None:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Protocol, Sequence
 from cynomys.applier.targets.columnstore.types import EngineProfile
 from cynomys.applier.targets.ddl_runner import TMP_SUFFIX, DdlRun, handler_table
 from cynomys.core.dialect import MARIADB
-from cynomys.core.model import ColumnDef
+from cynomys.core.model import ColumnDef, TableSchema
 from cynomys.core.sourcetypes import INT_FAMILIES
 from cynomys.parser import ddl
 
@@ -36,6 +36,7 @@ class MariaDbTarget(Protocol):
     def column_sql(self, col: ColumnDef, key: Sequence[str] = ()) -> str: ...
     def create_table_sql(self, database: str, table: str, columns: Sequence[ColumnDef],
                          key: Sequence[str]) -> str: ...
+    def index_keyless(self, cur: Any, schema: TableSchema) -> None: ...
     @property
     def declares_keys(self) -> bool: ...
 
@@ -105,6 +106,9 @@ def _create_table(r: Run, op: ddl.CreateTable) -> None:
     r.target.check_database(op.database)
     r.step("create database", f"CREATE DATABASE IF NOT EXISTS {MARIADB.ident(op.database)}")
     r.step("create table", r.target.create_table_sql(op.database, op.table, op.columns, op.key))
+    if op.indexes:
+        schema = TableSchema(op.database, op.table, op.columns, op.key, op.indexes)
+        r.target.query(lambda cur: r.target.index_keyless(cur, schema), r.what("index keyless table"))
 
 
 def _create_table_like(r: Run, op: ddl.CreateTableLike) -> None:

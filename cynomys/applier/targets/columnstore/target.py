@@ -98,6 +98,12 @@ TRANSIENT_CODES = frozenset({
     1927,  # connection killed
     2002, 2003, 2006, 2013, 2055,  # cannot connect / server gone / lost connection
 })
+#: The server refuses an index the source has (``_index_keyless``): too long
+#: a key, a TEXT/BLOB column, too many keys or parts, a name in use.  The
+#: table stays as it is, found by scans, and the user is told.
+INDEX_REFUSED = frozenset({1061, 1069, 1070, 1071, 1072, 1089, 1167, 1170, 1831})
+#: Target column types an index cannot take whole (MariaDB needs a prefix).
+_UNINDEXABLE = ("text", "blob", "json")
 #: The server (or client) refuses LOAD DATA LOCAL: fall back to INSERT.
 LOCAL_INFILE_REFUSED = frozenset({1148, 2068, 3948, 4166})
 #: A side load failing with these gives its rows back to the flush: a lock
@@ -293,6 +299,8 @@ class ColumnStoreTarget(SqlTarget):
         # (db, table, key) -> the target table's primary key is that key (READ runs load with REPLACE)
         self._pk_matches: dict[tuple[str, str, tuple[str, ...]], bool] = {}
         self._slow_keyless: set[tuple[str, str]] = set()  # tables warned of (``_delete_row``)
+        # Keyless tables whose source indexes were looked at (``_prepare``).
+        self._indexed: dict[tuple[str, str], tuple[tuple[str, ...], ...]] = {}
 
     # ------------------------------------------------------------------
     # Connection
@@ -450,7 +458,11 @@ class ColumnStoreTarget(SqlTarget):
         lacks (a DDL that was skipped or arrived late).  DDL commits on its
         own in MariaDB, so this runs before the flush's transaction."""
         ident = (schema.database, schema.table)
-        if self._ready.get(ident) == schema:
+        # A keyless table's source indexes come with its snapshot read, often
+        # after the log's changes (no indexes in a TABLE_MAP) have made the
+        # table: looked at once per table and set of indexes.
+        indexes = schema.indexes if schema.indexes and not schema.key and self.declares_keys else ()
+        if self._ready.get(ident) == schema and self._indexed.get(ident, ()) == indexes:
             return
         self.check_database(schema.database)
         self.schemas[ident] = schema
@@ -464,7 +476,52 @@ class ColumnStoreTarget(SqlTarget):
                 if have and col.name.lower() not in have:
                     cur.execute(f"ALTER TABLE {MARIADB.table(*ident)} ADD COLUMN {self.column_sql(col)}")
                     log.warning("added column %s.%s (%s): the target lacked it", schema.name, col.name, col.type)
+            if indexes and self._indexed.get(ident) != indexes:
+                # Only while the table is empty (new, or emptied by the
+                # keyless read's TRUNCATE): building an index over rows the
+                # table holds would stop the applier for as long.
+                cur.execute(f"SELECT 1 FROM {MARIADB.table(*ident)} LIMIT 1")
+                if cur.fetchone() is None:
+                    self.index_keyless(cur, schema)
         self._ready[ident] = schema
+        self._indexed[ident] = indexes
+
+    def index_keyless(self, cur: Cursor, schema: TableSchema) -> None:
+        """Give a new keyless table the source's indexes (``TableSchema.indexes``),
+        on an engine that has indexes: an updated or deleted row of it is
+        found by all its values (``_delete_rows``), which without an index is
+        a scan of the table per statement -- with the source's own index it
+        is a lookup.  Made while the table is empty (no load pays for a
+        build); one the server refuses (a key too long for the engine, a TEXT
+        column) is left out with a warning: the rows are still found, by scans."""
+        if schema.key or not self.declares_keys:
+            return
+        tbl = MARIADB.table(schema.database, schema.table)
+        types = {c.name.lower(): self.profile.target_type(c).lower() for c in schema.columns}
+        cur.execute("SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s "
+                    "AND TABLE_NAME = %s ORDER BY INDEX_NAME, SEQ_IN_INDEX", (schema.database, schema.table))
+        present: dict[str, list[str]] = {}
+        for index, column in cur.fetchall():
+            present.setdefault(str(index), []).append(str(column).lower())
+        for cols in schema.indexes:
+            if [c.lower() for c in cols] in present.values():
+                continue  # the user's own, or made before
+            name = ("cynomys_" + "_".join(cols))[:64]
+            if any(t in types.get(c.lower(), "text") for c in cols for t in _UNINDEXABLE):
+                log.warning("index (%s) of keyless table %s is not made on %s: a %s column cannot be indexed whole",
+                            ", ".join(cols), schema.name, self.where, "/".join(_UNINDEXABLE).upper())
+                continue
+            try:
+                cur.execute(f"CREATE INDEX IF NOT EXISTS {MARIADB.ident(name)} ON {tbl} "
+                            f"({', '.join(MARIADB.ident(c) for c in cols)})")
+            except pymysql.err.MySQLError as exc:
+                if not (exc.args and exc.args[0] in INDEX_REFUSED):
+                    raise
+                log.warning("index (%s) of keyless table %s is not made on %s: %s", ", ".join(cols), schema.name,
+                            self.where, exc.args[-1])
+                continue
+            log.info("indexed keyless table %s on %s by (%s), as the source is", schema.name, self.where,
+                     ", ".join(cols))
 
     # ------------------------------------------------------------------
     # Flush
