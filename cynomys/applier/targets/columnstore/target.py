@@ -98,7 +98,7 @@ TRANSIENT_CODES = frozenset({
     1927,  # connection killed
     2002, 2003, 2006, 2013, 2055,  # cannot connect / server gone / lost connection
 })
-#: The server refuses an index the source has (``_index_keyless``): too long
+#: The server refuses an index the source has (``index_keyless``): too long
 #: a key, a TEXT/BLOB column, too many keys or parts, a name in use.  The
 #: table stays as it is, found by scans, and the user is told.
 INDEX_REFUSED = frozenset({1061, 1069, 1070, 1071, 1072, 1089, 1167, 1170, 1831})
@@ -485,6 +485,10 @@ class ColumnStoreTarget(SqlTarget):
                     self.index_keyless(cur, schema)
         self._ready[ident] = schema
         self._indexed[ident] = indexes
+
+    def forget_caches(self) -> None:
+        super().forget_caches()
+        self._indexed.clear()  # a table dropped and made again is looked at again
 
     def index_keyless(self, cur: Cursor, schema: TableSchema) -> None:
         """Give a new keyless table the source's indexes (``TableSchema.indexes``),
