@@ -153,11 +153,13 @@ class CpuTimeline:
         return {"t_s": self.t, "cores": self.cores}
 
 
-def hand_copy(src: MariaDBServer, tgt: MariaDBServer, work: Path, keyless: bool) -> dict[str, Any]:
-    """SELECT ... INTO OUTFILE on the source + LOAD DATA INFILE into the target, timed."""
+def hand_copy(src: MariaDBServer, tgt: MariaDBServer, work: Path, keyless: bool, index: bool = False) -> dict[str, Any]:
+    """SELECT ... INTO OUTFILE on the source + LOAD DATA INFILE into the
+    target, timed; into the source's own table definition (a keyless
+    table's index too: Cynomys makes it on the target as well)."""
     out = work / "handcopy.tsv"
     tgt.execute("DROP DATABASE IF EXISTS handcopy", "CREATE DATABASE handcopy")
-    tgt.execute(ddl(keyless), database="handcopy")
+    tgt.execute(ddl(keyless, index), database="handcopy")
     t0 = time.monotonic()
     c0 = server_cpu(src)
     src.execute(f"SELECT * INTO OUTFILE '{out}' FROM tpch.lineitem")
@@ -331,7 +333,7 @@ def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, 
         if args.two_hosts:
             pin(src.proc.pid, 0)  # type: ignore[union-attr]
             pin(copy_tgt.proc.pid, 1)  # type: ignore[union-attr]
-        copy = hand_copy(src, copy_tgt, work, args.keyless)
+        copy = hand_copy(src, copy_tgt, work, args.keyless, args.keyless_index)
         print(f"[{kind}] hand copy: {copy}", flush=True)
         max_key = int(src.execute("SELECT MAX(l_orderkey) FROM tpch.lineitem")[0][0])
         extra = "[snapshot]\n" + (f"max_connections = {args.max_connections}\n" if args.max_connections else "") + (
@@ -402,6 +404,7 @@ def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, 
             stats = json.loads((work / "applier" / "applier.json").read_text()).get("stats", {})
         except (OSError, ValueError):
             stats = {}
+        steady = steady_phase(args, src, servers, procs, work, max_key, deadline) if args.steady else None
         for p in procs:
             p.send_signal(signal.SIGTERM)
         for p in procs:
@@ -426,6 +429,7 @@ def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, 
                         "peak_rss_mb": rss, "cpu_s": cpu, "cpu_timeline": cpu_timeline,
                         "applier_flushes": stats.get("flushes"), "applier_parts": stats.get("parts")},
             "cynomys_vs_hand_copy": round(equal_s / copy["seconds"], 2),
+            **({"steady": steady} if steady is not None else {}),
             "load_avg": {"samples": [round(x, 1) for x in loads],
                          "mean": round(sum(loads) / len(loads), 1) if loads else None},
             "check": check,
@@ -438,6 +442,59 @@ def run(kind: str, tsv: Path, rows: int, args: argparse.Namespace) -> dict[str, 
         raise
     finally:
         tear_down(kind, work, keep, procs, redis, src, tgt, copy_tgt if copy_tgt is not tgt else None, replica)
+
+
+def steady_phase(args: argparse.Namespace, src: MariaDBServer, servers: dict[str, MariaDBServer],
+                 procs: list[subprocess.Popen[bytes]], work: Path, max_key: int, deadline: float) -> dict[str, Any]:
+    """After the load: the writers again for ``--steady`` seconds, the
+    applier's lag sampled every second (a source position taken, then the
+    time until the applier's state reaches it), then the catch-up once they
+    stop, and the CPU the analytics side spent on it."""
+    writers = Writers(src, args.writers, args.write_rate, max_key, args.keyless)
+    writers.next_key = int(src.execute("SELECT MAX(l_orderkey) FROM tpch.lineitem")[0][0]) + 1
+    cpu0 = {name: server_cpu(srv) for name, srv in servers.items()}
+    app0 = cpu_s(procs[1].pid)
+    writers.start()
+    t0 = time.monotonic()
+    pending: list[tuple[float, tuple[str, int]]] = []
+    lags: list[float] = []
+    next_sample = t0
+    written, stopped = 0, 0.0
+
+    def drain() -> None:
+        at = applied_position(work)
+        while pending and at is not None and at >= pending[0][1]:
+            lags.append(time.monotonic() - pending.pop(0)[0])
+
+    while time.monotonic() < deadline:
+        now = time.monotonic()
+        if not stopped and now - t0 >= args.steady:
+            written = writers.close()
+            end = src.execute("SHOW MASTER STATUS")[0][:2]
+            pending.append((now, (str(end[0]), int(end[1]))))
+            stopped = now
+        if stopped and not pending:
+            break
+        if not stopped and now >= next_sample:
+            f, pos = src.execute("SHOW MASTER STATUS")[0][:2]
+            pending.append((now, (str(f), int(pos))))
+            next_sample += 1.0
+        for name, p in zip(("producer", "applier"), procs):
+            if p.poll() is not None:
+                raise RuntimeError(f"{name} exited {p.returncode}: see {work / (name + '.log')}")
+        drain()
+        time.sleep(0.05)
+    wall = time.monotonic() - t0
+    cpu = {name: round(server_cpu(srv) - cpu0[name], 1) for name, srv in servers.items()}
+    cpu["applier"] = round(cpu_s(procs[1].pid) - app0, 1)
+    lags.sort()
+    out = {"seconds": args.steady, "writer_transactions": written, "catch_up_s": round(lags[-1] if lags else -1, 2),
+           "lag_s": {"median": round(lags[len(lags) // 2], 2), "p95": round(lags[int(len(lags) * 0.95)], 2),
+                     "max": round(lags[-1], 2), "samples": len(lags)} if lags else None,
+           "cpu_s": cpu, "cores": {k: round(v / wall, 2) for k, v in cpu.items()},
+           "stopped_to_caught_up_s": round(time.monotonic() - stopped, 2) if stopped else None}
+    print(f"[steady] {json.dumps(out)}", flush=True)
+    return out
 
 
 def plot(results: list[dict[str, Any]], out: Path, title: str) -> None:
@@ -501,6 +558,8 @@ def main() -> None:
     ap.add_argument("--writers", type=int, default=4)
     ap.add_argument("--write-rate", type=float, default=25.0, help="transactions/s of each writer")
     ap.add_argument("--timeout", type=float, default=7200.0)
+    ap.add_argument("--steady", type=float, default=0.0,
+                    help="after target equal, the writers again for this many seconds: the applier's lag and CPU")
     ap.add_argument("--keep", action="store_true", help="keep each run's work folder")
     ap.add_argument("--name", default="", help="result file name (default initial_load[_keyless])")
     ap.add_argument("--max-connections", type=int, default=0, help="[snapshot] max_connections (0: the default)")
