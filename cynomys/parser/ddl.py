@@ -49,6 +49,7 @@ from cynomys.parser.ddl_ops import (
     ALL_OPS,
     SKIP_HINT,
     AddColumn,
+    AddIndex,
     AddPrimaryKey,
     CreateDatabase,
     CreateTable,
@@ -74,7 +75,7 @@ log = logging.getLogger(__name__)
 # The operations live in cynomys/parser/ddl_ops.py (no sqlglot there); they
 # are names of this module too, as they always were.
 __all__ = [
-    "ALL_OPS", "SKIP_HINT", "AddColumn", "AddPrimaryKey", "CreateDatabase", "CreateTable", "CreateTableLike",
+    "ALL_OPS", "SKIP_HINT", "AddColumn", "AddIndex", "AddPrimaryKey", "CreateDatabase", "CreateTable", "CreateTableLike",
     "DdlOp", "DropColumn", "DropDatabase", "DropPrimaryKey", "DropTable", "ModifyColumn", "NoOp",
     "RenameColumn", "RenameTable", "TableRef", "Truncate", "UnsupportedDdl", "implicit_fill", "parse_ddl",
 ]
@@ -382,7 +383,7 @@ def _create(node: exp.Create, db: str) -> list[DdlOp]:
             raise ValueError("CREATE DATABASE without a name")
         return [CreateDatabase(name, bool(node.args.get("exists")))]
     if kind == "INDEX":
-        return [NoOp("an index changes no rows")]
+        return _create_index(node.this, db)
     if kind == "VIEW":
         return [NoOp("a view holds no rows")]
     if kind != "TABLE":
@@ -428,6 +429,17 @@ def _create(node: exp.Create, db: str) -> list[DdlOp]:
     columns = [ColumnDef(c.name, c.type, False) if c.name.lower() in lowered else c for c in columns]
     indexes = () if key else tuple(dict.fromkeys(unique + plain))
     return pre + [CreateTable(ref[0], ref[1], tuple(columns), key, exists, indexes)]
+
+
+def _create_index(node: exp.Expression, db: str) -> list[DdlOp]:
+    """``CREATE [UNIQUE] INDEX i ON t (a, b)`` -> AddIndex on whole columns
+    (a prefix or an expression part: nothing a target could build alike)."""
+    params = node.args.get("params") if isinstance(node, exp.Index) else None
+    table = node.args.get("table") if isinstance(node, exp.Index) else None
+    parts = [p.this if isinstance(p, exp.Ordered) else p for p in (params.args.get("columns") or [] if params else [])]
+    if not isinstance(table, exp.Table) or not parts or not all(isinstance(p, exp.Column) for p in parts):
+        return [NoOp("an index changes no rows")]
+    return [AddIndex(*_ref(table, db), tuple(p.name for p in parts))]
 
 
 def _whole_column_index(node: exp.Expression) -> tuple[str, ...] | None:
@@ -502,7 +514,8 @@ def _alter_action(action: exp.Expression, ref: TableRef) -> list[DdlOp]:
         pk = _primary_key(action)
         if pk is not None:
             return [AddPrimaryKey(db, table, _names(pk.expressions))]
-        return [NoOp("an index or constraint changes no rows")]
+        indexes = [index for e in action.expressions if (index := _whole_column_index(e)) is not None]
+        return [AddIndex(db, table, index) for index in indexes] or [NoOp("an index or constraint changes no rows")]
     if isinstance(action, exp.AlterColumn):
         if action.args.get("dtype") is not None:
             raise ValueError("ALTER COLUMN ... TYPE is not MariaDB syntax")
@@ -600,6 +613,8 @@ def _command(node: exp.Command, db: str) -> list[DdlOp]:
     rest = node.expression.this if isinstance(node.expression, exp.Literal) else str(node.expression or "")
     if word == "ALTER" and re.match(r"^\s*(DATABASE|SCHEMA)\b", rest, re.IGNORECASE):
         return [NoOp("ALTER DATABASE changes defaults only")]
+    if word == "CREATE" and re.match(r"^\s*(FULLTEXT|SPATIAL|VECTOR)\s+(INDEX|KEY)\b", rest, re.IGNORECASE):
+        return [NoOp("an index changes no rows")]  # and no target builds these alike
     m = _CONVERT.match(rest.strip()) if word == "ALTER" else None
     if m and m.group(1).lower() != "binary":
         # The target keeps its own character set (utf8mb4 holds any text).
@@ -621,9 +636,10 @@ _PARTITION_STORAGE = frozenset({"ADD", "REORGANIZE", "COALESCE", "REBUILD", "OPT
 
 
 def _rewrite_alter(sql: str) -> str:
-    """Spell two ALTER TABLE forms sqlglot cannot parse the way it can:
-    'ADD [COLUMN] (a INT, b INT)' -> 'ADD COLUMN a INT, ADD COLUMN b INT' and
-    'RENAME AS t2' -> 'RENAME TO t2'."""
+    """Spell three ALTER TABLE forms sqlglot cannot parse the way it can:
+    'ADD [COLUMN] (a INT, b INT)' -> 'ADD COLUMN a INT, ADD COLUMN b INT',
+    'RENAME AS t2' -> 'RENAME TO t2' and 'ADD CHECK (..)' -> 'ADD
+    CONSTRAINT CHECK (..)'."""
     toks = _tokens(sql)
     edits: list[tuple[int, int, str]] = []  # (start, end exclusive, replacement)
     depth, i = 0, 0
@@ -635,6 +651,8 @@ def _rewrite_alter(sql: str) -> str:
             depth -= 1
         elif depth == 0 and up == "RENAME" and i + 1 < len(toks) and toks[i + 1].text.upper() == "AS":
             edits.append((toks[i + 1].start, toks[i + 1].end + 1, "TO"))
+        elif depth == 0 and up == "ADD" and i + 1 < len(toks) and toks[i + 1].text.upper() == "CHECK":
+            edits.append((toks[i + 1].start, toks[i + 1].start, "CONSTRAINT "))  # sqlglot reads it named or not
         elif depth == 0 and up == "ADD":
             j = i + 2 if i + 1 < len(toks) and toks[i + 1].text.upper() == "COLUMN" else i + 1
             if j < len(toks) and toks[j].token_type is TokenType.L_PAREN:

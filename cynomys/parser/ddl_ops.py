@@ -154,11 +154,23 @@ class DropPrimaryKey(DdlOp):
     table: str
 
 
+@dataclass(frozen=True)
+class AddIndex(DdlOp):
+    """``CREATE [UNIQUE] INDEX`` / ``ALTER TABLE ... ADD KEY|INDEX|UNIQUE`` on
+    whole columns: changes no rows, but a keyless table's index lets a
+    target that can index find its changed rows (``TableSchema.indexes``);
+    every other table and target leaves it alone."""
+
+    database: str
+    table: str
+    columns: tuple[str, ...]
+
+
 #: Every operation a statement can become; each target's DDL handler table
 #: covers all of them (tests/unit/test_ddl_handlers.py checks it).
 ALL_OPS: tuple[type[DdlOp], ...] = (
     NoOp, CreateDatabase, DropDatabase, CreateTable, CreateTableLike, DropTable, RenameTable, Truncate,
-    AddColumn, DropColumn, ModifyColumn, RenameColumn, AddPrimaryKey, DropPrimaryKey,
+    AddColumn, DropColumn, ModifyColumn, RenameColumn, AddPrimaryKey, DropPrimaryKey, AddIndex,
 )
 
 

@@ -67,6 +67,7 @@ def _create_table(op: ddl.CreateTable) -> str:
     parts = [_column(c) for c in op.columns]
     if op.key:
         parts.append("PRIMARY KEY (" + ", ".join(MARIADB.ident(k) for k in op.key) + ")")
+    parts += ["KEY (" + ", ".join(MARIADB.ident(c) for c in index) + ")" for index in op.indexes]
     exists = "IF NOT EXISTS " if op.if_not_exists else ""
     return f"CREATE TABLE {exists}{_table(op.database, op.table)} ({', '.join(parts)})"
 
@@ -129,13 +130,17 @@ def _drop_primary_key(op: ddl.DropPrimaryKey) -> str:
     return _alter(op.database, op.table, "DROP PRIMARY KEY")
 
 
+def _add_index(op: ddl.AddIndex) -> str:
+    return _alter(op.database, op.table, "ADD INDEX (" + ", ".join(MARIADB.ident(c) for c in op.columns) + ")")
+
+
 #: Operation type -> its statement (every type of ddl.ALL_OPS but NoOp).
 _RENDER: dict[type[ddl.DdlOp], Callable[[Any], str]] = {
     ddl.CreateDatabase: _create_database, ddl.DropDatabase: _drop_database, ddl.CreateTable: _create_table,
     ddl.CreateTableLike: _create_table_like, ddl.DropTable: _drop_table, ddl.RenameTable: _rename_table,
     ddl.Truncate: _truncate, ddl.AddColumn: _add_column, ddl.DropColumn: _drop_column,
     ddl.ModifyColumn: _modify_column, ddl.RenameColumn: _rename_column, ddl.AddPrimaryKey: _add_primary_key,
-    ddl.DropPrimaryKey: _drop_primary_key,
+    ddl.DropPrimaryKey: _drop_primary_key, ddl.AddIndex: _add_index,
 }
 
 

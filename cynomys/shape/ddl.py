@@ -125,6 +125,8 @@ class _Ops:
         db, t = op.database, op.table  # type: ignore[attr-defined]
         tdb, tt = rules.target_of(db, t)
         ts = rules.table(db, t)
+        if isinstance(op, ddl.AddIndex):
+            return [ddl.NoOp(f"shaping rules reshape {db}.{t}: the source's index is not made on it")]
         if isinstance(op, ddl.Truncate):
             if self.merged(db, t):
                 raise self.refuse(self._merged_loss("TRUNCATE", db, t))

@@ -237,7 +237,7 @@ def test_primary_key_ddl(server: MariaDBServer, db: str) -> None:
     target.close()
 
 
-def test_a_replicated_keyless_create_table_brings_its_whole_column_indexes(server: MariaDBServer, db: str) -> None:
+def test_a_replicated_keyless_table_gets_its_whole_column_indexes(server: MariaDBServer, db: str) -> None:
     # A keyless table's updated rows are found by their values: the indexes
     # its CREATE TABLE declares on whole columns are made on the target (a
     # prefix one is not); a table with a key gets only its key.
@@ -251,6 +251,17 @@ def test_a_replicated_keyless_create_table_brings_its_whole_column_indexes(serve
         rows = server.execute(f"SELECT TABLE_NAME, INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS "
                               f"WHERE TABLE_SCHEMA='{db}' ORDER BY 1, 2")
         assert rows == [("bag", "cynomys_a", "a"), ("bag", "cynomys_b", "b"), ("keyed", "PRIMARY", "a")]
+        # An index the source adds later: made on the keyless table (rows
+        # and all, as the source built it), not on the keyed one; one on
+        # columns the target already indexes is not made twice.
+        server.execute(f"INSERT INTO `{db}`.bag VALUES (1, 'x', 'y'), (2, 'z', NULL)")
+        for sql in (f"CREATE INDEX by_c ON `{db}`.bag (c)", f"ALTER TABLE `{db}`.keyed ADD INDEX (b)",
+                    f"ALTER TABLE `{db}`.bag ADD KEY (a)"):
+            target.apply_ddl(contract.ddl("", sql), contract.state())
+        rows = server.execute(f"SELECT TABLE_NAME, INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS "
+                              f"WHERE TABLE_SCHEMA='{db}' ORDER BY 1, 2")
+        assert rows == [("bag", "cynomys_a", "a"), ("bag", "cynomys_b", "b"), ("bag", "cynomys_c", "c"),
+                        ("keyed", "PRIMARY", "a")]
     finally:
         target.close()
 

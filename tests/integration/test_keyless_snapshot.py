@@ -167,7 +167,7 @@ def _log_tail(tmp_path: Path, name: str, chars: int = 6000) -> str:
 
 def _run(tmp_path: Path, redis_url: str, *, events: int, batch_max_events: int, side: Any = MariaDBSide,
          kill: Callable[[Path, dict[str, subprocess.Popen[bytes]], Callable[[str], subprocess.Popen[bytes]]], dict[str, int]]
-         | None = None, applier: dict[str, Any] | None = None) -> dict[str, Any]:
+         | None = None, applier: dict[str, Any] | None = None, ddl_after: str = "") -> dict[str, Any]:
     src = MariaDBServer(server_id=1).start()
     try:
         tgt = side(src, tmp_path)
@@ -218,6 +218,8 @@ def _run(tmp_path: Path, redis_url: str, *, events: int, batch_max_events: int, 
                 return job is not None and job.status == "done"
 
             wait_for(initial_done, 120, "the initial snapshot")
+            if ddl_after:
+                src.execute(ddl_after)  # while the writers go on
             time.sleep(1.5)  # writes go on after the snapshot
         finally:
             stop.set()
@@ -264,11 +266,14 @@ def _run(tmp_path: Path, redis_url: str, *, events: int, batch_max_events: int, 
 
 
 def test_keyless_table_in_initial_snapshot_under_writers(tmp_path: Path, redis_url: str) -> None:
-    out = _run(tmp_path, redis_url, events=20_000, batch_max_events=2000)
+    out = _run(tmp_path, redis_url, events=20_000, batch_max_events=2000,
+               ddl_after="ALTER TABLE app.events ADD INDEX by_n (n, who)")
     assert "initial snapshot skips" not in out["producer_log"]
     # The source's whole-column index reached the target with the table
-    # (schema v3), so its changed rows are found by it; the prefix one not.
-    assert out["target_indexes"] == [("cynomys_who", "who")], out["target_indexes"]
+    # (schema v3), so its changed rows are found by it; the prefix one not;
+    # the one added after the snapshot came through the log.
+    assert out["target_indexes"] == [("cynomys_n_who", "n"), ("cynomys_n_who", "who"), ("cynomys_who", "who")], \
+        out["target_indexes"]
     assert "indexed keyless table app.events" in out["applier_log"]
     print(f"\nkeyless initial snapshot under 4 writers: { {k: v for k, v in out.items() if not k.endswith('_log')} }")
 

@@ -49,6 +49,8 @@ STATEMENTS = [
     "ALTER TABLE t ADD PRIMARY KEY (a, b)",
     "ALTER TABLE t DROP PRIMARY KEY",
     "ALTER TABLE t ADD COLUMN a INT, DROP COLUMN b, ADD INDEX ix (a)",
+    "CREATE TABLE bag (a INT, b VARCHAR(9), UNIQUE KEY (b), KEY (a, b), KEY p (b(3)))",
+    "CREATE UNIQUE INDEX u ON t (a, `b c`)",
 ]
 
 

@@ -159,6 +159,12 @@ def noop(r: DdlRun[Any], op: ddl.NoOp) -> None:
     log.debug("%s: nothing to do on the target (%s)", r.what("no-op"), op.reason)
 
 
+def no_index(r: DdlRun[Any], op: ddl.AddIndex) -> None:
+    """An index: rows are found by the key, or by the target's own means
+    (the default; a target that makes a keyless table's indexes overrides it)."""
+    log.debug("%s: the target keeps no secondary indexes", r.what("add index"))
+
+
 def missing_ops(handlers: Handlers) -> list[str]:
     """Operation types a handler table does not cover (empty when complete)."""
     return [op.__name__ for op in ddl.ALL_OPS if op not in handlers]
@@ -166,9 +172,10 @@ def missing_ops(handlers: Handlers) -> list[str]:
 
 def handler_table(namespace: Mapping[str, Any]) -> dict[type[ddl.DdlOp], Handler]:
     """A ddl.py's handlers by name: ``_add_column`` runs ``AddColumn``
-    (``NoOp`` defaults to ``noop``).  Ops without a function are left out,
+    (``NoOp`` defaults to ``noop``, ``AddIndex`` to ``no_index``).  Ops
+    without a function are left out,
     which tests/unit/test_ddl_handlers.py reports."""
-    table: dict[type[ddl.DdlOp], Handler] = {ddl.NoOp: noop, ddl.DropTable: drop_tables}
+    table: dict[type[ddl.DdlOp], Handler] = {ddl.NoOp: noop, ddl.DropTable: drop_tables, ddl.AddIndex: no_index}
     for op in ddl.ALL_OPS:
         fn = namespace.get("_" + re.sub(r"(?<!^)(?=[A-Z])", "_", op.__name__).lower())
         if callable(fn):

@@ -202,5 +202,16 @@ def _drop_primary_key(r: Run, op: ddl.DropPrimaryKey) -> None:
 
 
 #: Operation type -> what runs it (the functions above, by name).
+def _add_index(r: Run, op: ddl.AddIndex) -> None:
+    """The source's new index of a keyless table, on an engine with indexes
+    (``ColumnStoreTarget.index_keyless``): its changed rows are then found
+    by it.  The table is built as on the source, rows and all."""
+    if not r.target.declares_keys or not r.exists(op.database, op.table) or r.primary_key(op.database, op.table):
+        return
+    cols = tuple(ColumnDef(n, t, nullable) for n, t, nullable in r.columns(op.database, op.table).values())
+    schema = TableSchema(op.database, op.table, cols, (), (op.columns,))
+    r.target.query(lambda cur: r.target.index_keyless(cur, schema), r.what("add index"))
+
+
 HANDLERS = handler_table(globals())
 
