@@ -201,7 +201,6 @@ def _drop_primary_key(r: Run, op: ddl.DropPrimaryKey) -> None:
         r.step("drop primary key", f"ALTER TABLE {_tbl(op.database, op.table)} DROP PRIMARY KEY")
 
 
-#: Operation type -> what runs it (the functions above, by name).
 def _add_index(r: Run, op: ddl.AddIndex) -> None:
     """The source's new index of a keyless table, on an engine with indexes
     (``ColumnStoreTarget.index_keyless``): its changed rows are then found
@@ -213,5 +212,6 @@ def _add_index(r: Run, op: ddl.AddIndex) -> None:
     r.target.query(lambda cur: r.target.index_keyless(cur, schema), r.what("add index"))
 
 
+#: Operation type -> what runs it (the functions above, by name).
 HANDLERS = handler_table(globals())
 
