@@ -461,7 +461,7 @@ class ColumnStoreTarget(SqlTarget):
         # A keyless table's source indexes come with its snapshot read, often
         # after the log's changes (no indexes in a TABLE_MAP) have made the
         # table: looked at once per table and set of indexes.
-        indexes = schema.indexes if schema.indexes and not schema.key and self.declares_keys else ()
+        indexes = self._indexes_to_make(schema)
         if self._ready.get(ident) == schema and self._indexed.get(ident, ()) == indexes:
             return
         self.check_database(schema.database)
@@ -490,6 +490,11 @@ class ColumnStoreTarget(SqlTarget):
         super().forget_caches()
         self._indexed.clear()  # a table dropped and made again is looked at again
 
+    def _indexes_to_make(self, schema: TableSchema) -> tuple[tuple[str, ...], ...]:
+        """The source's indexes this target makes: a keyless table's, on an
+        engine with indexes (a keyed table's rows are found by its key)."""
+        return () if schema.key or not self.declares_keys else schema.indexes
+
     def index_keyless(self, cur: Cursor, schema: TableSchema) -> None:
         """Give a new keyless table the source's indexes (``TableSchema.indexes``),
         on an engine that has indexes: an updated or deleted row of it is
@@ -498,7 +503,8 @@ class ColumnStoreTarget(SqlTarget):
         is a lookup.  Made while the table is empty (no load pays for a
         build); one the server refuses (a key too long for the engine, a TEXT
         column) is left out with a warning: the rows are still found, by scans."""
-        if schema.key or not self.declares_keys:
+        wanted = self._indexes_to_make(schema)
+        if not wanted:
             return
         tbl = MARIADB.table(schema.database, schema.table)
         types = {c.name.lower(): self.profile.target_type(c).lower() for c in schema.columns}
@@ -507,7 +513,7 @@ class ColumnStoreTarget(SqlTarget):
         present: dict[str, list[str]] = {}
         for index, column in cur.fetchall():
             present.setdefault(str(index), []).append(str(column).lower())
-        for cols in schema.indexes:
+        for cols in wanted:
             if [c.lower() for c in cols] in present.values():
                 continue  # the user's own, or made before
             name = ("cynomys_" + "_".join(cols))[:64]
