@@ -12,6 +12,9 @@ stage writes the result back as SQL; parser/ddl_render.py):
   rows with is masked too (a CURRENT_TIMESTAMP default is taken at the
   statement's time first);
 * a primary key gets the shard columns of a merging route in front.
+* a keyless table's index (its CREATE TABLE's KEYs, CREATE INDEX, ADD KEY)
+  keeps its leading columns the rules keep, by their target names; one
+  led by a column left out is a NoOp (``shaped_indexes``).
 
 Refused (a ``ShapeError``: the producer stops, naming the statement and how
 to go on -- change the rules, or name the statement in ``[shape] skip_ddl``):
@@ -41,7 +44,7 @@ from cynomys.core.model import Change, ColumnDef, TableSchema, Value
 from cynomys.parser import ddl_ops as ddl
 from cynomys.parser.ddl_ops import DdlOp
 from cynomys.shape.rules import PLAIN, ShapeRules
-from cynomys.shape.tables import ShapeError, column_out, shape_schema
+from cynomys.shape.tables import ShapeError, column_out, shape_schema, shaped_indexes
 
 
 def _refs(op: DdlOp) -> list[tuple[str, str]]:
@@ -126,15 +129,19 @@ class _Ops:
         tdb, tt = rules.target_of(db, t)
         ts = rules.table(db, t)
         if isinstance(op, ddl.AddIndex):
-            return [ddl.NoOp(f"shaping rules reshape {db}.{t}: the source's index is not made on it")]
+            cols = shaped_indexes((op.columns,), lambda c: self.name(db, t, c))
+            if not cols:
+                return [ddl.NoOp(f"the index's first column {op.columns[0]} is left out by {ts.where}")]
+            return [ddl.AddIndex(tdb, tt, cols[0])]
         if isinstance(op, ddl.Truncate):
             if self.merged(db, t):
                 raise self.refuse(self._merged_loss("TRUNCATE", db, t))
             return [ddl.Truncate(tdb, tt)]
         if isinstance(op, ddl.CreateTable):
-            shaped = shape_schema(rules, TableSchema(db, t, op.columns, op.key))
+            shaped = shape_schema(rules, TableSchema(db, t, op.columns, op.key, op.indexes))
             s = shaped.schema
-            return [ddl.CreateTable(s.database, s.table, s.columns, s.key, op.if_not_exists or shaped.merged)]
+            return [ddl.CreateTable(s.database, s.table, s.columns, s.key, op.if_not_exists or shaped.merged,
+                                    s.indexes)]
         if isinstance(op, ddl.AddColumn):
             out = self.column(db, t, op.column)
             if out is None:

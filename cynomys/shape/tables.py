@@ -66,6 +66,26 @@ def column_out(ts: TableShape, col: ColumnDef, key: bytes) -> tuple[ColumnDef, M
     return out, (mask.masker(key) if mask is not None else None)
 
 
+def shaped_indexes(indexes: tuple[tuple[str, ...], ...],
+                   name_of: Callable[[str], str | None]) -> tuple[tuple[str, ...], ...]:
+    """A keyless table's indexes (``TableSchema.indexes``) on its shaped
+    table: each index's leading columns the shape keeps, by their target
+    names (``name_of``: None for a column left out).  An index whose first
+    column is left out finds nothing and goes; (a, b) without b is still an
+    index on a.  A masked column stays: rows are found by their masked values."""
+    out: list[tuple[str, ...]] = []
+    for cols in indexes:
+        kept: list[str] = []
+        for c in cols:
+            name = name_of(c)
+            if name is None:
+                break
+            kept.append(name)
+        if kept and tuple(kept) not in out:
+            out.append(tuple(kept))
+    return tuple(out)
+
+
 def shard_columns(route: Route | None) -> tuple[ColumnDef, ...]:
     if route is None:
         return ()
@@ -121,7 +141,9 @@ def shape_schema(rules: ShapeRules, source: TableSchema) -> SchemaShape:
             raise refuse(f"it has a column {clash[0]!r}, the name {route.where} gives the source's database or table",
                          "set database_column/table_column of the route to other names")
     target_db, target_t = rules.target_of(db, t)
-    schema = TableSchema(target_db, target_t, shard + tuple(columns), tuple(c.name for c in shard) + key)
+    # A keyless table keeps the source's indexes it can (a merged one was refused above).
+    indexes = () if source.key else shaped_indexes(source.indexes, lambda c: renamed.get(c.lower()))
+    schema = TableSchema(target_db, target_t, shard + tuple(columns), tuple(c.name for c in shard) + key, indexes)
     keep = None
     if ts.filter is not None:
         try:

@@ -18,6 +18,7 @@ import pytest
 from cynomys.applier.targets.base import Flush, build_flush, open_target
 from cynomys.applier.targets.columnstore.target import ColumnStoreTarget
 from cynomys.applier.targets.columnstore.types import COLUMNSTORE, INNODB
+from cynomys.core.config import RouteRule, ShapeConfig, TableRule
 from cynomys.core.errors import TargetRejectedError, TargetUnavailableError
 from cynomys.core.model import ColumnDef, Op, TableSchema
 from tests.integration import target_contract as contract
@@ -262,6 +263,41 @@ def test_a_replicated_keyless_table_gets_its_whole_column_indexes(server: MariaD
                               f"WHERE TABLE_SCHEMA='{db}' ORDER BY 1, 2")
         assert rows == [("bag", "cynomys_a", "a"), ("bag", "cynomys_b", "b"), ("bag", "cynomys_c", "c"),
                         ("keyed", "PRIMARY", "a")]
+    finally:
+        target.close()
+
+
+def test_a_shaped_keyless_table_keeps_the_indexes_its_shape_can_hold(server: MariaDBServer, db: str) -> None:
+    # Routed to another name, a column renamed, one masked, one left out:
+    # the snapshot's indexes and a later CREATE INDEX are made by the target
+    # names; one led by the left-out column is not.  Then updates and deletes
+    # of the masked rows find them.
+    from tests.integration.shape_contract import Source, _shape, land
+
+    target = ColumnStoreTarget(make_config(server.url))
+    target.connect()
+    try:
+        shaper, stage = _shape(target, ShapeConfig(
+            route=[RouteRule(f"{db}_src.log", f"{db}.events")],
+            tables={f"{db}_src.log": TableRule(exclude=["note"], rename={"who": "actor"}, mask={"ip": "hash"})}))
+        cols = (ColumnDef("who", "int"), ColumnDef("ip", "varchar(40)"), ColumnDef("note", "text"),
+                ColumnDef("n", "int"))
+        log = TableSchema(f"{db}_src", "log", cols, (), (("who", "n"), ("note",), ("ip",)))
+        rows = [(i % 50, f"10.0.0.{i % 7}", "x", i) for i in range(300)]
+        src = Source()
+        land(target, shaper, stage, src.txn(*((Op.READ, log, None, r) for r in rows)))
+        land(target, shaper, stage, src.ddl(f"{db}_src", "CREATE INDEX by_n ON log (n)"),
+             src.ddl(f"{db}_src", "CREATE INDEX by_note ON log (note, n)"))
+        got = server.execute(f"SELECT INDEX_NAME, GROUP_CONCAT(COLUMN_NAME ORDER BY SEQ_IN_INDEX) FROM "
+                             f"information_schema.STATISTICS WHERE TABLE_SCHEMA='{db}' AND TABLE_NAME='events' "
+                             "GROUP BY INDEX_NAME ORDER BY 1")
+        assert got == [("cynomys_actor_n", "actor,n"), ("cynomys_ip", "ip"), ("cynomys_n", "n")]
+        plain = TableSchema(f"{db}_src", "log", cols, ())
+        land(target, shaper, stage, src.txn((Op.UPDATE, plain, rows[3], (3, "10.0.0.3", "x", 1000)),
+                                            (Op.DELETE, plain, rows[4], None)))
+        left = server.execute(f"SELECT actor, n FROM `{db}`.events WHERE n IN (3, 4, 1000) ORDER BY n")
+        assert left == [(3, 1000)]
+        assert server.execute(f"SELECT COUNT(*) FROM `{db}`.events") == [(299,)]
     finally:
         target.close()
 

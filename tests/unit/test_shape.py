@@ -122,6 +122,21 @@ def test_columns_kept_renamed_and_masked() -> None:
     assert "a@b.c" not in repr(c) and "secret" not in repr(c)
 
 
+def test_a_keyless_tables_indexes_follow_its_shape() -> None:
+    # Routed, a column renamed, one left out: each index keeps its leading
+    # columns the shape keeps, by their target names (the target finds a
+    # changed row through them, session 27); one led by a left-out column goes.
+    sh = shaper(route=[RouteRule("shop_1.log", "dw.events")],
+                tables={"shop_1.log": TableRule(exclude=["note"], rename={"who": "actor"}, mask={"ip": "hash"})})
+    s = TableSchema("shop_1", "log", (ColumnDef("who", "int"), ColumnDef("ip", "varchar(40)"),
+                                      ColumnDef("note", "text"), ColumnDef("n", "int")), (),
+                    (("who", "n"), ("note",), ("ip",), ("who", "note", "n")))
+    c = sh.change(change(Op.READ, s, after=(1, "10.0.0.1", "x", 2)))
+    assert c is not None and c.schema is not None
+    assert (c.schema.database, c.schema.table, c.schema.key) == ("dw", "events", ())
+    assert c.schema.indexes == (("actor", "n"), ("ip",), ("actor",))
+
+
 def test_hash_masks_are_deterministic_and_keyed() -> None:
     m = parse_mask("hash:16").masker(b"key-one-0123456789")
     assert m("x") == m("x") != m("y") and len(str(m("x"))) == 16 and m(None) is None
@@ -262,6 +277,17 @@ def test_alter_of_shaped_columns() -> None:
                    ddl.AddColumn("shop_1", "c", ColumnDef("z", "int"))]
     same = ddl_change("ALTER TABLE c ADD COLUMN z2 INT")
     assert sh.change(same) is same  # nothing shaped in it: the source's own text goes
+
+
+def test_index_ddl_of_a_shaped_keyless_table() -> None:
+    sh = shaper(route=[RouteRule("shop_1.log", "dw.events")],
+                tables={"shop_1.log": TableRule(exclude=["note"], rename={"who": "actor"})})
+    (op,) = _ops(sh.change(ddl_change("CREATE TABLE log (who INT, note TEXT, n INT, KEY (who, n), KEY (note))")))
+    assert op == ddl.CreateTable("dw", "events", (ColumnDef("actor", "int"), ColumnDef("n", "int")), (),
+                                 indexes=(("actor", "n"),))
+    assert _ops(sh.change(ddl_change("CREATE INDEX i ON log (who, note)"))) == [ddl.AddIndex("dw", "events", ("actor",))]
+    assert _ops(sh.change(ddl_change("ALTER TABLE log ADD KEY (n)"))) == [ddl.AddIndex("dw", "events", ("n",))]
+    assert sh.change(ddl_change("CREATE INDEX j ON log (note)")) is None  # led by a left-out column: nothing to make
 
 
 def test_ddl_that_would_lose_a_shards_rows_stops_unless_skipped() -> None:
