@@ -492,7 +492,7 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
         tid = f"{SNAPSHOT_TID_PREFIX}{k.job_id}:{uuid.uuid4().hex[:12]}"
         convert = row_converter(k.info.schema.columns, MODEL_TYPES[read.driver])
         stream = KeylessRead(read, self._schema_for(k.info), convert, at, ts, tid, done,
-                             self._stop, self._keyless_progress)
+                             self._stop, self._keyless_progress, self._chunk_rows(k.info))
         self._streaming = (k.job_id, k.info.name, stream)
         self._progress_saved = time.monotonic()
         return stream

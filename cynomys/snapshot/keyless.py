@@ -19,11 +19,11 @@ of the table in transactions that begin before ``P`` are in the read: the
 coordinator drops them (``DropRules``); those at or after ``P`` come after
 the read in the stream, as on the source.
 
-The rows come from a server-side cursor (pymysql SSCursor) and the producer
-cuts the transaction into fragments of ``batch_max_events`` changes, so its
-memory stays bounded whatever the table's size.  (The applier holds the
-fragments of a transaction until its last one: its memory grows with the
-table's rows; see the README.)
+The rows come from a server-side cursor and the producer cuts the
+transaction into fragments of a keyed chunk's rows (``fragment_rows``, at
+least ``batch_max_events``), so its memory stays bounded whatever the
+table's size; the applier applies them in parts of one target transaction
+(``[applier] max_memory_mb``), so its memory does too.
 
 Crash safety.  Each attempt starts with the TRUNCATE, so it replaces
 whatever an earlier attempt left in the target, applied whole, in part or
@@ -243,8 +243,10 @@ class KeylessRead:
 
     def __init__(self, read: ConsistentRead, schema: TableSchema, convert: Callable[[Sequence[Any]], Row],
                  at: Position, ts: int, tid: str, done: Callable[[int], None],
-                 stop: threading.Event | None = None, progress: Callable[[int], None] | None = None) -> None:
+                 stop: threading.Event | None = None, progress: Callable[[int], None] | None = None,
+                 fragment_rows: int = 0) -> None:
         self.read = read
+        self.fragment_rows = fragment_rows  # rows an envelope of it holds (0: ``batch_max_events``)
         self.schema = schema
         self.convert = convert
         self.at = at

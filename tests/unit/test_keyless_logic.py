@@ -72,7 +72,9 @@ def test_keyless_read_rows_are_inserts_of_every_copy() -> None:
 @pytest.mark.parametrize("in_batch, rows", [(0, 1000), (299, 1000), (300, 1000), (100, 150), (0, 300), (250, 40)])
 def test_a_keyless_reads_blocks_are_cut_where_fragments_end(in_batch: int, rows: int) -> None:
     """A block of the read (one ManyRows) is cut so that no fragment passes
-    batch_max_events (300 here): the first piece fills the fragment open now."""
+    the read's fragment size (300 here: ``Batching.stream`` passes the larger
+    of batch_max_events and a chunk's rows): the first piece fills the
+    fragment open now."""
     from types import SimpleNamespace
 
     from cynomys.core.columnar import ManyRows
@@ -80,8 +82,8 @@ def test_a_keyless_reads_blocks_are_cut_where_fragments_end(in_batch: int, rows:
 
     block = ManyRows(Op.READ, "d", "ev", "snapshot:x", Position("b.000001", 4), 0, INFO.schema,
                      images=tuple((i, "x") for i in range(rows)))
-    fake = SimpleNamespace(p=SimpleNamespace(max_events=300), txn_in_batch=in_batch)
-    pieces = Batching._cut(fake, block)  # type: ignore[arg-type]
+    fake = SimpleNamespace(txn_in_batch=in_batch)
+    pieces = Batching._cut(fake, block, 300)  # type: ignore[arg-type]
     room = 300 - in_batch
     first = [] if rows <= room else [room] if room > 0 else []
     rest = rows if rows <= room else rows - sum(first)
