@@ -670,6 +670,64 @@ def _rewrite_alter(sql: str) -> str:
                 i = k + 1
                 continue
         i += 1
+    return _apply(sql, edits)
+
+
+_INDEX_STATEMENT = re.compile(r"^\s*(?:/\*.*?\*/\s*)*(CREATE\s+(?:OR\s+REPLACE\s+)?(?:UNIQUE\s+|FULLTEXT\s+|SPATIAL\s+)?"
+                              r"INDEX|DROP\s+INDEX)\b", re.IGNORECASE | re.DOTALL)
+_INDEX_TYPES = frozenset({"BTREE", "HASH", "RTREE"})
+_INDEX_WORDS = frozenset({"INDEX", "KEY"})
+
+
+def _rewrite_index_options(sql: str) -> str:
+    """Index options sqlglot cannot parse, which change no rows, left out of
+    a CREATE/ALTER TABLE or CREATE/DROP INDEX (each stopped the applier as
+    unparsable): ``USING BTREE|HASH|RTREE`` wherever it stands, MariaDB's
+    ``IGNORED``/``NOT IGNORED`` after a column list (``ALTER INDEX i
+    IGNORED`` becomes ``INVISIBLE``, which sqlglot reads), ``IF NOT EXISTS``
+    after ``ADD [UNIQUE] INDEX|KEY`` (the target's index is made only if
+    missing anyway), and everything after a CREATE INDEX's column list or a
+    DROP INDEX's table (``ALGORITHM=``, ``LOCK=``, ``WAIT n``, ``COMMENT``,
+    ``KEY_BLOCK_SIZE``...)."""
+    toks = _tokens(sql)
+    words = [t.text.upper() if t.token_type is not TokenType.IDENTIFIER else "" for t in toks]
+    statement = _INDEX_STATEMENT.match(sql)
+    edits: list[tuple[int, int, str]] = []  # (start, end exclusive, replacement)
+    depth, i = 0, 0
+    while i < len(toks):
+        t, up = toks[i], words[i]
+        if t.token_type is TokenType.L_PAREN:
+            depth += 1
+        elif t.token_type is TokenType.R_PAREN:
+            depth -= 1
+            if statement and depth == 0 and statement.group(1).upper().startswith("CREATE"):
+                return _apply(sql[:t.end + 1], edits)  # the column list ends the statement's meaning
+        elif up == "USING" and i + 1 < len(toks) and words[i + 1] in _INDEX_TYPES:
+            edits.append((t.start, toks[i + 1].end + 1, ""))
+            i += 2
+            continue
+        elif up == "IGNORED" or (up == "NOT" and i + 1 < len(words) and words[i + 1] == "IGNORED"):
+            n = 1 if up == "IGNORED" else 2
+            after_index = i >= 3 and words[i - 3] == "ALTER" and words[i - 2] in _INDEX_WORDS
+            if after_index or (i and toks[i - 1].token_type is TokenType.R_PAREN):
+                edits.append((t.start, toks[i + n - 1].end + 1,
+                              ("INVISIBLE" if n == 1 else "VISIBLE") if after_index else ""))
+                i += n
+                continue
+        elif up == "IF" and words[i + 1:i + 3] == ["NOT", "EXISTS"] and i >= 2 and words[i - 1] in _INDEX_WORDS \
+                and "ADD" in words[max(0, i - 3):i - 1]:
+            edits.append((t.start, toks[i + 2].end + 1, ""))
+            i += 3
+            continue
+        elif statement and depth == 0 and up == "ON" and statement.group(1).upper().startswith("DROP"):
+            _, end = _read_name(toks, i + 1, "")
+            return _apply(sql[:toks[end - 1].end + 1], edits)  # ALGORITHM=, LOCK=, WAIT after the table
+        i += 1
+    return _apply(sql, edits)
+
+
+def _apply(sql: str, edits: list[tuple[int, int, str]]) -> str:
+    """``sql`` with ``edits`` (start, end exclusive, replacement; in order, not overlapping) made."""
     for start, end, text in reversed(edits):
         sql = sql[:start] + text + sql[end:]
     return sql
@@ -736,6 +794,8 @@ def _parse(sql: str, db: str) -> list[DdlOp]:
         text, partitioned = _strip_partitioning(text)
     if re.match(r"^\s*(?:/\*.*?\*/\s*)*ALTER\b", text, re.IGNORECASE | re.DOTALL):
         text = _rewrite_alter(text)
+    if re.match(r"^\s*(?:/\*.*?\*/\s*)*(CREATE|ALTER|DROP\s+INDEX)\b", text, re.IGNORECASE | re.DOTALL):
+        text = _rewrite_index_options(text)
     if re.match(r"^\s*(?:/\*.*?\*/\s*)*ALTER\s+TABLE\s+(?:IF\s+EXISTS\s+)?[`\w.]+\s*$", text,
                 re.IGNORECASE | re.DOTALL):
         return [NoOp("partitioning changes no rows")] if partitioned else [NoOp("ALTER TABLE without a change")]

@@ -169,7 +169,8 @@ QUERY_RULES: tuple[QueryRule, ...] = (
     QueryRule(_rx("CREATE\\s+(?:OR\\s+REPLACE\\s+)?TABLE|ALTER\\s+(?:ONLINE\\s+|IGNORE\\s+)*TABLE"
                   "|DROP\\s+TABLE|RENAME\\s+TABLE|TRUNCATE|CREATE\\s+(?:DATABASE|SCHEMA)"
                   "|DROP\\s+(?:DATABASE|SCHEMA)|ALTER\\s+(?:DATABASE|SCHEMA)"
-                  "|CREATE\\s+(?:UNIQUE\\s+|FULLTEXT\\s+|SPATIAL\\s+)?INDEX|DROP\\s+INDEX"), Basic.DDL),
+                  "|CREATE\\s+(?:OR\\s+REPLACE\\s+)?(?:UNIQUE\\s+|FULLTEXT\\s+|SPATIAL\\s+)?INDEX|DROP\\s+INDEX"),
+              Basic.DDL),
     # Everything else (GRANT, CREATE USER, SAVEPOINT, FLUSH, views, routines,
     # triggers, events) changes no table rows that the binlog would not also
     # carry as ROWS events.

@@ -208,6 +208,8 @@ def test_primary_key_changes() -> None:
     assert one("ALTER TABLE t ADD CONSTRAINT pk PRIMARY KEY (a)", db="d") == AddPrimaryKey("d", "t", ("a",))
     assert one("ALTER TABLE t DROP INDEX `PRIMARY`", db="d") == DropPrimaryKey("d", "t")
     assert one("DROP INDEX `PRIMARY` ON t", db="d") == DropPrimaryKey("d", "t")
+    assert one("DROP INDEX `PRIMARY` ON d2.t LOCK=NONE", db="d") == DropPrimaryKey("d2", "t")
+    assert one("CREATE TABLE t (a INT, PRIMARY KEY USING HASH (a))", db="d").key == ("a",)  # type: ignore[attr-defined]
     assert parse_ddl("ALTER TABLE t ADD COLUMN id INT PRIMARY KEY", "d") == [
         AddColumn("d", "t", ColumnDef("id", "int", False), fill=0), AddPrimaryKey("d", "t", ("id",))]
 
@@ -221,6 +223,9 @@ def test_primary_key_changes() -> None:
     "ALTER TABLE t AUTO_INCREMENT=100", "ALTER TABLE t DEFAULT CHARSET=latin1", "ALTER TABLE t ROW_FORMAT=COMPRESSED",
     "ALTER TABLE t CONVERT TO CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci", "ALTER TABLE t FORCE",
     "ALTER TABLE t ALTER COLUMN a DROP DEFAULT", "ALTER TABLE t ORDER BY a", "CREATE VIEW v AS SELECT 1",
+    "DROP INDEX i ON t ALGORITHM=INPLACE LOCK=NONE", "DROP INDEX IF EXISTS i ON `my t` WAIT 3",
+    "CREATE INDEX i ON t (c(10)) LOCK=NONE", "CREATE FULLTEXT INDEX f ON t (c) WITH PARSER ngram",
+    "ALTER TABLE t ALTER INDEX i IGNORED", "ALTER TABLE t ALTER INDEX i NOT IGNORED",
 ])
 def test_statements_that_change_no_rows(sql: str) -> None:
     ops = parse_ddl(sql, "d")
@@ -305,10 +310,25 @@ def test_a_keyless_create_table_keeps_its_whole_column_indexes() -> None:
 @pytest.mark.parametrize("sql,columns", [
     ("CREATE INDEX ix ON t (a)", [("a",)]), ("CREATE UNIQUE INDEX ix ON d.t (a, b)", [("a", "b")]),
     ("ALTER TABLE t ADD UNIQUE KEY u (a)", [("a",)]), ("ALTER TABLE t ADD INDEX (b, a), ADD KEY k (c)", [("b", "a"), ("c",)]),
+    # Index options sqlglot cannot read: each stopped the applier as unparsable.
+    ("CREATE INDEX i ON t (a) ALGORITHM=INPLACE LOCK=NONE", [("a",)]), ("CREATE INDEX i USING BTREE ON t (a)", [("a",)]),
+    ("CREATE UNIQUE INDEX i ON d.t (a, b) WAIT 5 COMMENT 'c)' ALGORITHM = INPLACE", [("a", "b")]),
+    ("CREATE OR REPLACE INDEX i ON t (a) NOWAIT USING HASH KEY_BLOCK_SIZE=8", [("a",)]),
+    ("CREATE INDEX IF NOT EXISTS i ON t (a) USING BTREE", [("a",)]),
+    ("ALTER TABLE t ADD INDEX i (a) IGNORED, ADD KEY j (b) NOT IGNORED", [("a",), ("b",)]),
+    ("ALTER TABLE t ADD INDEX IF NOT EXISTS i (a), ADD UNIQUE KEY IF NOT EXISTS u (b)", [("a",), ("b",)]),
 ])
 def test_an_index_on_whole_columns_is_an_add_index(sql: str, columns: list[tuple[str, ...]]) -> None:
     # Changes no rows; a keyless table's target can make it (targets/columnstore/ddl.py).
     assert parse_ddl(sql, "d") == [AddIndex("d", "t", c) for c in columns]
+
+
+def test_index_options_leave_a_column_named_like_them_alone() -> None:
+    ops = parse_ddl("ALTER TABLE t ADD COLUMN ignored INT, ADD COLUMN `using` INT, ADD INDEX (ignored)", "d")
+    assert ops == [AddColumn("d", "t", ColumnDef("ignored", "int")), AddColumn("d", "t", ColumnDef("using", "int")),
+                   AddIndex("d", "t", ("ignored",))]
+    (op,) = parse_ddl("CREATE TABLE t (ignored INT, KEY (ignored) IGNORED)", "d")
+    assert isinstance(op, CreateTable) and op.indexes == (("ignored",),)
 
 
 def test_a_check_beside_other_changes_is_left_out_and_they_are_kept() -> None:
