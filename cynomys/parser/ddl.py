@@ -311,6 +311,10 @@ def _fill_value(node: exp.ColumnDef, col: ColumnDef) -> tuple[Value, bool]:
     lit = default.this if negative else default
     if isinstance(lit, exp.Boolean):
         return int(bool(lit.this)), False
+    if isinstance(lit, exp.BitString) and not negative:
+        return int(str(lit.this) or "0", 2), False  # b'101': a BIT column's value is its integer
+    if isinstance(lit, exp.HexString) and col.base_type == "bit" and not negative:
+        return int(str(lit.this) or "0", 16), False
     if isinstance(lit, exp.HexString) and col.base_type in BINARY_TYPES and not negative:
         # X'0a0b': bytes that need not be text (cynomys/parser/ddl_render.py writes them so)
         return bytes.fromhex(str(lit.this)), False
@@ -381,7 +385,9 @@ def _create(node: exp.Create, db: str) -> list[DdlOp]:
         name = (target.name or target.db) if isinstance(target, exp.Table) else ""
         if not name:
             raise ValueError("CREATE DATABASE without a name")
-        return [CreateDatabase(name, bool(node.args.get("exists")))]
+        # OR REPLACE drops the database's tables on the source first.
+        pre_db: list[DdlOp] = [DropDatabase(name, True)] if node.args.get("replace") else []
+        return pre_db + [CreateDatabase(name, bool(node.args.get("exists")))]
     if kind == "INDEX":
         return _create_index(node.this, db)
     if kind == "VIEW":
@@ -615,6 +621,8 @@ def _command(node: exp.Command, db: str) -> list[DdlOp]:
         return [NoOp("ALTER DATABASE changes defaults only")]
     if word == "CREATE" and re.match(r"^\s*(FULLTEXT|SPATIAL|VECTOR)\s+(INDEX|KEY)\b", rest, re.IGNORECASE):
         return [NoOp("an index changes no rows")]  # and no target builds these alike
+    if word == "ALTER" and re.match(r"^\s*TABLE\s+\S+\s+(DISABLE|ENABLE)\s+KEYS\s*$", rest, re.IGNORECASE):
+        return [NoOp("DISABLE/ENABLE KEYS changes no rows")]
     m = _CONVERT.match(rest.strip()) if word == "ALTER" else None
     if m and m.group(1).lower() != "binary":
         # The target keeps its own character set (utf8mb4 holds any text).
@@ -673,6 +681,16 @@ def _rewrite_alter(sql: str) -> str:
     return _apply(sql, edits)
 
 
+#: Tokens that are never a keyword: a quoted name, a string.
+_NOT_WORDS = frozenset({TokenType.IDENTIFIER, TokenType.STRING, TokenType.NATIONAL_STRING, TokenType.HEX_STRING,
+                        TokenType.BIT_STRING, TokenType.BYTE_STRING, TokenType.RAW_STRING})
+
+
+def _words(toks: list[Token]) -> list[str]:
+    """Each token's upper-cased text where it may be a keyword, else ''."""
+    return [t.text.upper() if t.token_type not in _NOT_WORDS else "" for t in toks]
+
+
 _INDEX_STATEMENT = re.compile(r"^\s*(?:/\*.*?\*/\s*)*(CREATE\s+(?:OR\s+REPLACE\s+)?(?:UNIQUE\s+|FULLTEXT\s+|SPATIAL\s+)?"
                               r"INDEX|DROP\s+INDEX)\b", re.IGNORECASE | re.DOTALL)
 _INDEX_TYPES = frozenset({"BTREE", "HASH", "RTREE"})
@@ -690,7 +708,7 @@ def _rewrite_index_options(sql: str) -> str:
     DROP INDEX's table (``ALGORITHM=``, ``LOCK=``, ``WAIT n``, ``COMMENT``,
     ``KEY_BLOCK_SIZE``...)."""
     toks = _tokens(sql)
-    words = [t.text.upper() if t.token_type is not TokenType.IDENTIFIER else "" for t in toks]
+    words = _words(toks)
     statement = _INDEX_STATEMENT.match(sql)
     edits: list[tuple[int, int, str]] = []  # (start, end exclusive, replacement)
     depth, i = 0, 0
@@ -724,6 +742,71 @@ def _rewrite_index_options(sql: str) -> str:
             return _apply(sql[:toks[end - 1].end + 1], edits)  # ALGORITHM=, LOCK=, WAIT after the table
         i += 1
     return _apply(sql, edits)
+
+
+#: MySQL/MariaDB spatial types sqlglot reads only as GEOMETRY; a TABLE_MAP
+#: says GEOMETRY for each of them too (parser/rows.py), so the schema agrees.
+_SPATIAL_SUBTYPES = frozenset({"POINT", "LINESTRING", "POLYGON", "MULTIPOINT", "MULTILINESTRING", "MULTIPOLYGON",
+                               "GEOMETRYCOLLECTION"})
+_TEXT_TYPES = frozenset({"TEXT", "TINYTEXT", "MEDIUMTEXT", "LONGTEXT", "BLOB", "TINYBLOB", "MEDIUMBLOB", "LONGBLOB"})
+_COLUMN_STARTS = frozenset({"(", ",", "COLUMN", "ADD", "MODIFY", "CHANGE"})
+
+
+def _rewrite_storage_words(sql: str) -> str:
+    """Words of CREATE/ALTER/DROP TABLE and TRUNCATE that change no rows and
+    that sqlglot cannot parse (each stopped the applier as unparsable): a key
+    part's ``ASC``/``DESC`` (descending indexes, MariaDB 10.8+, MySQL 8),
+    MariaDB's column ``COMPRESSED[=zlib]``, ``DATA|INDEX DIRECTORY = '...'``,
+    ``WAIT n``/``NOWAIT`` after the table (MariaDB), a spatial column's
+    ``SRID n`` (MySQL 8); a spatial subtype (``POINT``...) reads as GEOMETRY.
+    A column named like one of them is left alone: each word is taken
+    where only the keyword can stand."""
+    toks = _tokens(sql)
+    words = _words(toks)
+    kinds = [t.token_type for t in toks]
+    edits: list[tuple[int, int, str]] = []
+    head = next((k for k in range(len(words)) if words[k] == "TABLE"), -1)  # the table's name follows
+    if head >= 0 and words[head + 1:head + 3] == ["IF", "EXISTS"]:
+        head += 2
+    elif head >= 0 and words[head + 1:head + 4] == ["IF", "NOT", "EXISTS"]:
+        head += 3
+    after_name = _read_name(toks, head + 1, "")[1] if 0 <= head < len(toks) - 1 else -1
+    depth, i = 0, 0
+    while i < len(toks):
+        t, up, nxt = toks[i], words[i], words[i + 1] if i + 1 < len(toks) else ""
+        if kinds[i] is TokenType.L_PAREN:
+            depth += 1
+        elif kinds[i] is TokenType.R_PAREN:
+            depth -= 1
+        elif up in ("ASC", "DESC") and depth >= 1 and nxt in (",", ")"):
+            edits.append((t.start, t.end + 1, ""))
+        elif up == "COMPRESSED" and depth >= 1 and i and (kinds[i - 1] is TokenType.R_PAREN
+                                                          or words[i - 1] in _TEXT_TYPES):
+            end = toks[i + 2].end + 1 if nxt == "=" and i + 2 < len(toks) else t.end + 1
+            edits.append((t.start, end, ""))
+        elif up in ("DATA", "INDEX") and nxt == "DIRECTORY" and depth == 0:
+            j = i + 2 + (words[i + 2:i + 3] == ["="])
+            if j < len(toks) and kinds[j] is TokenType.STRING:
+                edits.append((t.start, toks[j].end + 1, ""))
+                i = j + 1
+                continue
+        elif depth == 0 and _is_wait(words, kinds, i) and (
+                i == after_name or (words[0] in ("DROP", "TRUNCATE") and i + (up == "WAIT") + 1 == len(toks))):
+            # ALTER TABLE t WAIT n ...; DROP TABLE a, b NOWAIT; TRUNCATE t WAIT n
+            edits.append((t.start, toks[i + (up == "WAIT")].end + 1, ""))
+        elif up == "SRID" and kinds[i + 1:i + 2] == [TokenType.NUMBER]:
+            edits.append((t.start, toks[i + 1].end + 1, ""))
+        elif up in _SPATIAL_SUBTYPES and i >= 2 and kinds[i - 1] in (TokenType.VAR, TokenType.IDENTIFIER) \
+                and (words[i - 2] in _COLUMN_STARTS or toks[i - 2].text in _COLUMN_STARTS
+                     or (i >= 3 and words[i - 3] == "CHANGE")):
+            edits.append((t.start, t.end + 1, "GEOMETRY"))
+        i += 1
+    return _apply(sql, edits)
+
+
+def _is_wait(words: list[str], kinds: list[Any], i: int) -> bool:
+    """``NOWAIT``, or ``WAIT`` and a number, at token ``i``."""
+    return words[i] == "NOWAIT" or (words[i] == "WAIT" and kinds[i + 1:i + 2] == [TokenType.NUMBER])
 
 
 def _apply(sql: str, edits: list[tuple[int, int, str]]) -> str:
@@ -796,6 +879,8 @@ def _parse(sql: str, db: str) -> list[DdlOp]:
         text = _rewrite_alter(text)
     if re.match(r"^\s*(?:/\*.*?\*/\s*)*(CREATE|ALTER|DROP\s+INDEX)\b", text, re.IGNORECASE | re.DOTALL):
         text = _rewrite_index_options(text)
+    if re.match(r"^\s*(?:/\*.*?\*/\s*)*(CREATE|ALTER|DROP\s+TABLE|TRUNCATE)\b", text, re.IGNORECASE | re.DOTALL):
+        text = _rewrite_storage_words(text)
     if re.match(r"^\s*(?:/\*.*?\*/\s*)*ALTER\s+TABLE\s+(?:IF\s+EXISTS\s+)?[`\w.]+\s*$", text,
                 re.IGNORECASE | re.DOTALL):
         return [NoOp("partitioning changes no rows")] if partitioned else [NoOp("ALTER TABLE without a change")]

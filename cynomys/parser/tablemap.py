@@ -29,6 +29,7 @@ from pymysqlreplication import packet as rp_packet
 from pymysqlreplication.event import BinLogEvent
 from pymysqlreplication.row_event import TableMapEvent
 
+from cynomys.parser import raw as R
 from cynomys.parser.mysql8 import VECTOR, table_map_for_library
 
 log = logging.getLogger(__name__)
@@ -61,12 +62,19 @@ class CachedTableMapEvent(TableMapEvent):
         body = bytes(raw.get_bytes(raw._position, event_size))
         hit = self._cache.get(body)
         vectors: dict[int, int] = {}
+        compressed: tuple[int, ...] = ()
         if hit is None:
-            # MySQL 9's VECTOR columns and optional metadata the library
-            # does not know: it parses a rewritten copy (mysql8.py).
-            fixed = table_map_for_library(body)
+            # MariaDB's COMPRESSED columns, MySQL 9's VECTOR columns and
+            # optional metadata the library does not know: it parses a
+            # rewritten copy (above; mysql8.py).
+            new_body = body
+            unpacked = uncompressed_types(body)
+            if unpacked is not None:
+                new_body, compressed = unpacked
+            fixed = table_map_for_library(new_body)
             if fixed is not None:
                 new_body, vectors = fixed
+            if new_body is not body:
                 at = raw._position
                 raw._data = raw._data[:at] + new_body + raw._data[at + event_size:]
                 event_size = len(new_body)
@@ -78,6 +86,7 @@ class CachedTableMapEvent(TableMapEvent):
             return
         super().__init__(from_packet, event_size, table_map, ctl_connection, **kwargs)
         self.body = body
+        self.compressed = compressed  # positions of COMPRESSED columns (refused if the table is replicated)
         for i, dims in vectors.items():
             if self._processed and i < len(self.columns):
                 self.columns[i].type = VECTOR
@@ -87,6 +96,30 @@ class CachedTableMapEvent(TableMapEvent):
             if len(self._cache) >= MAX_BODIES:
                 self._cache.clear()
             self._cache[body] = {k: v for k, v in self.__dict__.items() if k not in _PER_EVENT and k != "body"}
+
+
+#: MariaDB's TABLE_MAP types of ``COMPRESSED`` columns -> the type each is
+#: stored like (its metadata has the same shape), which the library reads:
+#: MYSQL_TYPE_BLOB_COMPRESSED -> BLOB, MYSQL_TYPE_VARCHAR_COMPRESSED -> VARCHAR.
+_COMPRESSED_AS = {140: 252, 141: 15}
+
+
+def uncompressed_types(body: bytes) -> tuple[bytes, tuple[int, ...]] | None:
+    """A TABLE_MAP body whose MariaDB ``COMPRESSED`` column types read as the
+    types they are stored like, and those columns' positions; None when it
+    has none.  The library misreads such a map (a ValueError from deep inside
+    it, for every table, replicated or not); the replicated ones are then
+    refused by name (parser/stream.py): their row images hold zlib-compressed
+    bytes that Cynomys does not inflate."""
+    off = 8
+    off += 1 + body[off] + 1  # database
+    off += 1 + body[off] + 1  # table
+    n, off = R.lenenc(body, off)
+    found = tuple(i for i in range(n) if body[off + i] in _COMPRESSED_AS)
+    if not found:
+        return None
+    types = bytes(_COMPRESSED_AS.get(t, t) for t in body[off:off + n])
+    return body[:off] + types + body[off + n:], found
 
 
 def install(enabled: bool = True) -> bool:

@@ -323,7 +323,40 @@ def test_an_index_on_whole_columns_is_an_add_index(sql: str, columns: list[tuple
     assert parse_ddl(sql, "d") == [AddIndex("d", "t", c) for c in columns]
 
 
+@pytest.mark.parametrize("sql,want", [
+    # Words that change no rows and that sqlglot cannot read: each stopped the applier.
+    ("CREATE TABLE t (a INT, b INT, PRIMARY KEY (a, b DESC), KEY (b ASC))",
+     CreateTable("d", "t", (ColumnDef("a", "int", False), ColumnDef("b", "int", False)), ("a", "b"))),
+    ("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(10) COMPRESSED, w TEXT COMPRESSED=zlib NOT NULL) "
+     "DATA DIRECTORY = '/x' INDEX DIRECTORY='/y'",
+     CreateTable("d", "t", (ColumnDef("id", "int", False), ColumnDef("v", "varchar(10)"), ColumnDef("w", "text", False)),
+                 ("id",))),
+    ("CREATE TABLE t (id INT PRIMARY KEY, g POINT, h GEOMETRYCOLLECTION NOT NULL)",  # a TABLE_MAP says GEOMETRY too
+     CreateTable("d", "t", (ColumnDef("id", "int", False), ColumnDef("g", "geometry"), ColumnDef("h", "geometry", False)),
+                 ("id",))),
+    ("ALTER TABLE t WAIT 5 ADD COLUMN w INT", AddColumn("d", "t", ColumnDef("w", "int"))),
+    ("ALTER TABLE IF EXISTS d.t NOWAIT DROP COLUMN nowait", DropColumn("d", "t", "nowait")),
+    ("ALTER TABLE t MODIFY p MULTIPOLYGON NULL SRID 4326", ModifyColumn("d", "t", ColumnDef("p", "geometry"))),
+    ("DROP TABLE IF EXISTS t1, t2 WAIT 5", DropTable((("d", "t1"), ("d", "t2")), True)),
+    ("TRUNCATE TABLE t NOWAIT", Truncate("d", "t")),
+    ("ALTER TABLE t ADD COLUMN b BIT(8) NOT NULL DEFAULT b'101'", AddColumn("d", "t", ColumnDef("b", "bit(8)", False), fill=5)),
+    ("ALTER TABLE t ADD COLUMN b BIT(8) NOT NULL DEFAULT 0x0A", AddColumn("d", "t", ColumnDef("b", "bit(8)", False), fill=10)),
+    ("ALTER TABLE t DISABLE KEYS", NoOp("DISABLE/ENABLE KEYS changes no rows")),
+])
+def test_words_that_change_no_rows_are_read_past(sql: str, want: object) -> None:
+    assert parse_ddl(sql, "d") == [want]
+
+
+def test_create_or_replace_database_drops_its_tables_first() -> None:
+    # The source drops the database's tables: so must the target (before, the
+    # statement was not even classified as DDL and the old tables stayed).
+    assert parse_ddl("CREATE OR REPLACE DATABASE d4", "d") == [DropDatabase("d4", True), CreateDatabase("d4")]
+
+
 def test_index_options_leave_a_column_named_like_them_alone() -> None:
+    (op,) = parse_ddl("CREATE TABLE t (id INT PRIMARY KEY, compressed INT, point INT, wait INT, d INT COMMENT 'DESC')", "d")
+    assert isinstance(op, CreateTable) and [c.name for c in op.columns] == ["id", "compressed", "point", "wait", "d"]
+    assert parse_ddl("ALTER TABLE t CHANGE point pt LINESTRING", "d")[1] == ModifyColumn("d", "t", ColumnDef("pt", "geometry"))
     ops = parse_ddl("ALTER TABLE t ADD COLUMN ignored INT, ADD COLUMN `using` INT, ADD INDEX (ignored)", "d")
     assert ops == [AddColumn("d", "t", ColumnDef("ignored", "int")), AddColumn("d", "t", ColumnDef("using", "int")),
                    AddIndex("d", "t", ("ignored",))]
