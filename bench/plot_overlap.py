@@ -1,10 +1,11 @@
 """Side-by-side plot of initial loads (such as `[applier] overlap_commits` off and on).
 
-    python bench/plot_overlap.py [--title TEXT] OUT.png NAME [NAME ...]
+    python bench/plot_overlap.py [--title TEXT] [--mark SUBSTR] OUT.png NAME [NAME ...]
 
 Each NAME is a bench/results JSON of ``bench/initial_load.py`` (one target);
 a bar per run: the snapshot read, then the tail to target equal, with the
-same run's hand copy as a tick.  Runs whose name holds ``_on`` are blue.
+same run's hand copy as a tick.  Runs whose name holds ``--mark`` (default
+``_on``) are blue.
 """
 from __future__ import annotations
 
@@ -23,8 +24,13 @@ def main() -> None:
 
     args = sys.argv[1:]
     title = "Initial load, overlap_commits off (grey) / on (blue)"
-    if args[:1] == ["--title"]:
-        title, args = args[1], args[2:]
+    mark = "_on"
+    while args[:1] in (["--title"], ["--mark"]):
+        if args[0] == "--title":
+            title = args[1]
+        else:
+            mark = args[1]
+        args = args[2:]
     out, names = Path(args[0]), args[1:]
     runs = []
     for name in names:
@@ -32,7 +38,7 @@ def main() -> None:
         runs.append((name, r["cynomys"]["snapshot_done_s"], r["cynomys"]["target_equal_s"], r["hand_copy"]["seconds"]))
     fig, ax = plt.subplots(figsize=(9, 0.9 + 0.45 * len(runs)))
     for i, (name, read, equal, hand) in enumerate(runs):
-        color = "#37a" if "_on" in name else "#999"
+        color = "#37a" if mark in name else "#999"
         ax.barh(i, read, color=color, alpha=0.55)
         ax.barh(i, equal - read, left=read, color=color)
         ax.plot([hand, hand], [i - 0.4, i + 0.4], color="#c33", lw=2)
