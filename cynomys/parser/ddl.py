@@ -750,6 +750,8 @@ _SPATIAL_SUBTYPES = frozenset({"POINT", "LINESTRING", "POLYGON", "MULTIPOINT", "
                                "GEOMETRYCOLLECTION"})
 _TEXT_TYPES = frozenset({"TEXT", "TINYTEXT", "MEDIUMTEXT", "LONGTEXT", "BLOB", "TINYBLOB", "MEDIUMBLOB", "LONGBLOB"})
 _COLUMN_STARTS = frozenset({"(", ",", "COLUMN", "ADD", "MODIFY", "CHANGE"})
+_AFTER_TYPE = frozenset({",", ")", "", "NOT", "NULL", "DEFAULT", "COMMENT", "SRID", "REF_SYSTEM_ID", "AFTER", "FIRST",
+                         "INVISIBLE", "VISIBLE", "PRIMARY", "UNIQUE", "KEY", "CHECK", "CONSTRAINT", "COLLATE"})
 
 
 def _rewrite_storage_words(sql: str) -> str:
@@ -797,8 +799,10 @@ def _rewrite_storage_words(sql: str) -> str:
         elif up == "SRID" and kinds[i + 1:i + 2] == [TokenType.NUMBER]:
             edits.append((t.start, toks[i + 1].end + 1, ""))
         elif up in _SPATIAL_SUBTYPES and i >= 2 and kinds[i - 1] in (TokenType.VAR, TokenType.IDENTIFIER) \
-                and (words[i - 2] in _COLUMN_STARTS or toks[i - 2].text in _COLUMN_STARTS
-                     or (i >= 3 and words[i - 3] == "CHANGE")):
+                and nxt in _AFTER_TYPE and (words[i - 2] in _COLUMN_STARTS or toks[i - 2].text in _COLUMN_STARTS
+                                            or (i >= 3 and words[i - 3] in ("CHANGE", "COLUMN"))):
+            # A type: after a column's name, before what may follow a type
+            # (CHANGE a point INT names a column "point": INT follows it).
             edits.append((t.start, t.end + 1, "GEOMETRY"))
         i += 1
     return _apply(sql, edits)

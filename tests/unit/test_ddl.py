@@ -357,6 +357,10 @@ def test_index_options_leave_a_column_named_like_them_alone() -> None:
     (op,) = parse_ddl("CREATE TABLE t (id INT PRIMARY KEY, compressed INT, point INT, wait INT, d INT COMMENT 'DESC')", "d")
     assert isinstance(op, CreateTable) and [c.name for c in op.columns] == ["id", "compressed", "point", "wait", "d"]
     assert parse_ddl("ALTER TABLE t CHANGE point pt LINESTRING", "d")[1] == ModifyColumn("d", "t", ColumnDef("pt", "geometry"))
+    assert parse_ddl("ALTER TABLE t CHANGE COLUMN a b POINT NOT NULL", "d")[1] == \
+        ModifyColumn("d", "t", ColumnDef("b", "geometry", False))
+    for sql in ("ALTER TABLE t CHANGE a point INT", "ALTER TABLE t CHANGE COLUMN a point INT"):
+        assert parse_ddl(sql, "d") == [RenameColumn("d", "t", "a", "point"), ModifyColumn("d", "t", ColumnDef("point", "int"))]
     ops = parse_ddl("ALTER TABLE t ADD COLUMN ignored INT, ADD COLUMN `using` INT, ADD INDEX (ignored)", "d")
     assert ops == [AddColumn("d", "t", ColumnDef("ignored", "int")), AddColumn("d", "t", ColumnDef("using", "int")),
                    AddIndex("d", "t", ("ignored",))]
