@@ -748,7 +748,7 @@ def _rewrite_index_options(sql: str) -> str:
 #: says GEOMETRY for each of them too (parser/rows.py), so the schema agrees.
 _SPATIAL_SUBTYPES = frozenset({"POINT", "LINESTRING", "POLYGON", "MULTIPOINT", "MULTILINESTRING", "MULTIPOLYGON",
                                "GEOMETRYCOLLECTION"})
-_TEXT_TYPES = frozenset({"TEXT", "TINYTEXT", "MEDIUMTEXT", "LONGTEXT", "BLOB", "TINYBLOB", "MEDIUMBLOB", "LONGBLOB"})
+_NOT_BEFORE_COMPRESSED = frozenset({"=", "ROW_FORMAT", "COLUMN", "ADD", "MODIFY", "CHANGE"})
 _COLUMN_STARTS = frozenset({"(", ",", "COLUMN", "ADD", "MODIFY", "CHANGE"})
 _AFTER_TYPE = frozenset({",", ")", "", "NOT", "NULL", "DEFAULT", "COMMENT", "SRID", "REF_SYSTEM_ID", "AFTER", "FIRST",
                          "INVISIBLE", "VISIBLE", "PRIMARY", "UNIQUE", "KEY", "CHECK", "CONSTRAINT", "COLLATE"})
@@ -782,8 +782,10 @@ def _rewrite_storage_words(sql: str) -> str:
             depth -= 1
         elif up in ("ASC", "DESC") and depth >= 1 and nxt in (",", ")"):
             edits.append((t.start, t.end + 1, ""))
-        elif up == "COMPRESSED" and depth >= 1 and i and (kinds[i - 1] is TokenType.R_PAREN
-                                                          or words[i - 1] in _TEXT_TYPES):
+        elif up == "COMPRESSED" and (nxt in _AFTER_TYPE or nxt == "=") and i \
+                and words[i - 1] not in _NOT_BEFORE_COMPRESSED and toks[i - 1].text not in ("(", ","):
+            # A column's attribute (after its type, charset, NOT NULL...), not
+            # a column named so (a type follows it) nor ROW_FORMAT=COMPRESSED.
             end = toks[i + 2].end + 1 if nxt == "=" and i + 2 < len(toks) else t.end + 1
             edits.append((t.start, end, ""))
         elif up in ("DATA", "INDEX") and nxt == "DIRECTORY" and depth == 0:

@@ -551,14 +551,6 @@ class BinlogSource:
             # after a server restart): its rows are skipped.
             self.decoders.pop(ev.table_id, None)
             return None
-        compressed = getattr(ev, "compressed", ())
-        if compressed:
-            names = ", ".join(str(ev.columns[i].name or f"#{i + 1}") for i in compressed if i < len(ev.columns))
-            raise UnsupportedEventError(
-                f"table {ev.schema}.{ev.table} has MariaDB COMPRESSED column(s) {names}: their values reach the "
-                "binlog zlib-compressed, which Cynomys does not read",
-                hint=f"remove COMPRESSED on the source (ALTER TABLE {ev.schema}.{ev.table} MODIFY <column> <its type>), "
-                     "or leave the table out ([source] exclude_tables); then re-snapshot it")
         body = getattr(ev, "body", None)
         cached = self.decoders.get(ev.table_id)
         if body is not None and cached is not None and cached[0] == body:

@@ -86,7 +86,9 @@ class CachedTableMapEvent(TableMapEvent):
             return
         super().__init__(from_packet, event_size, table_map, ctl_connection, **kwargs)
         self.body = body
-        self.compressed = compressed  # positions of COMPRESSED columns (refused if the table is replicated)
+        for i in compressed:  # the row decoders inflate their values (parser/rows.py _compressed)
+            if self._processed and i < len(self.columns):
+                self.columns[i].compressed = True
         for i, dims in vectors.items():
             if self._processed and i < len(self.columns):
                 self.columns[i].type = VECTOR
@@ -108,9 +110,8 @@ def uncompressed_types(body: bytes) -> tuple[bytes, tuple[int, ...]] | None:
     """A TABLE_MAP body whose MariaDB ``COMPRESSED`` column types read as the
     types they are stored like, and those columns' positions; None when it
     has none.  The library misreads such a map (a ValueError from deep inside
-    it, for every table, replicated or not); the replicated ones are then
-    refused by name (parser/stream.py): their row images hold zlib-compressed
-    bytes that Cynomys does not inflate."""
+    it, for every table, replicated or not); the row decoders inflate the
+    columns' values (parser/rows.py ``_compressed``)."""
     off = 8
     off += 1 + body[off] + 1  # database
     off += 1 + body[off] + 1  # table
