@@ -98,6 +98,11 @@ def _fsp_suffix(name: str, col: Any) -> str:
     return f"{name}({fsp})" if fsp else name
 
 
+def _varchar_bytes(col: Any) -> int:
+    """A VARCHAR's length in bytes; a COMPRESSED one's counts its compression header byte."""
+    return int(col.max_length) - (1 if getattr(col, "compressed", False) else 0)
+
+
 def column_type_text(col: Any) -> str:
     """Rebuild the SQL column type from TABLE_MAP metadata (FULL row metadata)."""
     t = col.type
@@ -109,7 +114,7 @@ def column_type_text(col: Any) -> str:
         FLOAT: lambda: "float",
         DOUBLE: lambda: "double",
         NEWDECIMAL: lambda: f"decimal({col.precision},{col.decimals})" + (" unsigned" if col.unsigned else ""),
-        VARCHAR: lambda: f"varbinary({col.max_length})" if cs == "binary" else f"varchar({col.max_length // mb})",
+        VARCHAR: lambda: f"varbinary({_varchar_bytes(col)})" if cs == "binary" else f"varchar({_varchar_bytes(col) // mb})",
         VAR_STRING: lambda: f"varbinary({col.max_length})" if cs == "binary" else f"varchar({col.max_length // mb})",
         STRING: lambda: f"binary({col.max_length})" if cs == "binary" else f"char({col.max_length // mb})",
         BLOB: lambda: lob_type("blob" if cs == "binary" else "text", col.length_size),
