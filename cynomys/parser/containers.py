@@ -55,8 +55,10 @@ def _where(raw: bytes, plain: int, post_header_len: int) -> int:
     return off + bitmaps * ((width + 7) // 8)
 
 
-def inflate(part: bytes, what: str) -> bytes:
-    """MariaDB's compressed record (binlog_buf_uncompress) -> its bytes."""
+def inflate(part: bytes, what: str, wbits: int = zlib.MAX_WBITS) -> bytes:
+    """MariaDB's compressed record (binlog_buf_uncompress) -> its bytes.
+    ``wbits``: a zlib stream (events), or raw deflate (-MAX_WBITS: what a
+    COMPRESSED column usually holds, parser/rows.py ``inflate_column``)."""
     if not part or part[0] & 0xE0 != 0x80:
         raise UnsupportedEventError(f"{what}: the compressed part does not start with a compression header")
     alg, lenlen = (part[0] & 0x70) >> 4, part[0] & 0x07
@@ -67,7 +69,7 @@ def inflate(part: bytes, what: str) -> bytes:
         raise UnsupportedEventError(f"{what}: the compression header says the length takes {lenlen} bytes")
     length = int.from_bytes(part[1:1 + lenlen], "big")
     try:
-        out = zlib.decompress(part[1 + lenlen:], bufsize=max(length, 1))
+        out = zlib.decompress(part[1 + lenlen:], wbits, max(length, 1))
     except zlib.error as exc:
         raise UnsupportedEventError(f"{what}: the zlib stream is corrupt ({exc})",
                                     hint="the binlog is damaged; re-snapshot the tables it covers") from None

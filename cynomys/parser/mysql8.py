@@ -295,6 +295,16 @@ _VECTOR_DIMENSIONALITY = 13
 _LIBRARY_METADATA = range(1, 13)
 
 
+def table_map_types(body: bytes) -> tuple[int, int]:
+    """Where a TABLE_MAP body's column types start, and how many there are
+    (past the table id, flags, database and table names)."""
+    off = 8
+    off += 1 + body[off] + 1  # db
+    off += 1 + body[off] + 1  # table
+    n, off = R.lenenc(body, off)
+    return off, n
+
+
 def table_map_for_library(body: bytes) -> tuple[bytes, dict[int, int]] | None:
     """A TABLE_MAP body (without CRC32) the library can parse, or None when
     it can parse this one as it is.
@@ -306,11 +316,8 @@ def table_map_for_library(body: bytes) -> tuple[bytes, dict[int, int]] | None:
     handed to it as the BLOB it is stored like, and optional metadata it
     does not know is left out.  Returns the body and {column: dimensions}
     (0 when the map does not say)."""
-    off = 8
-    off += 1 + body[off] + 1  # db
-    off += 1 + body[off] + 1  # table
-    n, off = R.lenenc(body, off)
-    types_at = off
+    types_at, n = table_map_types(body)
+    off = types_at
     types = body[off:off + n]
     off += n
     meta_len, off = R.lenenc(body, off)

@@ -37,6 +37,7 @@ from cynomys.core.errors import UnsupportedEventError
 from cynomys.core.model import ColumnDef, RawTemporal, Row, Value
 from cynomys.core.sourcetypes import INT_FAMILIES, IntFamily, lob_type, members_text, vector_type
 from cynomys.parser import mysqljson
+from cynomys.parser.containers import inflate
 from cynomys.parser.raw import lenenc
 
 # MySQL field type codes (include/field_types.h).
@@ -177,43 +178,18 @@ def _length_prefixed(prefix: int, convert: Callable[[bytes], Value]) -> Decoder:
     return dec
 
 
-def _compressed(prefix: int, convert: Callable[[bytes], Value], col_name: str) -> Decoder:
-    """A MariaDB ``COMPRESSED`` column's value: length-prefixed like its
-    plain type, holding MariaDB's column compression record (sql/field.cc
-    compress_zlib): empty; or a header byte without bit 7 and the bytes as
-    they are; or ``0x80 | raw << 3 | n``, the length in ``n`` big-endian
-    bytes and the deflate stream: raw when bit 3 is set (the default), with
-    zlib's header and checksum when not (``column_compression_zlib_wrap``)."""
-    def dec(buf: bytes, off: int) -> tuple[Value, int]:
-        n = int.from_bytes(buf[off:off + prefix], "little")
-        start = off + prefix
-        return convert(inflate_column(bytes(buf[start:start + n]), col_name)), start + n
-
-    return dec
-
-
 def inflate_column(data: bytes, col_name: str = "") -> bytes:
-    """The bytes a MariaDB ``COMPRESSED`` column's stored record stands for (``_compressed``)."""
+    """The bytes a MariaDB ``COMPRESSED`` column's stored record stands for
+    (sql/field.cc compress_zlib): empty; or a header byte without bit 7 and
+    the bytes as they are (under ``column_compression_threshold``); or the
+    binlog's own compressed record (``containers.inflate``), whose header's
+    bit 3 says raw deflate (the default) rather than a zlib stream
+    (``column_compression_zlib_wrap``)."""
     if not data:
         return b""
-    head = data[0]
-    if not head & 0x80:
-        return data[1:]  # below column_compression_threshold: stored as it is
-    width = head & 0x07
-    if not 1 <= width <= 4:
-        raise UnsupportedEventError(f"compressed column {col_name!r}: the header says its length takes {width} bytes",
-                                    hint="is this binlog written by a newer MariaDB? upgrade Cynomys")
-    length = int.from_bytes(data[1:1 + width], "big")
-    try:
-        out = zlib.decompress(data[1 + width:], -zlib.MAX_WBITS if head & 0x08 else zlib.MAX_WBITS,
-                              max(length, 1))
-    except zlib.error as exc:
-        raise UnsupportedEventError(f"compressed column {col_name!r}: the zlib stream is corrupt ({exc})",
-                                    hint="the binlog is damaged; re-snapshot the table") from None
-    if len(out) != length:
-        raise UnsupportedEventError(f"compressed column {col_name!r}: inflated to {len(out)} bytes, the header says "
-                                    f"{length}", hint="the binlog is damaged; re-snapshot the table")
-    return out
+    if not data[0] & 0x80:
+        return data[1:]
+    return inflate(data, f"compressed column {col_name!r}", -zlib.MAX_WBITS if data[0] & 0x08 else zlib.MAX_WBITS)
 
 
 def _text(codec: str, col_name: str) -> Callable[[bytes], Value]:
@@ -503,7 +479,7 @@ def compile_decoder(col: Any) -> Decoder:
         raise UnsupportedEventError(f"column {col.name!r} has MySQL field type {t}, which Cynomys cannot decode")
     if getattr(col, "compressed", False):  # MariaDB COMPRESSED: handed over as VARCHAR/BLOB (parser/tablemap.py)
         prefix = col.length_size if t == BLOB else 1 if col.max_length < 256 else 2
-        return _compressed(prefix, text_or_bytes, col.name)
+        return _length_prefixed(prefix, lambda raw: text_or_bytes(inflate_column(bytes(raw), col.name)))
     return table[t]()
 
 

@@ -29,8 +29,7 @@ from pymysqlreplication import packet as rp_packet
 from pymysqlreplication.event import BinLogEvent
 from pymysqlreplication.row_event import TableMapEvent
 
-from cynomys.parser import raw as R
-from cynomys.parser.mysql8 import VECTOR, table_map_for_library
+from cynomys.parser.mysql8 import VECTOR, table_map_for_library, table_map_types
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +85,7 @@ class CachedTableMapEvent(TableMapEvent):
             return
         super().__init__(from_packet, event_size, table_map, ctl_connection, **kwargs)
         self.body = body
-        for i in compressed:  # the row decoders inflate their values (parser/rows.py _compressed)
+        for i in compressed:  # the row decoders inflate their values (parser/rows.py inflate_column)
             if self._processed and i < len(self.columns):
                 self.columns[i].compressed = True
         for i, dims in vectors.items():
@@ -111,11 +110,8 @@ def uncompressed_types(body: bytes) -> tuple[bytes, tuple[int, ...]] | None:
     types they are stored like, and those columns' positions; None when it
     has none.  The library misreads such a map (a ValueError from deep inside
     it, for every table, replicated or not); the row decoders inflate the
-    columns' values (parser/rows.py ``_compressed``)."""
-    off = 8
-    off += 1 + body[off] + 1  # database
-    off += 1 + body[off] + 1  # table
-    n, off = R.lenenc(body, off)
+    columns' values (parser/rows.py ``inflate_column``)."""
+    off, n = table_map_types(body)
     found = tuple(i for i in range(n) if body[off + i] in _COMPRESSED_AS)
     if not found:
         return None
