@@ -123,6 +123,7 @@ class Applier:
     # ------------------------------------------------------------------
     def start(self) -> None:
         self.target.connect()
+        self.target.recover(self.producer_id)
         st = self.target.applied(self.producer_id)
         if st is not None:
             self.admit.restore(st)
@@ -444,6 +445,8 @@ class Applier:
         self.monitor.taken(batch)
         if batch.complete:
             self.pending_state = self.admit.state(pid, seq, batch.end, batch.last_commit_ts)
+            if self.parts and self.inner.commits_parts_alone:
+                self.flush()  # (the producer ends an envelope where a fragmented transaction ends)
 
     def _check_overlap(self, pid: str, seq: int, span: Span) -> None:
         """Never apply two attempts of the same changes.  Envelopes of one

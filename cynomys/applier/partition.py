@@ -230,6 +230,9 @@ class PartitionTarget(Target):
         st = self.inner.applied(self.part.state_key(producer_id))
         return None if st is None else replace(st, producer_id=producer_id)
 
+    def recover(self, producer_id: str) -> None:
+        self.inner.recover(self.part.state_key(producer_id))
+
     def apply(self, flush: Flush) -> None:
         self.inner.apply(Flush(flush.tables, self._out(flush.state)))
 
@@ -248,6 +251,10 @@ class PartitionTarget(Target):
     @property
     def parts_open(self) -> bool:
         return self.inner.parts_open
+
+    @property
+    def commits_parts_alone(self) -> bool:
+        return self.inner.commits_parts_alone
 
     def ping(self) -> None:
         self.inner.ping()

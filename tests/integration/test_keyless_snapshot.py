@@ -99,6 +99,15 @@ class MariaDBSide:
         self.tgt.destroy()
 
 
+class MariaDBBesideSide(MariaDBSide):
+    """The MariaDB target loading a keyless read's rows on two connections
+    (columnstore/sidexa.py) from parts of 50 snapshot rows."""
+
+    def __init__(self, src: MariaDBServer, tmp_path: Path) -> None:
+        super().__init__(src, tmp_path)
+        self.config["side_load_rows"] = 50
+
+
 class DuckDBSide:
     """The target as a DuckDB file, read back through the target's own
     ``fetch_rows`` (values in the model domain) between the applier's flushes."""
@@ -278,8 +287,10 @@ def test_keyless_table_in_initial_snapshot_under_writers(tmp_path: Path, redis_u
     print(f"\nkeyless initial snapshot under 4 writers: { {k: v for k, v in out.items() if not k.endswith('_log')} }")
 
 
-@pytest.mark.parametrize("memory", [None, 1], ids=["buffered-whole", "in-parts"])
-@pytest.mark.parametrize("side", [MariaDBSide, DuckDBSide], ids=["mariadb", "duckdb"])
+@pytest.mark.parametrize(("side", "memory"), [
+    (MariaDBSide, None), (MariaDBSide, 1), (DuckDBSide, None), (DuckDBSide, 1), (MariaDBBesideSide, 1)],
+    ids=["mariadb-buffered-whole", "mariadb-in-parts", "duckdb-buffered-whole", "duckdb-in-parts",
+         "mariadb-in-parts-beside"])
 def test_keyless_read_survives_sigkill_of_both_daemons(tmp_path: Path, redis_url: str, side: Any,
                                                        memory: int | None) -> None:
     """``in-parts``: [applier] max_memory_mb = 1 makes the applier apply the
@@ -317,6 +328,8 @@ def test_keyless_read_survives_sigkill_of_both_daemons(tmp_path: Path, redis_url
     assert out["kills"] == {"producer": 2, "applier": 1}
     if memory is not None:
         assert "applied part " in out["applier_log"], "the keyless read was not applied in parts"
+    if side is MariaDBBesideSide:
+        assert "snapshot rows loaded beside the transaction" in out["applier_log"], "nothing was loaded beside"
     assert out["producer_log"].count("stopped inside snapshot read") == 2, out["producer_log"][-3000:]
     print(f"\nkeyless read with SIGKILLs: { {k: v for k, v in out.items() if not k.endswith('_log')} }")
 

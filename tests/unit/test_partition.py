@@ -238,7 +238,7 @@ def test_partition_target_calls_reach_the_wrapped_target(tmp_path: Path) -> None
     schema = TableSchema("app", "t", (ColumnDef("id", "int"),), ("id",))
     state = AppliedState("p1", 1, Position("b.000001", 4))
     args: dict[str, tuple[object, ...]] = {
-        "applied": ("p1",), "apply": (Flush([], state),), "apply_ddl": (_ddl("CREATE DATABASE x"), state),
+        "applied": ("p1",), "recover": ("p1",), "apply": (Flush([], state),), "apply_ddl": (_ddl("CREATE DATABASE x"), state),
         "ddl_ops": (_ddl("CREATE DATABASE x"),), "table_exists": ("app", "t"), "fetch_rows": ("app", "t"),
         "table_columns": ("app", "t"),
         "range_rows": (schema, None), "checksum_range": (schema, None), "purge_into": (Flush([], state), schema, None),

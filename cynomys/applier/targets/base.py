@@ -264,6 +264,11 @@ class Target(ABC):
     def applied(self, producer_id: str) -> AppliedState | None:
         """The state committed by the last flush for this producer."""
 
+    def recover(self, producer_id: str) -> None:
+        """At the applier's start, before ``applied``: finish what an applier
+        of this producer left half-done between two commits it makes
+        together (ColumnStore: side loads left prepared, columnstore/sidexa.py)."""
+
     @abstractmethod
     def apply(self, flush: Flush) -> None:
         """Apply one flush atomically with its state (one target transaction).
@@ -340,6 +345,13 @@ class Target(ABC):
     def rollback_parts(self) -> None:
         """Drop every part applied since the open transaction began (the
         producer sends the transaction again from its start)."""
+
+    @property
+    def commits_parts_alone(self) -> bool:
+        """A transaction applied in parts commits as soon as its last
+        fragment is in, with nothing after it in the same commit (ColumnStore:
+        rows loaded beside it are not visible to later changes before then)."""
+        return False
 
     @property
     def parts_open(self) -> bool:

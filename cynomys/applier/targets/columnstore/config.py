@@ -31,5 +31,7 @@ class ColumnStoreConfig(TargetOptions):
     # re-snapshot) loads about half of them on a second connection, beside its
     # own transaction, so the target server loads on two cores (InnoDB only;
     # 0 = never).  Those rows commit just before the flush: a crash between
-    # the two replays them, and snapshot rows replace by key.
+    # the two replays them, and snapshot rows replace by key.  A keyless
+    # table's read (applied in parts) loads beside likewise, in an XA
+    # transaction that commits with the parts.
     side_load_rows: int = field(default=10_000, metadata=NON_NEGATIVE)

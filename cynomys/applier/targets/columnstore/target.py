@@ -36,7 +36,7 @@ import logging
 import ssl
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO, Any, Callable, ClassVar, Mapping, Sequence
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -47,7 +47,7 @@ from pymysql.protocol import LoadLocalPacketWrapper
 
 from cynomys.applier.targets import state as applied_state
 from cynomys.applier.targets.base import Capabilities, Flush, TableFlush, run_keys
-from cynomys.applier.targets.columnstore import beside
+from cynomys.applier.targets.columnstore import beside, sidexa
 from cynomys.applier.targets.columnstore import ddl as columnstore_ddl
 from cynomys.applier.targets.columnstore import verify as columnstore_verify
 from cynomys.applier.targets.columnstore.config import ENGINE_NAME, ColumnStoreConfig
@@ -67,7 +67,7 @@ from cynomys.core import columnar as core_columnar
 from cynomys.core.columnar import InsertRun
 from cynomys.core.config import Config
 from cynomys.core.dialect import MARIADB, Dialect
-from cynomys.core.errors import ConfigError, TargetRejectedError
+from cynomys.core.errors import ConfigError, TargetRejectedError, TargetUnavailableError
 from cynomys.core.model import AppliedState, Change, ColumnDef, Op, Row, TableSchema, Value
 from cynomys.verify.checksum import Checksum, KeyRange
 
@@ -104,6 +104,11 @@ TRANSIENT_CODES = frozenset({
 INDEX_REFUSED = frozenset({1061, 1069, 1070, 1071, 1072, 1089, 1167, 1170, 1831})
 #: Target column types an index cannot take whole (MariaDB needs a prefix).
 _UNINDEXABLE = ("text", "blob", "json")
+#: Targets (``where``) whose XA side load failed in this process: the
+#: applier's next attempt (a new target object) loads on one connection.
+_XA_OFF: set[str] = set()
+#: XA RECOVER refused: the user lacks the privilege (1227) / access denied (1044, 1142).
+XA_RECOVER_REFUSED = frozenset({1044, 1142, 1227})
 #: The server (or client) refuses LOAD DATA LOCAL: fall back to INSERT.
 LOCAL_INFILE_REFUSED = frozenset({1148, 2068, 3948, 4166})
 #: A side load failing with these gives its rows back to the flush: a lock
@@ -296,6 +301,9 @@ class ColumnStoreTarget(SqlTarget):
         # Snapshot rows loaded beside a flush with at least this many (0: never).
         self.beside_rows = cfg.target.of(ColumnStoreConfig).side_load_rows if self.profile.loads_beside else 0
         self.side = beside.SideLoader(self._connect, self._load_beside)
+        # A keyless table's snapshot rows beside a transaction applied in parts (sidexa.py).
+        self.xa = sidexa.XaSide(self._connect, self._load_beside)
+        self._xa_recovers = True  # XA RECOVER allowed (else no XA side loads: nothing could finish them)
         # (db, table, key) -> the target table's primary key is that key (READ runs load with REPLACE)
         self._pk_matches: dict[tuple[str, str, tuple[str, ...]], bool] = {}
         self._slow_keyless: set[tuple[str, str]] = set()  # tables warned of (``_delete_row``)
@@ -405,6 +413,12 @@ class ColumnStoreTarget(SqlTarget):
         cur.fetchall()
 
     def _write_state(self, cur: Cursor, state: AppliedState) -> None:
+        if self.xa.active and self.open_transaction and cur.connection is self._open_conn:
+            # The open transaction commits with the XID of the rows loaded
+            # beside it (sidexa.py): recovery commits them if, and only if,
+            # this commit happened.
+            xid = self.xa.prepare()
+            cur.execute(f"INSERT INTO {self._side_xa_name()} (xid, written_at) VALUES (%s, {self.now_sql})", (xid,))
         # An upsert on the key: the row stays (and stays locked by
         # _begin_flush) instead of going and coming back.
         names = [applied_state.KEY, *applied_state.FIELDS]
@@ -606,10 +620,100 @@ class ColumnStoreTarget(SqlTarget):
             self._upsert_reads(cur, tf.schema, tf.runs)
 
     def _load_beside(self, cur: Cursor, tf: TableFlush) -> None:
-        self._load_data(cur, tf.schema, [], tf.runs, replace=True)
+        self._load_data(cur, tf.schema, [], tf.runs, replace=bool(tf.schema.key))
+
+    # -- a keyless table's snapshot rows beside a transaction in parts (columnstore/sidexa.py)
+    @property
+    def commits_parts_alone(self) -> bool:
+        return self._xa_on
+
+    @property
+    def _xa_on(self) -> bool:
+        return bool(self.beside_rows and self.use_load_data and self._xa_recovers and self.where not in _XA_OFF)
+
+    def _side_xa_name(self) -> str:
+        return self.table_name(self.state_namespace, sidexa.TABLE)
+
+    def connect(self) -> None:
+        super().connect()
+        with self.transaction("creating the side load table", hint=self.state_grant_hint) as cur:
+            cur.execute(f"CREATE TABLE IF NOT EXISTS {self._side_xa_name()} ({sidexa.TABLE_COLUMNS}) ENGINE=InnoDB")
+
+    def recover(self, producer_id: str) -> None:
+        """Finish the side loads an applier of this producer left prepared
+        (sidexa.py ``recover``), under the producer's state row lock."""
+        with self.transaction("recovering side loads left prepared") as cur:
+            cur.execute(f"SELECT seq FROM {self._state_name()} WHERE producer_id = %s FOR UPDATE", (producer_id,))
+            cur.fetchall()
+            other = self._connect()
+            other.autocommit(True)  # XA COMMIT/ROLLBACK of another session's XID: outside any transaction
+            try:
+                with other.cursor() as xa:
+                    committed, rolled_back, owned = sidexa.recover(cur, xa, self._side_xa_name(), producer_id)
+            except pymysql.err.OperationalError as exc:
+                if not (exc.args and exc.args[0] in XA_RECOVER_REFUSED):
+                    raise
+                log.warning("%s refuses XA RECOVER (%s): a keyless table's snapshot rows load on one connection "
+                            "(let the target user run XA RECOVER for two)", self.where, exc.args[1])
+                self._xa_recovers = False
+                return
+            finally:
+                other.close()
+            tag = sidexa.PREFIX + sidexa.producer_tag(producer_id) + "-%"
+            cur.execute(f"DELETE FROM {self._side_xa_name()} WHERE xid LIKE %s"
+                        + "".join(" AND xid <> %s" for _ in owned), (tag, *owned))
+        if committed or rolled_back:
+            log.warning("recovered side loads of producer %s: %d committed, %d rolled back", producer_id,
+                        committed, rolled_back)
+
+    def _part_tables(self, cur: Cursor, flush: Flush) -> None:
+        if self.xa.tables:
+            busy = [tf.schema.name for tf in flush.tables if (tf.schema.database, tf.schema.table) in self.xa.tables
+                    and (tf.delete_rows or tf.delete_keys)]
+            if busy:
+                raise sidexa.rejected_delete(self.where, busy)
+        plan = sidexa.split(flush.tables, self.beside_rows) if self._xa_on else None
+        if not plan or not plan.side:
+            return super()._part_tables(cur, flush)
+        self.xa.start(flush.state.producer_id, plan.side)
+        try:
+            super()._part_tables(cur, replace(flush, tables=plan.kept))
+        finally:
+            failed = self.xa.finish()
+        if failed is None:
+            log.debug("loaded %d snapshot rows beside the part (XA %s)", plan.side_rows, self.xa.xid)
+            return
+        code = failed.args[0] if failed.args and isinstance(failed.args[0], int) else 0
+        if not (isinstance(failed, pymysql.err.Error) and code in GIVEN_BACK):
+            raise failed
+        # Locked out or refused LOCAL INFILE: the rows of the earlier parts
+        # went with the side's XA transaction, so the whole transaction is
+        # applied again, on one connection (this process remembers it).
+        _XA_OFF.add(self.where)
+        raise TargetUnavailableError(
+            f"the side load of a transaction applied in parts on {self.where} failed ({self.describe(failed)}); "
+            "it was rolled back with the transaction", hint="the applier applies the transaction again on one "
+            "connection") from failed
+
+    def commit_parts(self, flush: Flush) -> None:
+        super().commit_parts(flush)
+        if not self.xa.prepared:
+            return
+        rows = self.xa.rows
+        try:
+            self.xa.commit(self._side_xa_name())
+        except pymysql.err.Error as exc:
+            raise self.target_error(exc, f"committing the side load of the transaction just committed on "
+                                         f"{self.where} (recovery commits it when the applier starts again)") from exc
+        log.info("committed %d snapshot rows loaded beside the transaction", rows)
+
+    def rollback_open(self) -> None:
+        super().rollback_open()
+        self.xa.abandon()  # active: rolled back with its connection; prepared: recovery decides
 
     def close(self) -> None:
         self.side.close()
+        self.xa.close()
         super().close()
 
     def _replacing(self, cur: Cursor, tf: TableFlush) -> list[InsertRun]:
