@@ -164,7 +164,12 @@ class SideLoader:
     ``connect`` opens a set-up connection (autocommit off); ``load(cursor,
     table)`` loads one table's READ runs with REPLACE.  ``start`` begins a
     load and returns at once; ``finish`` waits for it to have committed,
-    and returns its error, if any (the connection is then dropped)."""
+    and returns its error, if any (the connection is then dropped).
+    sidexa.py's ``XaSide`` is the same with an XA transaction kept open."""
+
+    thread_name = "cynomys-side-load"
+    #: ROLLBACK before closing a dropped connection (an XA one refuses it).
+    rollback_on_drop = True
 
     def __init__(self, connect: Callable[[], Any], load: Callable[[Any, TableFlush], None]) -> None:
         self._connect = connect
@@ -177,7 +182,7 @@ class SideLoader:
     def start(self, tables: list[TableFlush]) -> None:
         assert self._running is None, "one side load at a time"
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="cynomys-side-load")
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix=self.thread_name)
         self._running = self._pool.submit(self._run, tables)
 
     def _run(self, tables: list[TableFlush]) -> None:
@@ -189,16 +194,24 @@ class SideLoader:
             with conn.cursor() as cur:
                 for sql in SIDE_SESSION_SQL if fresh else ():
                     cur.execute(sql)
+                self._begin(conn, cur)
                 for tf in tables:
                     self._load(cur, tf)
-            conn.commit()
+            self._end(conn)
         except BaseException:
             self._drop()
             raise
         self.rows += sum(tf.rows for tf in tables)
 
+    def _begin(self, conn: Any, cur: Any) -> None:
+        """Before a load's statements (a transaction begins by itself)."""
+
+    def _end(self, conn: Any) -> None:
+        """After a load's statements: it commits."""
+        conn.commit()
+
     def finish(self) -> BaseException | None:
-        """Wait for the running load; its error, or None once it committed."""
+        """Wait for the running load; its error, or None once it is done."""
         running, self._running = self._running, None
         return None if running is None else running.exception()
 
@@ -206,13 +219,14 @@ class SideLoader:
         conn, self._conn = self._conn, None
         if conn is None:
             return
-        try:
-            conn.rollback()
-        except Exception as exc:  # the server rolls back when the connection goes
-            log.debug("rolling back a side load: %s", exc)
+        if self.rollback_on_drop:
+            try:
+                conn.rollback()
+            except Exception as exc:  # the server rolls back when the connection goes
+                log.debug("rolling back a side load: %s", exc)
         try:
             conn.close()
-        except Exception as exc:  # already gone
+        except Exception as exc:  # already gone: the server rolled back what was active
             log.debug("closing the side load's connection: %s", exc)
 
     def close(self) -> None:

@@ -39,14 +39,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import pymysql
 
 from cynomys.applier.targets.base import TableFlush
-from cynomys.applier.targets.columnstore.beside import SIDE_SESSION_SQL, cut
+from cynomys.applier.targets.columnstore.beside import SideLoader, Split, cut
 from cynomys.core.errors import TargetRejectedError
 from cynomys.core.model import Op
 
@@ -68,16 +67,6 @@ def producer_tag(producer_id: str) -> str:
 
 def new_xid(producer_id: str) -> str:
     return f"{PREFIX}{producer_tag(producer_id)}-{uuid.uuid4().hex[:24]}"
-
-
-@dataclass
-class Split:
-    kept: list[TableFlush]
-    side: list[TableFlush]
-
-    @property
-    def side_rows(self) -> int:
-        return sum(tf.rows for tf in self.side)
 
 
 def loads_beside(tf: TableFlush) -> bool:
@@ -117,67 +106,45 @@ def split(tables: list[TableFlush], min_rows: int) -> Split:
     return Split(kept, side)
 
 
-class XaSide:
+class XaSide(SideLoader):
     """The second connection, its XA transaction and the thread that loads on it.
 
-    ``connect`` opens a set-up connection; ``load(cursor, table)`` loads a
-    table's READ runs.  ``start`` begins a load (the first one also the XA
-    transaction) and returns at once; ``finish`` waits for it and returns its
-    error, if any (the XA transaction is then gone: the caller rolls the open
-    transaction back).  ``prepare`` before the open transaction commits,
-    ``commit`` after; ``abandon`` when it rolls back."""
+    ``start`` begins a load (the first one also the XA transaction) and
+    returns at once; ``finish`` waits for it and returns its error, if any
+    (the XA transaction is then gone: the caller rolls the open transaction
+    back).  ``prepare`` before the open transaction commits, ``commit``
+    after; ``abandon`` when it rolls back.  ``rows``: in the XA transaction."""
+
+    thread_name = "cynomys-xa-side"
+    rollback_on_drop = False  # (a prepared XA transaction must outlive the connection)
 
     def __init__(self, connect: Callable[[], Any], load: Callable[[Any, TableFlush], None]) -> None:
-        self._connect = connect
-        self._load = load
-        self._conn: Any = None
-        self._pool: ThreadPoolExecutor | None = None
-        self._running: Future[None] | None = None
+        super().__init__(connect, load)
         self.xid: str | None = None       # the XA transaction of the open transaction, if any
         self._begun = False                # XA START sent for it
         self.prepared = False
         self.tables: set[tuple[str, str]] = set()  # tables it holds rows of
-        self.rows = 0                      # in the XA transaction
         self.committed_rows = 0            # loaded beside and committed, in all
 
     @property
     def active(self) -> bool:
         return self.xid is not None
 
-    def start(self, producer_id: str, tables: list[TableFlush]) -> None:
-        assert self._running is None, "one side load at a time"
+    def start_for(self, producer_id: str, tables: list[TableFlush]) -> None:
         assert not self.prepared, "no load into a prepared XA transaction"
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="cynomys-xa-side")
         if self.xid is None:
             self.xid = new_xid(producer_id)
         self.tables.update((tf.schema.database, tf.schema.table) for tf in tables)
-        self._running = self._pool.submit(self._run, self.xid, tables)
+        self.start(tables)
 
-    def _run(self, xid: str, tables: list[TableFlush]) -> None:
-        try:
-            if self._conn is None:
-                self._conn = self._connect()
-                with self._conn.cursor() as cur:
-                    for sql in SIDE_SESSION_SQL:
-                        cur.execute(sql)
-                self._conn.commit()  # XA START needs a session outside any transaction
-            if not self._begun:
-                with self._conn.cursor() as cur:
-                    cur.execute("XA START %s", (xid,))
-                self._begun = True
-            with self._conn.cursor() as cur:
-                for tf in tables:
-                    self._load(cur, tf)
-        except BaseException:
-            self._begun = False
-            self._drop()  # the server rolls the active XA transaction back
-            raise
-        self.rows += sum(tf.rows for tf in tables)
+    def _begin(self, conn: Any, cur: Any) -> None:
+        if not self._begun:
+            conn.commit()  # XA START needs a session outside any transaction
+            cur.execute("XA START %s", (self.xid,))
+            self._begun = True
 
-    def finish(self) -> BaseException | None:
-        running, self._running = self._running, None
-        return None if running is None else running.exception()
+    def _end(self, conn: Any) -> None:
+        """The XA transaction stays active for the next parts."""
 
     def prepare(self) -> str:
         """End and prepare the XA transaction (durable from here); its XID,
@@ -225,25 +192,17 @@ class XaSide:
         self._forget(drop=True)
 
     def _forget(self, drop: bool) -> None:
-        self.xid, self.prepared, self._begun, self.rows = None, False, False, 0
+        self.xid, self.prepared, self.rows = None, False, 0
         self.tables = set()
         if drop:
             self._drop()
 
     def _drop(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        try:
-            conn.close()
-        except Exception as exc:  # already gone: the server rolled back what was active
-            log.debug("closing the XA side load's connection: %s", exc)
+        self._begun = False  # the connection's XA transaction goes with it (a prepared one stays)
+        super()._drop()
 
     def close(self) -> None:
-        self.finish()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        super().close()
         self.abandon()
 
 

@@ -675,7 +675,7 @@ class ColumnStoreTarget(SqlTarget):
         plan = sidexa.split(flush.tables, self.beside_rows) if self._xa_on else None
         if not plan or not plan.side:
             return super()._part_tables(cur, flush)
-        self.xa.start(flush.state.producer_id, plan.side)
+        self.xa.start_for(flush.state.producer_id, plan.side)
         try:
             super()._part_tables(cur, replace(flush, tables=plan.kept))
         finally:
