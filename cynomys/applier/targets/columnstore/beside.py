@@ -92,30 +92,40 @@ def split(tables: list[TableFlush], replaces: Callable[[TableFlush], bool], min_
         if taken >= want or not _comparable(tf) or not any(r.op is Op.READ for r in tf.runs) or not replaces(tf):
             kept.append(tf)
             continue
-        busy = _busy(tf)
-        away: list[InsertRun] = []
-        stay: list[InsertRun] = []
-        prefix = True  # a later READ run of a key must load after an earlier one: the side's end where one stays
-        for run in tf.runs:
-            if run.op is not Op.READ:
-                stay.append(run)
-                continue
-            if prefix and taken < want:
-                head, tail = cut(run, want - taken)  # a flush is often one chunk: it is shared, not given
-                if not busy or busy.isdisjoint(_live_first_keys(head)):
-                    away.append(head)
-                    taken += head.rows
-                    if tail is None:
-                        continue
-                    run = tail
-            prefix = False
-            stay.append(run)
+        away, stay = prefix(tf.runs, want - taken, _busy(tf))
+        taken += sum(r.rows for r in away)
         if away:
             side.append(TableFlush(tf.schema, runs=away))
             kept.append(replace(tf, runs=stay))
         else:
             kept.append(tf)
     return Split(kept, side)
+
+
+def prefix(runs: list[InsertRun], rows: int, busy: set[Value]) -> tuple[list[InsertRun], list[InsertRun]]:
+    """A table's READ runs from the start, up to ``rows`` rows (a run cut
+    where they end) and while their first key column shares no value with
+    ``busy`` (empty: nothing to compare), and the runs that stay (its other
+    runs among them): (away, stay)."""
+    away: list[InsertRun] = []
+    stay: list[InsertRun] = []
+    taken = 0
+    open_ = True  # a later READ run of a key must load after an earlier one: the side's end where one stays
+    for run in runs:
+        if run.op is not Op.READ:
+            stay.append(run)
+            continue
+        if open_ and taken < rows:
+            head, tail = cut(run, rows - taken)  # a flush is often one chunk: it is shared, not given
+            if not busy or busy.isdisjoint(_live_first_keys(head)):
+                away.append(head)
+                taken += head.rows
+                if tail is None:
+                    continue
+                run = tail
+        open_ = False
+        stay.append(run)
+    return away, stay
 
 
 def cut(run: InsertRun, rows: int) -> tuple[InsertRun, InsertRun | None]:

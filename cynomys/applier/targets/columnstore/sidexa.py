@@ -45,7 +45,7 @@ from typing import Any, Callable, Sequence
 import pymysql
 
 from cynomys.applier.targets.base import TableFlush
-from cynomys.applier.targets.columnstore.beside import SideLoader, Split, cut
+from cynomys.applier.targets.columnstore.beside import SideLoader, Split, prefix
 from cynomys.core.errors import TargetRejectedError
 from cynomys.core.model import Op
 
@@ -90,16 +90,8 @@ def split(tables: list[TableFlush], min_rows: int) -> Split:
         if taken >= want or not loads_beside(tf):
             kept.append(tf)
             continue
-        away, stay = [], []
-        for run in tf.runs:
-            if taken < want:
-                head, tail = cut(run, want - taken)
-                away.append(head)
-                taken += head.rows
-                if tail is not None:
-                    stay.append(tail)
-            else:
-                stay.append(run)
+        away, stay = prefix(tf.runs, want - taken, set())  # (keyless: no key to compare)
+        taken += sum(r.rows for r in away)
         side.append(TableFlush(tf.schema, runs=away))
         if stay:
             kept.append(replace(tf, runs=stay))

@@ -129,6 +129,12 @@ URL_OPTIONS = {
 }
 
 
+def _given_back(failed: BaseException) -> bool:
+    """A side load's failure that gives its rows back (``GIVEN_BACK``)."""
+    code = failed.args[0] if failed.args and isinstance(failed.args[0], int) else 0
+    return isinstance(failed, pymysql.err.Error) and code in GIVEN_BACK
+
+
 def _flag(options: dict[str, str], key: str, default: bool) -> bool:
     value = options.get(key)
     if value is None:
@@ -413,7 +419,7 @@ class ColumnStoreTarget(SqlTarget):
         cur.fetchall()
 
     def _write_state(self, cur: Cursor, state: AppliedState) -> None:
-        if self.xa.active and self.open_transaction and cur.connection is self._open_conn:
+        if self.xa.active and cur.connection is self._open_conn:
             # The open transaction commits with the XID of the rows loaded
             # beside it (sidexa.py): recovery commits them if, and only if,
             # this commit happened.
@@ -609,8 +615,7 @@ class ColumnStoreTarget(SqlTarget):
         if failed is None:
             log.debug("loaded %d snapshot rows beside the flush", plan.side_rows)
             return
-        code = failed.args[0] if failed.args and isinstance(failed.args[0], int) else 0
-        if not (isinstance(failed, pymysql.err.Error) and code in GIVEN_BACK):
+        if not _given_back(failed):
             raise failed
         # Locked out (by this flush, which waits for it) or refused LOCAL
         # INFILE: the flush loads the rows itself.
@@ -683,8 +688,7 @@ class ColumnStoreTarget(SqlTarget):
         if failed is None:
             log.debug("loaded %d snapshot rows beside the part (XA %s)", plan.side_rows, self.xa.xid)
             return
-        code = failed.args[0] if failed.args and isinstance(failed.args[0], int) else 0
-        if not (isinstance(failed, pymysql.err.Error) and code in GIVEN_BACK):
+        if not _given_back(failed):
             raise failed
         # Locked out or refused LOCAL INFILE: the rows of the earlier parts
         # went with the side's XA transaction, so the whole transaction is
