@@ -583,22 +583,20 @@ def _read_name(tokens: list[Token], i: int, db: str) -> tuple[TableRef, int]:
 
 
 def _rename_table(rest: str, db: str) -> list[DdlOp]:
-    """'TABLE [IF EXISTS] a TO b [, c TO d ...]' (MariaDB allows WAIT n/NOWAIT)."""
+    """'TABLE[S] [IF EXISTS] a [WAIT n | NOWAIT] TO b [, c TO d ...]' (MariaDB's
+    form; WAIT/NOWAIT follows the first name)."""
     toks = _tokens(rest)
-    words = [t.text.upper() for t in toks]
-    if not words or words[0] != "TABLE":
+    words = _words(toks) + [""]  # a table named `wait` is not the keyword; one past the end
+    if words[0] not in ("TABLE", "TABLES"):
         raise ValueError("only RENAME TABLE is replicated")
     i = 1
     if words[i:i + 2] == ["IF", "EXISTS"]:
         i += 2
-    if i < len(words) and words[i] == "NOWAIT":
-        i += 1
-    elif i < len(words) and words[i] == "WAIT":
-        i += 2
     pairs = []
     while True:
         old, i = _read_name(toks, i, db)
-        if i >= len(words) or words[i] != "TO":
+        i += {"NOWAIT": 1, "WAIT": 2}.get(words[i], 0)
+        if words[i] != "TO":
             raise ValueError("expected TO in RENAME TABLE")
         new, i = _read_name(toks, i + 1, db)
         pairs.append((old, new))
@@ -633,7 +631,9 @@ def _command(node: exp.Command, db: str) -> list[DdlOp]:
 # --------------------------------------------------------------------------
 # Rewrites before parsing
 # --------------------------------------------------------------------------
-_RENAME = re.compile(r"^\s*(?:/\*.*?\*/\s*)*RENAME\s+(?=TABLE\b)", re.IGNORECASE | re.DOTALL)
+_RENAME = re.compile(r"^\s*(?:/\*.*?\*/\s*)*RENAME\s+(?=TABLES?\b)", re.IGNORECASE | re.DOTALL)
+#: DROP TABLES: MariaDB's and MySQL's synonym of DROP TABLE, which sqlglot reads.
+_DROP_TABLES = re.compile(r"^(\s*(?:/\*.*?\*/\s*)*DROP\s+(?:TEMPORARY\s+)?TABLE)S\b", re.IGNORECASE | re.DOTALL)
 _ALTER_MODIFIERS = re.compile(r"^(\s*(?:/\*.*?\*/\s*)*ALTER)\s+(?:(?:ONLINE|IGNORE)\s+)+(?=TABLE\b)",
                               re.IGNORECASE | re.DOTALL)
 #: ALTER TABLE partition clauses: those that drop or move rows without row
@@ -647,22 +647,24 @@ def _rewrite_alter(sql: str) -> str:
     """Spell three ALTER TABLE forms sqlglot cannot parse the way it can:
     'ADD [COLUMN] (a INT, b INT)' -> 'ADD COLUMN a INT, ADD COLUMN b INT',
     'RENAME AS t2' -> 'RENAME TO t2' and 'ADD CHECK (..)' -> 'ADD
-    CONSTRAINT CHECK (..)'."""
+    CONSTRAINT CHECK (..)'.  Only keywords count: a quoted name or a string
+    (`` CHANGE `rename` `as` INT ``) is never one."""
     toks = _tokens(sql)
+    words = _words(toks) + [""]  # one past the end: no keyword follows the last token
     edits: list[tuple[int, int, str]] = []  # (start, end exclusive, replacement)
     depth, i = 0, 0
     while i < len(toks):
-        t, up = toks[i], toks[i].text.upper()
+        t, up = toks[i], words[i]
         if t.token_type is TokenType.L_PAREN:
             depth += 1
         elif t.token_type is TokenType.R_PAREN:
             depth -= 1
-        elif depth == 0 and up == "RENAME" and i + 1 < len(toks) and toks[i + 1].text.upper() == "AS":
+        elif depth == 0 and up == "RENAME" and words[i + 1] == "AS":
             edits.append((toks[i + 1].start, toks[i + 1].end + 1, "TO"))
-        elif depth == 0 and up == "ADD" and i + 1 < len(toks) and toks[i + 1].text.upper() == "CHECK":
+        elif depth == 0 and up == "ADD" and words[i + 1] == "CHECK":
             edits.append((toks[i + 1].start, toks[i + 1].start, "CONSTRAINT "))  # sqlglot reads it named or not
         elif depth == 0 and up == "ADD":
-            j = i + 2 if i + 1 < len(toks) and toks[i + 1].text.upper() == "COLUMN" else i + 1
+            j = i + 2 if words[i + 1] == "COLUMN" else i + 1
             if j < len(toks) and toks[j].token_type is TokenType.L_PAREN:
                 level, pieces, start = 0, [], toks[j].end + 1
                 for k in range(j, len(toks)):
@@ -830,7 +832,7 @@ def _is_partition_clause(toks: list[Token], i: int) -> bool:
         return False
     word = " ".join(t.text.upper().split())
     if word == "PARTITIONING":
-        return i > 0 and toks[i - 1].text.upper() == "REMOVE"
+        return i > 0 and _words(toks[i - 1:i]) == ["REMOVE"]
     return word in ("PARTITION", "PARTITION BY")
 
 
@@ -848,7 +850,7 @@ def _strip_partitioning(sql: str) -> tuple[str, bool]:
         elif t.token_type is TokenType.R_PAREN:
             depth -= 1
         elif depth == 0 and _is_partition_clause(toks, i):
-            prev = toks[i - 1].text.upper() if i else ""
+            prev = _words(toks[i - 1:i])[0] if i else ""  # COMMENT 'drop' PARTITION BY: not DROP PARTITION
             if prev in _PARTITION_DATA_LOSS:
                 raise ValueError(f"{prev} PARTITION removes or moves rows without logging them, so the target "
                                  "would keep them (skip it, then re-snapshot the table)")
@@ -877,7 +879,7 @@ def _parse(sql: str, db: str) -> list[DdlOp]:
     rename = _RENAME.match(sql)
     if rename:  # sqlglot has no RENAME TABLE: read it from the tokens
         return _rename_table(sql[rename.end():], db)
-    text = _ALTER_MODIFIERS.sub(r"\1 ", sql)
+    text = _DROP_TABLES.sub(r"\1", _ALTER_MODIFIERS.sub(r"\1 ", sql))
     partitioned = False
     if re.match(r"^\s*(?:/\*.*?\*/\s*)*(CREATE|ALTER)\b", text, re.IGNORECASE | re.DOTALL):
         text, partitioned = _strip_partitioning(text)

@@ -167,7 +167,7 @@ QUERY_RULES: tuple[QueryRule, ...] = (
     # logs their rows, so their DDL is not replicated either.
     QueryRule(_rx("(?:CREATE|DROP)\\s+(?:OR\\s+REPLACE\\s+)?TEMPORARY"), Basic.INFO),
     QueryRule(_rx("CREATE\\s+(?:OR\\s+REPLACE\\s+)?TABLE|ALTER\\s+(?:ONLINE\\s+|IGNORE\\s+)*TABLE"
-                  "|DROP\\s+TABLE|RENAME\\s+TABLE|TRUNCATE|CREATE\\s+(?:OR\\s+REPLACE\\s+)?(?:DATABASE|SCHEMA)"
+                  "|DROP\\s+TABLES?|RENAME\\s+TABLES?|TRUNCATE|CREATE\\s+(?:OR\\s+REPLACE\\s+)?(?:DATABASE|SCHEMA)"
                   "|DROP\\s+(?:DATABASE|SCHEMA)|ALTER\\s+(?:DATABASE|SCHEMA)"
                   "|CREATE\\s+(?:OR\\s+REPLACE\\s+)?(?:UNIQUE\\s+|FULLTEXT\\s+|SPATIAL\\s+)?INDEX|DROP\\s+INDEX"),
               Basic.DDL),

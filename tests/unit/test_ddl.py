@@ -161,8 +161,32 @@ def test_drop_rename_truncate() -> None:
     assert one("/* c */ rename table if exists a to b", db="d") == RenameTable(((("d", "a"), ("d", "b")),))
     assert one("ALTER TABLE a RENAME TO other.b", db="d") == RenameTable(((("d", "a"), ("other", "b")),))
     assert one("ALTER TABLE a RENAME AS b", db="d") == RenameTable(((("d", "a"), ("d", "b")),))
+    # MariaDB's forms: TABLES, WAIT n / NOWAIT after a name.
+    assert one("RENAME TABLES a WAIT 3 TO b, c NOWAIT TO other.d", db="d") == RenameTable(
+        ((("d", "a"), ("d", "b")), (("d", "c"), ("other", "d"))))
+    assert one("DROP TABLES IF EXISTS a, other.b", db="d") == DropTable((("d", "a"), ("other", "b")), True)
+    with pytest.raises(UnsupportedDdl, match="expected TO"):
+        parse_ddl("RENAME TABLE a b", "d")
     assert one("TRUNCATE TABLE other.t") == Truncate("other", "t")
     assert one("truncate t", db="d") == Truncate("d", "t")
+
+
+def test_quoted_names_and_strings_are_never_keywords() -> None:
+    # A column named `rename` renamed to `as` was once read as RENAME AS
+    # (the column became "TO" on the target), and `add` then `check` as ADD
+    # CHECK (refused); a table named `nowait` as RENAME TABLE's NOWAIT, a
+    # COMMENT 'drop' before PARTITION BY as DROP PARTITION (refused).
+    assert parse_ddl("ALTER TABLE t CHANGE `rename` `as` INT", "d") == [
+        RenameColumn("d", "t", "rename", "as"), ModifyColumn("d", "t", ColumnDef("as", "int", True))]
+    assert parse_ddl("ALTER TABLE t CHANGE `add` `check` INT", "d")[0] == RenameColumn("d", "t", "add", "check")
+    assert parse_ddl("ALTER TABLE t ADD COLUMN `column` INT", "d")[0].column.name == "column"  # type: ignore[union-attr]
+    assert one("RENAME TABLE `nowait` TO b, `wait` TO c", db="d") == RenameTable(
+        ((("d", "nowait"), ("d", "b")), (("d", "wait"), ("d", "c"))))
+    ops = parse_ddl("CREATE TABLE t (a INT) COMMENT 'drop' PARTITION BY HASH(a) PARTITIONS 2", "d")
+    assert [type(op) for op in ops] == [CreateTable, NoOp]
+    # The keywords themselves still count, in any case.
+    assert one("alter table a rename as b", db="d") == RenameTable(((("d", "a"), ("d", "b")),))
+    assert [type(op) for op in parse_ddl("alter table t add (a INT, `b` INT)", "d")] == [AddColumn, AddColumn]
 
 
 # --------------------------------------------------------------------------
