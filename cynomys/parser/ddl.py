@@ -69,6 +69,7 @@ from cynomys.parser.ddl_ops import (
     _shorten,
     implicit_fill,
 )
+from cynomys.parser.kinds import statement_of
 
 log = logging.getLogger(__name__)
 
@@ -619,6 +620,10 @@ def _command(node: exp.Command, db: str) -> list[DdlOp]:
         return [NoOp("ALTER DATABASE changes defaults only")]
     if word == "CREATE" and re.match(r"^\s*(FULLTEXT|SPATIAL|VECTOR)\s+(INDEX|KEY)\b", rest, re.IGNORECASE):
         return [NoOp("an index changes no rows")]  # and no target builds these alike
+    tablespace = re.match(r"^\s*TABLE\s+\S+\s+(DISCARD|IMPORT)\s+TABLESPACE\s*$", rest, re.IGNORECASE)
+    if word == "ALTER" and tablespace:
+        raise ValueError(f"{tablespace.group(1).upper()} TABLESPACE removes or brings the table's rows without "
+                         "logging them, so the target would not follow (skip it, then re-snapshot the table)")
     if word == "ALTER" and re.match(r"^\s*TABLE\s+\S+\s+(DISABLE|ENABLE)\s+KEYS\s*$", rest, re.IGNORECASE):
         return [NoOp("DISABLE/ENABLE KEYS changes no rows")]
     m = _CONVERT.match(rest.strip()) if word == "ALTER" else None
@@ -876,6 +881,7 @@ def parse_ddl(sql: str, default_database: str) -> list[DdlOp]:
 
 
 def _parse(sql: str, db: str) -> list[DdlOp]:
+    sql = statement_of(sql)  # SET STATEMENT ... FOR <the DDL>
     rename = _RENAME.match(sql)
     if rename:  # sqlglot has no RENAME TABLE: read it from the tokens
         return _rename_table(sql[rename.end():], db)

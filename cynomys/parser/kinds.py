@@ -179,7 +179,51 @@ QUERY_RULES: tuple[QueryRule, ...] = (
 
 
 def classify_query(sql: str) -> QueryRule:
+    sql = statement_of(sql)
     for rule in QUERY_RULES:
         if rule.pattern.match(sql):
             return rule
     raise AssertionError("QUERY_RULES ends with a catch-all")
+
+
+#: MariaDB's ``SET STATEMENT var = value [, ...] FOR <statement>``: the binlog
+#: keeps the prefix, and the statement after FOR is what ran (``SET STATEMENT
+#: lock_wait_timeout = 5 FOR ALTER TABLE ...`` is the usual way to bound an
+#: ALTER's metadata lock wait; read as a SET, it was skipped).
+_SET_STATEMENT = re.compile(r"^\s*(?:/\*.*?\*/\s*)*SET\s+STATEMENT\b", re.IGNORECASE | re.DOTALL)
+_QUOTES = frozenset("'\"`")
+
+
+def statement_of(sql: str) -> str:
+    """``sql`` without a leading ``SET STATEMENT ... FOR`` (else ``sql``
+    itself): the first FOR outside quotes, comments and parentheses ends the
+    prefix (a value may be a string holding 'FOR')."""
+    head = _SET_STATEMENT.match(sql)
+    if head is None:
+        return sql
+    i, depth, n = head.end(), 0, len(sql)
+    while i < n:
+        ch = sql[i]
+        if ch in _QUOTES:
+            i += 1
+            while i < n and sql[i] != ch:
+                i += 2 if sql[i] == "\\" and ch != "`" else 1
+            i += 1  # past the closing quote (a doubled quote reopens: the same string)
+            continue
+        if sql.startswith("/*", i):
+            end = sql.find("*/", i + 2)
+            i = n if end < 0 else end + 2
+            continue
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif (depth == 0 and ch in "fF" and sql[i:i + 3].upper() == "FOR" and not _word_char(sql, i - 1)
+              and not _word_char(sql, i + 3)):
+            return sql[i + 3:].lstrip()
+        i += 1
+    return sql  # no FOR: not a statement MariaDB would have run
+
+
+def _word_char(sql: str, i: int) -> bool:
+    return 0 <= i < len(sql) and (sql[i].isalnum() or sql[i] in "_$")

@@ -9,7 +9,8 @@ NOT EXISTS``), descending key parts, spatial subtypes, ``WAIT``/``NOWAIT``
 after a table, ``DISABLE KEYS``, a ``BIT`` column added with a ``b'...'``
 default, and ``CREATE OR REPLACE DATABASE`` (which drops the database's
 tables first: the target must too).  ``RENAME TABLES`` and ``DROP TABLES``
-(read as statements that change nothing, skipped), quoted column names that
+(read as statements that change nothing, skipped), a DDL behind MariaDB's
+``SET STATEMENT ... FOR`` (read as a SET, skipped), quoted column names that
 spell keywords (`` CHANGE `rename` `as` `` made a column ``TO``).
 
 MariaDB's ``COMPRESSED`` columns: a table with one made the library raise a
@@ -82,6 +83,10 @@ STATEMENTS = [
     "INSERT INTO app.r1 VALUES (3, 30, 300)",
     "RENAME TABLES app.r1 WAIT 3 TO app.r2",
     "UPDATE app.r2 SET `as` = `as` + 1 WHERE id = 1",
+    # MariaDB logs the SET STATEMENT prefix with the statement (read as a SET
+    # and skipped once: the column never came to the target).
+    "SET STATEMENT lock_wait_timeout = 5, max_statement_time = 0 FOR ALTER TABLE app.r2 ADD COLUMN z INT DEFAULT 7",
+    "INSERT INTO app.r2 VALUES (4, 40, 400, 8)",
     "CREATE TABLE app.gone2 (id INT PRIMARY KEY) COMMENT 'drop' PARTITION BY HASH(id) PARTITIONS 2",
     "INSERT INTO app.gone2 VALUES (1)",
     "DROP TABLES app.gone2",
@@ -92,7 +97,7 @@ QUERIES = {
     "app.t2": "SELECT id, v FROM app.t2 ORDER BY id",
     "scratch.s": "SELECT * FROM scratch.s ORDER BY id",
     "other.z": "SELECT * FROM other.z ORDER BY id",
-    "app.r2": "SELECT id, `as`, `check` FROM app.r2 ORDER BY id",
+    "app.r2": "SELECT id, `as`, `check`, z FROM app.r2 ORDER BY id",
 }
 
 

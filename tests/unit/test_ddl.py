@@ -146,7 +146,8 @@ def test_partitioning_is_storage_only() -> None:
         AddColumn("d", "partitions", ColumnDef("partitioning", "int")),
         DropColumn("d", "partitions", "partition")]
     for sql in ("ALTER TABLE t DROP PARTITION p0", "ALTER TABLE t TRUNCATE PARTITION p0, p1",
-                "ALTER TABLE t EXCHANGE PARTITION p0 WITH TABLE t2"):
+                "ALTER TABLE t EXCHANGE PARTITION p0 WITH TABLE t2", "ALTER TABLE t IMPORT TABLESPACE",
+                "alter table d.t discard tablespace"):
         with pytest.raises(UnsupportedDdl, match="without logging"):
             parse_ddl(sql, "d")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from pymysqlreplication.constants import BINLOG
 
-from cynomys.parser.kinds import KINDS, QUERY_RULES, Basic, classify_query, kind_of
+from cynomys.parser.kinds import KINDS, QUERY_RULES, Basic, classify_query, kind_of, statement_of
 
 
 def test_every_kind_the_library_knows_is_in_the_table() -> None:
@@ -68,4 +68,27 @@ def test_unknown_kind_halts() -> None:
     ("GRANT ALL ON *.* TO u", Basic.INFO), ("FLUSH PRIVILEGES", Basic.INFO), ("CREATE USER u", Basic.INFO),
 ])
 def test_query_rules(sql: str, basic: Basic) -> None:
+    assert classify_query(sql).basic is basic
+
+
+@pytest.mark.parametrize("sql,rest", [
+    ("SET STATEMENT lock_wait_timeout=5 FOR ALTER TABLE t ADD c INT", "ALTER TABLE t ADD c INT"),
+    ("/* c */ set statement a='FOR x', b=\"it's\" for drop tables t", "drop tables t"),
+    ("SET STATEMENT a=(SELECT 1 FOR UPDATE) FOR CREATE TABLE x (a int)", "CREATE TABLE x (a int)"),
+    ("SET STATEMENT a='x\\'FOR', b='y''FOR' /* FOR */ FOR TRUNCATE t", "TRUNCATE t"),
+    ("SET STATEMENT `for`=1 FOR RENAME TABLE a TO b", "RENAME TABLE a TO b"),
+    ("SET STATEMENT a=1 FORCE", "SET STATEMENT a=1 FORCE"),  # no FOR: as it is
+    ("SET @a = 1", "SET @a = 1"),
+])
+def test_set_statement_prefix(sql: str, rest: str) -> None:
+    assert statement_of(sql) == rest
+
+
+@pytest.mark.parametrize("sql,basic", [
+    ("SET STATEMENT lock_wait_timeout=5 FOR ALTER TABLE t ADD c INT", Basic.DDL),
+    ("SET STATEMENT max_statement_time=1 FOR INSERT INTO t VALUES (1)", Basic.HALT),
+    ("SET STATEMENT a=1 FOR CREATE TEMPORARY TABLE x (a int)", Basic.INFO),
+    ("SET sql_mode = 'FOR'", Basic.INFO),
+])
+def test_a_statement_behind_set_statement_is_sorted_as_itself(sql: str, basic: Basic) -> None:
     assert classify_query(sql).basic is basic
