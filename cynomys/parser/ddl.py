@@ -767,7 +767,9 @@ def _rewrite_storage_words(sql: str) -> str:
     part's ``ASC``/``DESC`` (descending indexes, MariaDB 10.8+, MySQL 8),
     MariaDB's column ``COMPRESSED[=zlib]``, ``DATA|INDEX DIRECTORY = '...'``,
     ``WAIT n``/``NOWAIT`` after the table (MariaDB), a spatial column's
-    ``SRID n`` (MySQL 8); a spatial subtype (``POINT``...) reads as GEOMETRY.
+    ``SRID n`` (MySQL 8), ``NATIONAL`` before a text type, ``IF EXISTS``
+    after ``CHANGE|MODIFY [COLUMN]`` (MariaDB); a spatial subtype
+    (``POINT``...) reads as GEOMETRY.
     A column named like one of them is left alone: each word is taken
     where only the keyword can stand."""
     toks = _tokens(sql)
@@ -806,6 +808,15 @@ def _rewrite_storage_words(sql: str) -> str:
             # ALTER TABLE t WAIT n ...; DROP TABLE a, b NOWAIT; TRUNCATE t WAIT n
             edits.append((t.start, toks[i + (up == "WAIT")].end + 1, ""))
         elif up == "SRID" and kinds[i + 1:i + 2] == [TokenType.NUMBER]:
+            edits.append((t.start, toks[i + 1].end + 1, ""))
+        elif up == "NATIONAL" and nxt.split(" ")[0] in ("CHAR", "VARCHAR", "CHARACTER"):  # CHARACTER VARYING: one token
+            # NATIONAL VARCHAR(n): utf8 text, which any target's text holds.
+            edits.append((t.start, t.end + 1, ""))
+        elif depth == 0 and up == "IF" and nxt == "EXISTS" and i >= 2 and (
+                words[i - 1] in ("CHANGE", "MODIFY") or words[i - 2:i] in (["CHANGE", "COLUMN"], ["MODIFY", "COLUMN"])):
+            # CHANGE|MODIFY [COLUMN] IF EXISTS (MariaDB): the column is the
+            # source's, so the target's mirror has it too (a column on
+            # neither side stops the applier naming the statement).
             edits.append((t.start, toks[i + 1].end + 1, ""))
         elif up in _SPATIAL_SUBTYPES and i >= 2 and kinds[i - 1] in (TokenType.VAR, TokenType.IDENTIFIER) \
                 and nxt in _AFTER_TYPE and (words[i - 2] in _COLUMN_STARTS or toks[i - 2].text in _COLUMN_STARTS

@@ -11,7 +11,8 @@ default, and ``CREATE OR REPLACE DATABASE`` (which drops the database's
 tables first: the target must too).  ``RENAME TABLES`` and ``DROP TABLES``
 (read as statements that change nothing, skipped), a DDL behind MariaDB's
 ``SET STATEMENT ... FOR`` (read as a SET, skipped), quoted column names that
-spell keywords (`` CHANGE `rename` `as` `` made a column ``TO``).
+spell keywords (`` CHANGE `rename` `as` `` made a column ``TO``); ``CHANGE|MODIFY
+[COLUMN] IF EXISTS`` and ``NATIONAL VARCHAR`` (refused as unparsable).
 
 MariaDB's ``COMPRESSED`` columns: a table with one made the library raise a
 ValueError from inside its TABLE_MAP parse -- the producer died with a
@@ -87,6 +88,10 @@ STATEMENTS = [
     # and skipped once: the column never came to the target).
     "SET STATEMENT lock_wait_timeout = 5, max_statement_time = 0 FOR ALTER TABLE app.r2 ADD COLUMN z INT DEFAULT 7",
     "INSERT INTO app.r2 VALUES (4, 40, 400, 8)",
+    # MariaDB's IF EXISTS after CHANGE/MODIFY, and NATIONAL text types (refused as unparsable before).
+    "ALTER TABLE app.r2 CHANGE COLUMN IF EXISTS `check` chk BIGINT, MODIFY IF EXISTS z INT DEFAULT 7, "
+    "ADD COLUMN n NATIONAL VARCHAR(10)",
+    "INSERT INTO app.r2 (id, `as`, chk, z, n) VALUES (5, 50, 500, 9, 'ñ')",
     "CREATE TABLE app.gone2 (id INT PRIMARY KEY) COMMENT 'drop' PARTITION BY HASH(id) PARTITIONS 2",
     "INSERT INTO app.gone2 VALUES (1)",
     "DROP TABLES app.gone2",
@@ -97,7 +102,7 @@ QUERIES = {
     "app.t2": "SELECT id, v FROM app.t2 ORDER BY id",
     "scratch.s": "SELECT * FROM scratch.s ORDER BY id",
     "other.z": "SELECT * FROM other.z ORDER BY id",
-    "app.r2": "SELECT id, `as`, `check`, z FROM app.r2 ORDER BY id",
+    "app.r2": "SELECT id, `as`, chk, z, n FROM app.r2 ORDER BY id",
 }
 
 

@@ -185,6 +185,13 @@ def test_quoted_names_and_strings_are_never_keywords() -> None:
         ((("d", "nowait"), ("d", "b")), (("d", "wait"), ("d", "c"))))
     ops = parse_ddl("CREATE TABLE t (a INT) COMMENT 'drop' PARTITION BY HASH(a) PARTITIONS 2", "d")
     assert [type(op) for op in ops] == [CreateTable, NoOp]
+    # MariaDB's IF EXISTS after CHANGE/MODIFY [COLUMN], and NATIONAL text (a column may be named so).
+    assert parse_ddl("ALTER TABLE t CHANGE COLUMN IF EXISTS a b INT, MODIFY IF EXISTS c BIGINT", "d") == [
+        RenameColumn("d", "t", "a", "b"), ModifyColumn("d", "t", ColumnDef("b", "int", True)),
+        ModifyColumn("d", "t", ColumnDef("c", "bigint", True))]
+    assert parse_ddl("ALTER TABLE t CHANGE `if` `exists` INT", "d")[0] == RenameColumn("d", "t", "if", "exists")
+    assert parse_ddl("CREATE TABLE t (n NATIONAL CHARACTER VARYING(5), `national` INT, c NATIONAL CHAR(2))", "d") == [
+        CreateTable("d", "t", (ColumnDef("n", "varchar(5)"), ColumnDef("national", "int"), ColumnDef("c", "char(2)")))]
     # The keywords themselves still count, in any case.
     assert one("alter table a rename as b", db="d") == RenameTable(((("d", "a"), ("d", "b")),))
     assert [type(op) for op in parse_ddl("alter table t add (a INT, `b` INT)", "d")] == [AddColumn, AddColumn]
