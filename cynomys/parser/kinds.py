@@ -194,7 +194,62 @@ _SET_STATEMENT = re.compile(r"^\s*(?:/\*.*?\*/\s*)*SET\s+STATEMENT\b", re.IGNORE
 _QUOTES = frozenset("'\"`")
 
 
+#: Executable comments every supported source runs: ``/*! ... */`` and
+#: ``/*!NNNNN ... */`` below 50700 (MariaDB runs no 5-digit version from
+#: 50700 on -- those are MySQL 5.7+ -- and MySQL runs every version up to its
+#: own; checked on MariaDB 10.11).  The server logs them as typed, so
+#: ``/*!50100 ALTER TABLE t ADD c INT DEFAULT 3 */`` ran but read as a comment.
+#: Others (``/*!80000``, 6-digit versions, MariaDB's ``/*M!``) depend on the
+#: server's version and stay comments.
+_EXECUTED = re.compile(r"/\*!(?:([0-9]{5})(?![0-9])|(?![0-9]))")
+_RUN_BELOW = 50700
+
+
 def statement_of(sql: str) -> str:
+    """The statement a source ran, as Cynomys sorts and parses it: executable
+    comments every source runs unwrapped (``_EXECUTED``), then without a
+    leading ``SET STATEMENT ... FOR``."""
+    if "/*!" in sql:
+        sql = _unwrap_executed(sql)
+    return _after_set_statement(sql)
+
+
+def _unwrap_executed(sql: str) -> str:
+    out: list[str] = []
+    i, n = 0, len(sql)
+    while i < n:
+        ch = sql[i]
+        if ch in _QUOTES:
+            j = _past_quoted(sql, i)
+            out.append(sql[i:j])
+            i = j
+            continue
+        if sql.startswith("/*", i):
+            end = sql.find("*/", i + 2)
+            end = n if end < 0 else end + 2
+            m = _EXECUTED.match(sql, i)
+            if m and (m.group(1) is None or int(m.group(1)) < _RUN_BELOW) and sql.endswith("*/", 0, end):
+                out.append(" " + sql[m.end():end - 2] + " ")
+            else:
+                out.append(sql[i:end])
+            i = end
+            continue
+        out.append(ch)
+        i += 1
+    return "".join(out).strip()
+
+
+def _past_quoted(sql: str, i: int) -> int:
+    """Index just past the quoted text opening at ``sql[i]`` (a backslash
+    escapes in strings, not in `names`)."""
+    ch, n = sql[i], len(sql)
+    i += 1
+    while i < n and sql[i] != ch:
+        i += 2 if sql[i] == "\\" and ch != "`" else 1
+    return i + 1  # past the closing quote (a doubled quote reopens: the same text)
+
+
+def _after_set_statement(sql: str) -> str:
     """``sql`` without a leading ``SET STATEMENT ... FOR`` (else ``sql``
     itself): the first FOR outside quotes, comments and parentheses ends the
     prefix (a value may be a string holding 'FOR')."""
@@ -205,10 +260,7 @@ def statement_of(sql: str) -> str:
     while i < n:
         ch = sql[i]
         if ch in _QUOTES:
-            i += 1
-            while i < n and sql[i] != ch:
-                i += 2 if sql[i] == "\\" and ch != "`" else 1
-            i += 1  # past the closing quote (a doubled quote reopens: the same string)
+            i = _past_quoted(sql, i)
             continue
         if sql.startswith("/*", i):
             end = sql.find("*/", i + 2)

@@ -12,7 +12,8 @@ tables first: the target must too).  ``RENAME TABLES`` and ``DROP TABLES``
 (read as statements that change nothing, skipped), a DDL behind MariaDB's
 ``SET STATEMENT ... FOR`` (read as a SET, skipped), quoted column names that
 spell keywords (`` CHANGE `rename` `as` `` made a column ``TO``); ``CHANGE|MODIFY
-[COLUMN] IF EXISTS`` and ``NATIONAL VARCHAR`` (refused as unparsable).
+[COLUMN] IF EXISTS`` and ``NATIONAL VARCHAR`` (refused as unparsable); a DDL in
+an executable comment the server ran (``/*!50100 ALTER ... */``: skipped).
 
 MariaDB's ``COMPRESSED`` columns: a table with one made the library raise a
 ValueError from inside its TABLE_MAP parse -- the producer died with a
@@ -92,6 +93,14 @@ STATEMENTS = [
     "ALTER TABLE app.r2 CHANGE COLUMN IF EXISTS `check` chk BIGINT, MODIFY IF EXISTS z INT DEFAULT 7, "
     "ADD COLUMN n NATIONAL VARCHAR(10)",
     "INSERT INTO app.r2 (id, `as`, chk, z, n) VALUES (5, 50, 500, 9, 'ñ')",
+    # Executable comments the server ran (logged as typed; read as comments,
+    # skipped, before), and one it did not (MySQL 8 only: stays a comment).
+    "/*!50100 ALTER TABLE app.r2 ADD COLUMN ec INT DEFAULT 3 */",
+    "ALTER TABLE app.r2 /*! ADD COLUMN ed INT DEFAULT 4 */",
+    "/*!40000 ALTER TABLE app.r2 DISABLE KEYS */",
+    "/*!40000 ALTER TABLE app.r2 ENABLE KEYS */",
+    "ALTER TABLE app.r2 ADD COLUMN ee INT DEFAULT 5 /*!80000 , ADD COLUMN ef INT */",
+    "INSERT INTO app.r2 (id, `as`) VALUES (6, 60)",
     "CREATE TABLE app.gone2 (id INT PRIMARY KEY) COMMENT 'drop' PARTITION BY HASH(id) PARTITIONS 2",
     "INSERT INTO app.gone2 VALUES (1)",
     "DROP TABLES app.gone2",
@@ -102,7 +111,7 @@ QUERIES = {
     "app.t2": "SELECT id, v FROM app.t2 ORDER BY id",
     "scratch.s": "SELECT * FROM scratch.s ORDER BY id",
     "other.z": "SELECT * FROM other.z ORDER BY id",
-    "app.r2": "SELECT id, `as`, chk, z, n FROM app.r2 ORDER BY id",
+    "app.r2": "SELECT id, `as`, chk, z, n, ec, ed, ee FROM app.r2 ORDER BY id",
 }
 
 
@@ -142,6 +151,9 @@ def test_ddl_forms_the_parser_could_not_read_replicate(tmp_path: Path) -> None:
             assert tgt.execute(query) == want, table
         # The old scratch.s went with its database: only the new table's row.
         assert tgt.execute("SELECT id FROM scratch.s") == [(3,)]
+        columns = ("SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = 'app' AND "
+                   "TABLE_NAME = 'r2' ORDER BY COLUMN_NAME")
+        assert tgt.execute(columns) == src.execute(columns)  # no ef: the source never ran its comment
         assert tgt.execute("SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_NAME IN "
                            "('gone', 'gone2', 'r1')") == []
     finally:

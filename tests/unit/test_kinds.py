@@ -79,8 +79,18 @@ def test_query_rules(sql: str, basic: Basic) -> None:
     ("SET STATEMENT `for`=1 FOR RENAME TABLE a TO b", "RENAME TABLE a TO b"),
     ("SET STATEMENT a=1 FORCE", "SET STATEMENT a=1 FORCE"),  # no FOR: as it is
     ("SET @a = 1", "SET @a = 1"),
+    # Executable comments every source runs are code; the rest stay comments.
+    ("/*!50100 ALTER TABLE t ADD c INT */", "ALTER TABLE t ADD c INT"),
+    ("/*!ALTER TABLE t ADD c INT*/", "ALTER TABLE t ADD c INT"),
+    ("ALTER TABLE t /*!40000 ADD c INT */", "ALTER TABLE t   ADD c INT"),
+    ("SET STATEMENT a=1 FOR /*!50100 ALTER TABLE t ADD c INT */", "ALTER TABLE t ADD c INT"),
+    ("/*!50700 ALTER TABLE t ADD c INT */", "/*!50700 ALTER TABLE t ADD c INT */"),  # MySQL 5.7+ only
+    ("/*!501000 ALTER TABLE t ADD c INT */", "/*!501000 ALTER TABLE t ADD c INT */"),  # 6 digits: by version
+    ("/*M!100100 ALTER TABLE t ADD c INT */", "/*M!100100 ALTER TABLE t ADD c INT */"),
+    ("ALTER TABLE t COMMENT '/*!50100 x */'", "ALTER TABLE t COMMENT '/*!50100 x */'"),  # in a string
+    ("/*!50100 unterminated", "/*!50100 unterminated"),
 ])
-def test_set_statement_prefix(sql: str, rest: str) -> None:
+def test_statement_of(sql: str, rest: str) -> None:
     assert statement_of(sql) == rest
 
 
@@ -89,6 +99,10 @@ def test_set_statement_prefix(sql: str, rest: str) -> None:
     ("SET STATEMENT max_statement_time=1 FOR INSERT INTO t VALUES (1)", Basic.HALT),
     ("SET STATEMENT a=1 FOR CREATE TEMPORARY TABLE x (a int)", Basic.INFO),
     ("SET sql_mode = 'FOR'", Basic.INFO),
+    ("/*!50100 ALTER TABLE t ADD c INT */", Basic.DDL), ("/*!40101 SET NAMES utf8 */", Basic.INFO),
+    ("/*!50001 CREATE ALGORITHM=UNDEFINED */ /*!50013 DEFINER=`u`@`%` SQL SECURITY DEFINER */ "
+     "/*!50001 VIEW `v` AS select 1 */", Basic.INFO),
+    ("/*!40000 DROP DATABASE IF EXISTS `d`*/", Basic.DDL),
 ])
 def test_a_statement_behind_set_statement_is_sorted_as_itself(sql: str, basic: Basic) -> None:
     assert classify_query(sql).basic is basic
