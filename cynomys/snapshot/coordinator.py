@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 import threading
 import time
 import uuid
@@ -65,6 +66,14 @@ from cynomys.snapshot.task import POLL_S, ChunkedTask, Cursor, Emitted
 from cynomys.snapshot.window import ChunkWindow, Phase, Window, python_ordered
 
 log = logging.getLogger(__name__)
+
+#: Statements that may rename a table (RENAME TABLE[S], ALTER TABLE ... RENAME
+#: [TO|AS]); only these are parsed by the rename check.
+_RENAMES = re.compile(r"\bRENAME\b", re.IGNORECASE)
+#: Job origins whose keyless tables are cleared and read again without
+#: ``allow_no_primary_key`` (check_keyless): the target's copy is new (the
+#: initial snapshot) or a shadow table's empty copy (a table renamed in).
+_NEW_ON_TARGET = ("initial", "rename")
 
 INITIAL_JOB_ID = "initial"
 #: How often a keyless read's rows so far are written to the state file.
@@ -214,6 +223,33 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
             log.info("snapshot: DDL inside the window of %d chunk(s) (%s): reading them again",
                      len(self._inflight), " ".join((change.sql or "").split())[:120])
             self._abort("DDL in window")
+        self._snapshot_renamed_in(change)
+
+    def _snapshot_renamed_in(self, change: Change) -> None:
+        """A table renamed from a name the producer does not replicate to
+        one it does brings rows whose events it never read: an online schema
+        change (gh-ost, pt-online-schema-change) copies the rows into a
+        shadow table, then swaps it in -- with include_tables naming only
+        the table, the target was left with the shadow's empty copy.  Such
+        a table is snapshotted, by a request written before the producer's
+        checkpoint can pass the statement (a crash reads it again and asks
+        again under the same id: taken once)."""
+        if not change.sql or not _RENAMES.search(change.sql):
+            return
+        from cynomys.parser.ddl import RenameTable, UnsupportedDdl, parse_ddl  # sqlglot: only on a rename
+
+        try:
+            ops = parse_ddl(change.sql, change.database)
+        except UnsupportedDdl:
+            return  # the applier stops on it, naming the statement
+        came_in = [f"{new[0]}.{new[1]}" for op in ops if isinstance(op, RenameTable)
+                   for old, new in op.pairs if not self.filter(*old) and self.filter(*new)]
+        if not came_in:
+            return
+        ident = "rename-" + "".join(ch if ch.isalnum() or ch in "-." else "-" for ch in change.tid)
+        log.warning("%s renamed into the replicated tables from a table that is not replicated: its rows were "
+                    "never read from the log; snapshot %s reads them", ", ".join(came_in), ident)
+        self.store.submit({"action": "start", "id": ident, "tables": came_in, "where": "", "origin": "rename"})
 
     def _abort(self, why: str) -> None:
         self._drop_work(None)
@@ -313,7 +349,7 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
             return p
         tp = job.tables[i]
         info = self._connection().describe(tp.database, tp.table)
-        self._check_table(info, initial=job.origin == "initial", where=job.where)
+        self._check_table(info, initial=job.origin in _NEW_ON_TARGET, where=job.where)
         if info.engine and info.engine.lower() != "innodb":
             log.warning("snapshot of %s: engine %s has no consistent reads; the watermark guarantee holds for "
                         "InnoDB tables only", tp.name, info.engine)
@@ -570,7 +606,7 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
                 if not t:
                     raise SnapshotRequestError(f"{name!r} is not a table name 'db.table'")
                 info = conn.describe(db, t)
-                self._check_table(info, initial=origin == "initial", where=where)
+                self._check_table(info, initial=origin in _NEW_ON_TARGET, where=where)
                 progress.append(TableProgress(name, estimate=info.rows_estimate))
             except SnapshotError as exc:
                 if strict:
@@ -600,7 +636,8 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
             if not tables:
                 conn = self._connection()
                 tables = [f"{d}.{t}" for d, t in conn.base_tables() if d != self.wm_schema and self.filter(d, t)]
-            job = self._new_job(ident, "request", tables, str(req.get("where") or ""), strict=True)
+            origin = "rename" if req.get("origin") == "rename" else "request"
+            job = self._new_job(ident, origin, tables, str(req.get("where") or ""), strict=True)
             log.info("snapshot %s requested: %s%s", job.id, ", ".join(t.name for t in job.tables),
                      f" where {job.where}" if job.where else "")
             self._set_jobs([*self.jobs, job])

@@ -145,7 +145,7 @@ def _duration(s: float) -> str:
 @dataclass(frozen=True)
 class SnapshotJob:
     id: str
-    origin: str                        # 'initial' (first start) or 'request' (cynomys snapshot)
+    origin: str                        # 'initial', 'request' (cynomys snapshot) or 'rename' (a table renamed in)
     status: str
     tables: tuple[TableProgress, ...] = ()
     where: str = ""
