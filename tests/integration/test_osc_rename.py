@@ -10,11 +10,13 @@ replicated tables is snapshotted (snapshot/coordinator.py
 ``_snapshot_renamed_in``); a keyless one is cleared and read again."""
 from __future__ import annotations
 
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from cynomys.snapshot.state import FINISHED, SnapshotStore
 from cynomys.transport.keys import generate_keys
 from tests.helpers import wait_for, write_config
 from tests.integration.test_e2e_columnstore import _daemon
@@ -57,7 +59,12 @@ def _digests(srv: MariaDBServer) -> dict[str, list[tuple[object, ...]]]:
     return out
 
 
-def test_a_table_swapped_in_by_an_online_schema_change_is_snapshotted(tmp_path: Path, redis_url: str) -> None:
+@pytest.mark.parametrize("kill", [None, "at-once", "after-request"])
+def test_a_table_swapped_in_by_an_online_schema_change_is_snapshotted(tmp_path: Path, redis_url: str,
+                                                                      kill: str | None) -> None:
+    """``kill``: the producer SIGKILLed right after the swap ran on the source
+    (it may not have read it yet), or as soon as it logged the request for
+    app.t (the request written, perhaps not yet taken); then started again."""
     src = MariaDBServer(server_id=1).start()
     tgt = MariaDBServer(server_id=2).start()
     procs: list[subprocess.Popen[bytes]] = []
@@ -78,11 +85,22 @@ def test_a_table_swapped_in_by_an_online_schema_change_is_snapshotted(tmp_path: 
             src.execute(sql)
         want = _digests(src)
         assert want["app.t"][0][0] == 501 and want["app.k"][0][0] == 51
+        if kill is not None:
+            if kill == "after-request":
+                wait_for(lambda: "app.t renamed into" in (tmp_path / "producer.log").read_text(), timeout=60,
+                         what="the producer to ask for the snapshot")
+            procs[0].send_signal(signal.SIGKILL)
+            procs[0].wait(10)
+            procs[0] = _daemon(cfg, "produce", tmp_path / "producer.log")
         wait_for(lambda: _digests(tgt) == want, timeout=120,
                  what=f"the swapped-in tables on the target ({_digests(tgt)} against {want})")
         produced = (tmp_path / "producer.log").read_text()
         assert "app.t renamed into the replicated tables" in produced
         assert "app.k renamed into the replicated tables" in produced
+        # Each swap snapshotted once, whatever the kill (a request asked again is the same job).
+        jobs = SnapshotStore(tmp_path / "producer-state").load()
+        assert sorted(j.tables[0].name for j in jobs if j.origin == "rename") == ["app.k", "app.t"]
+        assert all(j.status == FINISHED for j in jobs), [(j.id, j.status, j.error) for j in jobs]
         # The shadow tables went with the source's DROPs.
         assert tgt.execute("SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = 'app' "
                            "ORDER BY TABLE_NAME") == [("k",), ("t",)]
