@@ -22,7 +22,9 @@ from cynomys.core.columnar import ManyRows
 from cynomys.core.dialect import MARIADB
 from cynomys.core.errors import TerminalError
 from cynomys.core.model import Batch, Change, EnvelopeMeta, Op, Position
+from cynomys.parser.stream import TableFilter
 from cynomys.parser.txn import Assembler, Commit, Item, Progress
+from cynomys.producer.ddl_scope import unreadable_elsewhere
 from cynomys.reducer.fold import PRODUCER_RULES, Folder
 from cynomys.reducer.sql import render_one
 from cynomys.shape import Shaper, compile_rules
@@ -46,6 +48,8 @@ class Batching:
         # on every change before it folds; None when [shape] asks for nothing.
         rules = compile_rules(producer.cfg, producer=True)
         self.shaper: Shaper | None = Shaper(rules) if rules.producer_active else None
+        src = producer.cfg.source
+        self.replicated = TableFilter(src.include_tables, src.exclude_tables)
         self.folder = self._folder()
         self.raw_in_batch = 0
         self.txn_in_batch = 0         # changes of the open transaction in this batch
@@ -103,6 +107,8 @@ class Batching:
                 self.skip_tid = None
             p.monitor.change_in(out, n)
             shaped = self.shaper.change(out) if self.shaper is not None else out
+            if out.op is Op.DDL and shaped is not None and unreadable_elsewhere(out, self.replicated):
+                shaped = None  # would stop the applier for a table nobody replicates
             if shaped is None:
                 # Nothing of it goes (filtered, a column left out by a DDL):
                 # still one of its transaction's changes, as counted when
