@@ -49,16 +49,16 @@ def one_table(sql: str, database: str) -> tuple[str, str] | None:
 def unreadable_elsewhere(change: Change, replicated: Callable[[str, str], bool]) -> bool:
     """Is ``change`` a DDL the parser cannot read, about one table outside
     the replicated ones?  (Drop it: see the module docstring.)"""
-    from cynomys.parser.ddl import UnsupportedDdl, parse_ddl  # sqlglot: only on a DDL
-
     sql = change.sql or ""
+    table = one_table(sql, change.database)
+    if table is None or replicated(*table):
+        return False  # decided without the parser (sqlglot: a fifth of a start-up)
+    from cynomys.parser.ddl import UnsupportedDdl, parse_ddl
+
     try:
         parse_ddl(sql, change.database)
         return False
     except UnsupportedDdl as exc:
-        table = one_table(sql, change.database)
-        if table is None or replicated(*table):
-            return False
         log.warning("dropping a DDL on %s.%s, which is not replicated ([source] include_tables/exclude_tables), "
                     "that Cynomys cannot read (%s): %s", table[0], table[1], exc.reason,
                     " ".join(sql.split())[:200])
