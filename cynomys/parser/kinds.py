@@ -32,6 +32,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import Enum
+from typing import Iterator
 
 
 class Basic(str, Enum):
@@ -216,37 +217,35 @@ def statement_of(sql: str) -> str:
 
 def _unwrap_executed(sql: str) -> str:
     out: list[str] = []
-    i, n = 0, len(sql)
-    while i < n:
-        ch = sql[i]
-        if ch in _QUOTES:
-            j = _past_quoted(sql, i)
-            out.append(sql[i:j])
-            i = j
-            continue
-        if sql.startswith("/*", i):
-            end = sql.find("*/", i + 2)
-            end = n if end < 0 else end + 2
-            m = _EXECUTED.match(sql, i)
-            if m and (m.group(1) is None or int(m.group(1)) < _RUN_BELOW) and sql.endswith("*/", 0, end):
-                out.append(" " + sql[m.end():end - 2] + " ")
-            else:
-                out.append(sql[i:end])
-            i = end
-            continue
-        out.append(ch)
-        i += 1
+    for i, end in _pieces(sql):
+        m = _EXECUTED.match(sql, i)
+        if m and (m.group(1) is None or int(m.group(1)) < _RUN_BELOW) and sql.endswith("*/", 0, end):
+            out.append(" " + sql[m.end():end - 2] + " ")
+        else:
+            out.append(sql[i:end])
     return "".join(out).strip()
 
 
-def _past_quoted(sql: str, i: int) -> int:
-    """Index just past the quoted text opening at ``sql[i]`` (a backslash
-    escapes in strings, not in `names`)."""
-    ch, n = sql[i], len(sql)
-    i += 1
-    while i < n and sql[i] != ch:
-        i += 2 if sql[i] == "\\" and ch != "`" else 1
-    return i + 1  # past the closing quote (a doubled quote reopens: the same text)
+def _pieces(sql: str, i: int = 0) -> Iterator[tuple[int, int]]:
+    """(start, end) of each piece of ``sql`` from ``i`` on: a quoted text
+    (a backslash escapes in strings, not in `names`; a doubled quote reopens
+    the same text), a ``/* comment */`` (unterminated: to the end), or one
+    character.  Only a one-character piece is outside quotes and comments."""
+    n = len(sql)
+    while i < n:
+        ch = sql[i]
+        if ch in _QUOTES:
+            end = i + 1
+            while end < n and sql[end] != ch:
+                end += 2 if sql[end] == "\\" and ch != "`" else 1
+            end += 1  # past the closing quote
+        elif sql.startswith("/*", i):
+            end = sql.find("*/", i + 2)
+            end = n if end < 0 else end + 2
+        else:
+            end = i + 1
+        yield i, end
+        i = end
 
 
 def _after_set_statement(sql: str) -> str:
@@ -256,16 +255,11 @@ def _after_set_statement(sql: str) -> str:
     head = _SET_STATEMENT.match(sql)
     if head is None:
         return sql
-    i, depth, n = head.end(), 0, len(sql)
-    while i < n:
+    depth = 0
+    for i, end in _pieces(sql, head.end()):
+        if end - i > 1:
+            continue  # quoted or a comment
         ch = sql[i]
-        if ch in _QUOTES:
-            i = _past_quoted(sql, i)
-            continue
-        if sql.startswith("/*", i):
-            end = sql.find("*/", i + 2)
-            i = n if end < 0 else end + 2
-            continue
         if ch == "(":
             depth += 1
         elif ch == ")":
@@ -273,7 +267,6 @@ def _after_set_statement(sql: str) -> str:
         elif (depth == 0 and ch in "fF" and sql[i:i + 3].upper() == "FOR" and not _word_char(sql, i - 1)
               and not _word_char(sql, i + 3)):
             return sql[i + 3:].lstrip()
-        i += 1
     return sql  # no FOR: not a statement MariaDB would have run
 
 
