@@ -122,13 +122,16 @@ def produce_to_end(cfg: Config) -> None:
         sink.close()
 
 
-def wait_for(cond: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
+def wait_for(cond: Callable[[], bool], timeout: float = 60.0, what: str | Callable[[], str] = "condition") -> None:
+    """``what`` names the wait in the failure; a callable is asked at the
+    timeout (an f-string shows the state when the wait began, not when it
+    gave up)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if cond():
             return
         time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout}s waiting for {what() if callable(what) else what}")
 
 
 def transport_envelopes(cfg: Config) -> list[Opened]:

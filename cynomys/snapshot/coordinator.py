@@ -44,7 +44,14 @@ from cynomys.parser.txn import Commit, Item
 from cynomys.snapshot.chunker import decode_key, encode_key
 from cynomys.snapshot.columns import TableInfo, row_converter
 from cynomys.snapshot.errors import SnapshotError, SnapshotRequestError
-from cynomys.snapshot.keyless import SNAPSHOT_TID_PREFIX, ConsistentRead, DropRules, KeylessRead, check_keyless
+from cynomys.snapshot.keyless import (
+    SNAPSHOT_TID_PREFIX,
+    ConsistentRead,
+    DropRules,
+    KeylessRead,
+    check_keyless,
+    truncate_sql,
+)
 from cynomys.snapshot.readers import ChunkReaders, Plan, ReadRequest, ReadResult
 from cynomys.snapshot.source import MODEL_TYPES, chunk_driver
 from cynomys.snapshot.state import (
@@ -122,6 +129,9 @@ class _Part:
     info: TableInfo
     rows: int
     next_seq: int = 0
+    # Its target table to be cleared before the first chunk's window opens
+    # (``_clears``): a table renamed in from one nobody replicates.
+    clear: bool = False
 
 
 @dataclass(frozen=True)
@@ -230,8 +240,10 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
         one it does brings rows whose events it never read: an online schema
         change (gh-ost, pt-online-schema-change) copies the rows into a
         shadow table, then swaps it in -- with include_tables naming only
-        the table, the target was left with the shadow's empty copy.  Such
-        a table is snapshotted, by a request written before the producer's
+        the table, the target was left with the shadow's empty copy; a table
+        renamed out, changed and renamed back kept on the target the rows
+        deleted meanwhile.  Such a table is cleared on the target and read
+        whole (``_clears``), by a request written before the producer's
         checkpoint can pass the statement (a crash reads it again and asks
         again under the same id: taken once)."""
         if not change.sql or not _RENAMES.search(change.sql):
@@ -249,7 +261,8 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
         ident = "rename-" + "".join(ch if ch.isalnum() or ch in "-." else "-" for ch in change.tid)
         log.warning("%s renamed into the replicated tables from a table that is not replicated: its rows were "
                     "never read from the log; snapshot %s reads them", ", ".join(came_in), ident)
-        self.store.submit({"action": "start", "id": ident, "tables": came_in, "where": "", "origin": "rename"})
+        self.store.submit({"action": "start", "id": ident, "tables": came_in, "where": "", "origin": "rename",
+                           "not_before": f"{change.txn.file}:{change.txn.pos}"})
 
     def _abort(self, why: str) -> None:
         self._drop_work(None)
@@ -299,6 +312,9 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
             self._fill(now)
         if not at_boundary:
             return []
+        cleared = self._clears()
+        if cleared:
+            return cleared
         out = self._emit_ready()
         if not out and self._keyless is not None and not self._inflight:
             # A keyless table's read, once every chunk before it is handed over.
@@ -328,8 +344,12 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
         """The oldest active job's first table with a chunk left to queue."""
         if not self._maybe_work:
             return None
+        held = False
         for job in self.jobs:
             if not job.active:
+                continue
+            if not self._past_its_statement(job):
+                held = True
                 continue
             for i, tp in enumerate(job.tables):
                 if tp.over or self._cursor(job.id, i, tp).exhausted:
@@ -337,9 +357,22 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
                 p = self._parts.get((job.id, i))
                 if p is None or not p.plan.done:
                     return job, i
-        if not self._inflight:
+        if not self._inflight and not held:
             self._maybe_work = False
         return None
+
+    def _past_its_statement(self, job: SnapshotJob) -> bool:
+        """Has the log gone past the statement that asked for ``job``?  A
+        producer killed after asking resumes before the RENAME: read at once,
+        the table's rows went into the target's table of the old name, which
+        the RENAME, applied after them, then moved away.  A log of another
+        server (a failover) cannot be compared: not held."""
+        if not job.not_before:
+            return True
+        mark, end = Position.parse(job.not_before), self._last_end
+        if not end.file or end.file.rpartition(".")[0] != mark.file.rpartition(".")[0]:
+            return True
+        return mark < end
 
     def _part(self, job: SnapshotJob, i: int) -> _Part | None:
         """The table's plan, made at its first chunk (None: a keyless table,
@@ -358,7 +391,12 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
             return None
         cur = self._cursor(job.id, i, tp)
         rows = self._chunk_rows(info)
-        p = self._parts[(job.id, i)] = _Part(Plan(decode_key(cur.after)), info, rows)
+        # A keyed table renamed in holds on the target what it held when it
+        # went out (or a shadow's empty copy): the chunks only upsert, so the
+        # rows deleted meanwhile would stay.  Cleared first, unless a chunk
+        # of it went out already (the clear went before it).
+        clear = job.origin == "rename" and cur.after is None
+        p = self._parts[(job.id, i)] = _Part(Plan(decode_key(cur.after)), info, rows, clear=clear)
         log.info("snapshot %s: %s in chunks of %d rows (%d readers)", job.id, tp.name, rows,
                  self.scfg.max_connections)
         return p
@@ -389,8 +427,10 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
                 self._conn_reset()
                 self._fail(job.id, i, exc.one_line())
                 continue
-            if p is None:
-                return  # a keyless table: read once the chunks in flight are handed over
+            if p is None or p.clear:
+                # A keyless table: read once the chunks in flight are handed
+                # over; a table to clear: at the next boundary.
+                return
             self._queue(job, i, p)
 
     def _queue(self, job: SnapshotJob, i: int, p: _Part,
@@ -464,6 +504,27 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
         job, p = self._job(f.job_id), self._parts.get((f.job_id, f.part))
         if res.seq >= 0 and res.end is not None and job is not None and p is not None:
             self._queue(job, f.part, p, (res.seq, res.start, res.end))
+
+    def _clears(self) -> list[Item]:
+        """The TRUNCATEs of the tables to clear, as one transaction at this
+        boundary, before any chunk of them is queued: every chunk's window
+        opens after it, so a change the log brings meanwhile is applied after
+        it or read by a chunk.  A producer stopped before it is shipped clears
+        again when it reads the table from its first chunk again."""
+        todo = [(key, p) for key, p in self._parts.items() if p.clear]
+        if not todo:
+            return []
+        at, ts = self._emission()
+        out: list[Item] = []
+        for (job_id, _), p in todo:
+            db, t = p.info.schema.database, p.info.schema.table
+            tid = f"{SNAPSHOT_TID_PREFIX}{job_id}:{uuid.uuid4().hex[:12]}"
+            out.append(Change(Op.DDL, db, t, tid, at, ts, sql=truncate_sql(db, t)))
+            p.clear = False
+            log.info("snapshot %s: clearing %s on the target before reading it whole (renamed in)", job_id,
+                     p.info.name)
+        out.append(Commit(at, at, ts, ""))
+        return out
 
     def _emit_ready(self) -> list[Item]:
         """The chunks ready, each table's in order, as one transaction at
@@ -638,6 +699,8 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
                 tables = [f"{d}.{t}" for d, t in conn.base_tables() if d != self.wm_schema and self.filter(d, t)]
             origin = "rename" if req.get("origin") == "rename" else "request"
             job = self._new_job(ident, origin, tables, str(req.get("where") or ""), strict=True)
+            if origin == "rename":
+                job = replace(job, not_before=str(req.get("not_before") or ""))
             log.info("snapshot %s requested: %s%s", job.id, ", ".join(t.name for t in job.tables),
                      f" where {job.where}" if job.where else "")
             self._set_jobs([*self.jobs, job])

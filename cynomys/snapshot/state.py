@@ -154,6 +154,9 @@ class SnapshotJob:
     finished: float = 0.0
     error: str = ""
     started: float = 0.0               # when its first chunk was read (wall clock; 0: not yet)
+    # 'file:pos' the log must be past before it starts ('rename': where the
+    # statement began; a producer resumed before it reads it again first).
+    not_before: str = ""
 
     @property
     def active(self) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -353,6 +354,42 @@ def test_a_chunk_leaves_at_a_boundary_and_is_recorded_once_the_checkpoint_passes
     assert (t.status, t.last_key, t.chunks, t.rows, t.scanned, t.dropped) == ("pending", encode_key((3,)), 1, 2, 3, 1)
     # Not the table's last chunk: the next ones are queued (the readers' plan goes on after key 3).
     assert co.poll(at_boundary=True) == [] and len(readers.requests) == 4
+
+
+def test_a_table_renamed_in_waits_for_its_rename_then_is_cleared_before_its_first_chunk(tmp_path: Path) -> None:
+    """A snapshot asked for by a RENAME (origin 'rename') does not start
+    before the log is past the statement (a producer killed after asking
+    resumes before it: rows read at once went into the target's table of the
+    old name, which the RENAME then moved away); then, at a boundary and
+    before any chunk is queued, its target table is cleared (a keyed table
+    renamed out and back kept the rows deleted meanwhile)."""
+    from cynomys.core.config import Config, ProducerConfig, SnapshotConfig
+    from cynomys.parser.txn import Commit
+    from cynomys.snapshot.coordinator import SnapshotCoordinator
+    from cynomys.snapshot.state import QUEUED
+
+    cfg = Config(producer=ProducerConfig(state_dir=str(tmp_path)), snapshot=SnapshotConfig(chunk_size=3))
+    co = SnapshotCoordinator(cfg, start=P, first_start=False)
+    co.jobs = [SnapshotJob("rename-0-1-9", "rename", QUEUED, (TableProgress("d.t"),), not_before="b.000001:500")]
+    readers = _Readers()
+    co._pool = readers  # type: ignore[assignment]
+    info = table_info("d", "t", [("id", "int"), ("v", "int")], ["id"], "InnoDB", 3)
+    co._connection = lambda: type("C", (), {"describe": lambda self, d, t: info})()  # type: ignore[method-assign, assignment]
+    assert co.poll(at_boundary=True) == [] and readers.requests == []     # the log is before the RENAME
+    co.observe(Commit(P, Position("b.000001", 500), 7, "0-1-8"))
+    assert co.poll(at_boundary=True) == [] and readers.requests == []     # at its start: not past it yet
+    q = Position("b.000001", 640)
+    co.observe(Commit(Position("b.000001", 500), q, 8, "0-1-9"))         # the RENAME
+    assert co.poll(at_boundary=False) == [] and readers.requests == []    # not at a boundary: nothing yet
+    out = co.poll(at_boundary=True)
+    assert [(type(c).__name__, getattr(c, "sql", None)) for c in out] == [
+        ("Change", "TRUNCATE TABLE `d`.`t`"), ("Commit", None)]
+    assert out[-1] == Commit(q, q, 8, "") and readers.requests == []
+    assert co.poll(at_boundary=True) == [] and len(readers.requests) == 2  # now the chunks
+    # A log of another server (after a failover) cannot be compared: not held.
+    other = SnapshotCoordinator(cfg, start=Position("other-bin.000003", 4), first_start=False)
+    job = SnapshotJob("r", "rename", QUEUED, (TableProgress("d.t"),), not_before="b.000001:500")
+    assert other._past_its_statement(job) and not co._past_its_statement(replace(job, not_before="b.000002:4"))
 
 
 def test_the_watermark_table_reaches_the_tasks_whatever_the_filter_says(tmp_path: Path) -> None:
