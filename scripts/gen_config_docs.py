@@ -60,8 +60,12 @@ EXTRA: dict[str, str] = {
                    "(and `ALL` on the watermark schema for DBLog snapshots, see `[snapshot] watermark_schema`).",
     "source.password": "The replication user's password. Prefer the environment (`CYNOMYS_SOURCE_PASSWORD`) "
                        "to the file.",
-    "source.include_tables": "fnmatch patterns on `db.table` naming the tables to replicate.",
-    "source.exclude_tables": "fnmatch patterns on `db.table` to leave out; an exclusion wins over an inclusion.",
+    "source.include_tables": "fnmatch patterns on `db.table` naming the tables to replicate, case-sensitive as "
+                             "the server stores the names (all lower case with `lower_case_table_names = 1`); "
+                             "the producer refuses to start on a pattern that matches a table only in another "
+                             "case, and warns about one that matches no table yet.",
+    "source.exclude_tables": "fnmatch patterns on `db.table` to leave out; an exclusion wins over an inclusion. "
+                             "Case-sensitive, checked at start as `include_tables`.",
     "source.use_gtid": "Resume by GTID instead of binlog file and position. Needed to follow a source failover: "
                        "pointed at another server, the producer resumes by GTID and refuses to start without one.",
     "source.connect_timeout_s": "Timeout of each connection to the source, in seconds.",

@@ -348,6 +348,9 @@ class ArchiveInspector:
         # the live server it came from.
         return f"server_id={self.format.server_id}"
 
+    def table_names(self) -> list[tuple[str, str]] | None:
+        return None  # archived files: no server to list tables on
+
     def binlogs(self) -> list[tuple[str, int]]:
         return [(p.name, p.stat().st_size) for p in self.paths]
 

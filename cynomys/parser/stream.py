@@ -265,6 +265,12 @@ class SourceInspector:
     def binlogs(self) -> list[tuple[str, int]]:
         return [(str(r[0]), int(r[1])) for r in self.query(self.flavour.statements.binary_logs)]
 
+    def table_names(self) -> list[tuple[str, str]] | None:
+        """Every table and view on the server, as it spells them (database, table)."""
+        return [(str(d), str(t)) for d, t in self.query(
+            "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA NOT IN "
+            "('mysql', 'information_schema', 'performance_schema', 'sys')")]
+
     def current(self) -> Position:
         statement = self.flavour.statements.binlog_status
         rows = self.query(statement)

@@ -57,6 +57,7 @@ from cynomys.parser.stream import BinlogSource, SourceInspector, TableFilter, op
 from cynomys.parser.txn import Assembler, Commit, Item, Progress
 from cynomys.producer.batching import Batching
 from cynomys.producer.state import FileStateStore, StateStore
+from cynomys.producer.table_patterns import check_source_tables
 from cynomys.producer.tasks import ProducerTask, observe_in_order, plugged, watching, widen_filter
 from cynomys.snapshot.keyless import KeylessRead, abandon_meta, is_snapshot_tid
 from cynomys.snapshot.watermark import WATERMARK_TABLE
@@ -306,6 +307,10 @@ class Producer:
         inspector = open_inspector(self.cfg.source)  # the server's, or [source] binlog_files'
         try:
             inspector.check_settings()
+            tables = inspector.table_names()
+            if tables is not None:
+                src = self.cfg.source
+                check_source_tables(src.include_tables, src.exclude_tables, tables)
             start = self._start_position(inspector)
             mariadb = inspector.is_mariadb
         finally:

@@ -1,0 +1,44 @@
+"""[source] include_tables/exclude_tables against the source's tables
+(producer/table_patterns.py): a pattern that matches only in another case is
+refused naming the spelling; one that matches nothing is warned about."""
+from __future__ import annotations
+
+import pytest
+
+from cynomys.core.errors import SourceConfigError
+from cynomys.producer.table_patterns import check_patterns
+
+TABLES = [("shop", "orders"), ("shop", "order_lines"), ("hr", "salaries"), ("Legacy", "Users")]
+
+
+def test_patterns_that_match_as_written_pass_silently() -> None:
+    assert check_patterns(["shop.*", "hr.salaries", "Legacy.Users"], ["shop.order_?ines"], TABLES) == []
+    assert check_patterns([], [], TABLES) == []  # the default: everything
+    assert check_patterns(["*.*"], [], []) == []
+
+
+def test_an_include_pattern_in_another_case_is_refused_naming_the_table() -> None:
+    with pytest.raises(SourceConfigError) as e:
+        check_patterns(["shop.Orders"], [], TABLES)
+    msg = str(e.value)
+    assert "include_tables pattern 'shop.Orders' matches no table" in msg and "shop.orders does" in msg
+    assert "never be replicated" in msg and "fix: write 'shop.orders' in [source] include_tables" in msg
+
+
+def test_an_exclude_pattern_in_another_case_is_refused_it_would_replicate_the_table() -> None:
+    with pytest.raises(SourceConfigError) as e:
+        check_patterns(["*.*"], ["HR.Salaries"], TABLES)
+    assert "exclude_tables pattern 'HR.Salaries'" in str(e.value) and "would be replicated" in str(e.value)
+    # A wildcard pattern: every table it would match in another case is named.
+    with pytest.raises(SourceConfigError) as e:
+        check_patterns(["SHOP.ORDER*"], [], TABLES)
+    assert "shop.orders, shop.order_lines do in another case" in str(e.value)
+    assert "spell the pattern as the server stores the names" in str(e.value)
+    with pytest.raises(SourceConfigError):
+        check_patterns(["legacy.users"], [], TABLES)  # a server that keeps case (lower_case_table_names = 0)
+
+
+def test_an_include_pattern_matching_nothing_at_all_is_only_warned_about() -> None:
+    warnings = check_patterns(["shop.invoices", "shop.orders"], ["tmp.*"], TABLES)
+    assert warnings == ["[source] include_tables pattern 'shop.invoices' matches no table on the source (yet): "
+                        "nothing is replicated for it until such a table is created"]
