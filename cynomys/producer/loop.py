@@ -310,7 +310,7 @@ class Producer:
             tables = inspector.table_names()
             if tables is not None:
                 src = self.cfg.source
-                check_source_tables(src.include_tables, src.exclude_tables, tables)
+                check_source_tables(src.include_tables, src.exclude_tables, tables, list(self.cfg.shape.tables))
             start = self._start_position(inspector)
             mariadb = inspector.is_mariadb
         finally:

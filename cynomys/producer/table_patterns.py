@@ -8,7 +8,8 @@ from Windows or macOS, or on some managed services) stores every name in
 lower case.  ``include_tables = ["shop.Orders"]`` then matched nothing: the
 table was never replicated, the snapshot skipped it, lag stayed at zero and
 nothing said why; ``exclude_tables = ["hr.Salaries"]`` replicated the table
-it meant to keep out.  A pattern that matches no table but would in another
+it meant to keep out, and a ``[shape.tables."hr.Employees"]`` mask was not
+applied to ``hr.employees``.  A pattern that matches no table but would in another
 case is refused, naming the spelling to write; one that matches no table at
 all is only warned about (its table may be created later).
 """
@@ -28,35 +29,47 @@ _EVERYTHING = "*.*"
 _SHOWN = 3
 
 
-def check_patterns(include: Sequence[str], exclude: Sequence[str], tables: Iterable[tuple[str, str]]) -> list[str]:
+#: What a pattern spelled in another case would do, by where it is written.
+_MISSED = {
+    "include_tables": "the tables would never be replicated",
+    "exclude_tables": "the tables would be replicated",
+    "shape": "its masks, filters and column lists would not apply to them",
+}
+
+
+def check_patterns(include: Sequence[str], exclude: Sequence[str], tables: Iterable[tuple[str, str]],
+                   shaped: Sequence[str] = ()) -> list[str]:
     """Raise SourceConfigError for a pattern that matches no table of
     ``tables`` (database, table) but does in another case; return warnings
-    for include patterns that match no table at all."""
+    for include patterns that match no table at all.  ``shaped``: the
+    ``[shape.tables]`` patterns."""
     names = [f"{db}.{t}" for db, t in tables]
+    groups = [*((f"[source] include_tables pattern {p!r}", p, "include_tables") for p in include),
+              *((f"[source] exclude_tables pattern {p!r}", p, "exclude_tables") for p in exclude),
+              *((f'[shape.tables."{p}"]', p, "shape") for p in shaped)]
     warnings: list[str] = []
-    for key, patterns in (("include_tables", include), ("exclude_tables", exclude)):
-        for p in patterns:
-            if p == _EVERYTHING or any(fnmatch.fnmatchcase(n, p) for n in names):
-                continue
-            low = p.lower()
-            near = [n for n in names if fnmatch.fnmatchcase(n.lower(), low)]
-            if near:
-                shown = ", ".join(near[:_SHOWN]) + (" ..." if len(near) > _SHOWN else "")
-                what = "never be replicated" if key == "include_tables" else "be replicated"
-                raise SourceConfigError(
-                    f"[source] {key} pattern {p!r} matches no table on the source, but {shown} "
-                    f"{'does' if len(near) == 1 else 'do'} in another case: patterns are compared case-sensitively "
-                    f"(the binlog spells names as the server stores them), so {'it' if len(near) == 1 else 'they'} "
-                    f"would {what}",
-                    hint=f"write {near[0]!r} in [source] {key}" if len(near) == 1 and "*" not in p and "?" not in p
-                    else f"spell the pattern as the server stores the names ({shown})")
-            if key == "include_tables":
-                warnings.append(f"[source] include_tables pattern {p!r} matches no table on the source (yet): "
-                                "nothing is replicated for it until such a table is created")
+    for label, p, kind in groups:
+        if p == _EVERYTHING or any(fnmatch.fnmatchcase(n, p) for n in names):
+            continue
+        near = [n for n in names if fnmatch.fnmatchcase(n.lower(), p.lower())]
+        if near:
+            one = len(near) == 1
+            shown = ", ".join(near[:_SHOWN]) + (" ..." if len(near) > _SHOWN else "")
+            fix = f'[shape.tables."{near[0]}"]' if kind == "shape" else f"{near[0]!r} in [source] {kind}"
+            raise SourceConfigError(
+                f"{label} matches no table on the source, but {shown} {'does' if one else 'do'} in another case: "
+                f"patterns are compared case-sensitively (the binlog spells names as the server stores them), so "
+                f"{_MISSED[kind]}",
+                hint=f"write {fix}" if one and not any(c in p for c in "*?[")
+                else f"spell the pattern as the server stores the names ({shown})")
+        if kind == "include_tables":
+            warnings.append(f"{label} matches no table on the source (yet): nothing is replicated for it until "
+                            "such a table is created")
     return warnings
 
 
-def check_source_tables(include: Sequence[str], exclude: Sequence[str], tables: Iterable[tuple[str, str]]) -> None:
+def check_source_tables(include: Sequence[str], exclude: Sequence[str], tables: Iterable[tuple[str, str]],
+                        shaped: Sequence[str] = ()) -> None:
     """``check_patterns``, its warnings logged."""
-    for w in check_patterns(include, exclude, tables):
+    for w in check_patterns(include, exclude, tables, shaped):
         log.warning("%s", w)

@@ -42,3 +42,13 @@ def test_an_include_pattern_matching_nothing_at_all_is_only_warned_about() -> No
     warnings = check_patterns(["shop.invoices", "shop.orders"], ["tmp.*"], TABLES)
     assert warnings == ["[source] include_tables pattern 'shop.invoices' matches no table on the source (yet): "
                         "nothing is replicated for it until such a table is created"]
+
+
+def test_a_shape_table_pattern_in_another_case_is_refused_its_masks_would_not_apply() -> None:
+    with pytest.raises(SourceConfigError) as e:
+        check_patterns(["*.*"], [], TABLES, shaped=["hr.Salaries"])
+    msg = str(e.value)
+    assert '[shape.tables."hr.Salaries"] matches no table on the source, but hr.salaries does' in msg
+    assert "masks, filters and column lists would not apply" in msg
+    assert 'fix: write [shape.tables."hr.salaries"]' in msg
+    assert check_patterns(["*.*"], [], TABLES, shaped=["hr.salaries", "new.*"]) == []  # not there yet: no warning
