@@ -310,7 +310,9 @@ class Producer:
             tables = inspector.table_names()
             if tables is not None:
                 src = self.cfg.source
-                check_source_tables(src.include_tables, src.exclude_tables, tables, list(self.cfg.shape.tables))
+                shape = self.cfg.shape
+                check_source_tables(src.include_tables, src.exclude_tables, tables, list(shape.tables),
+                                    [r.source for r in shape.route])
             start = self._start_position(inspector)
             mariadb = inspector.is_mariadb
         finally:

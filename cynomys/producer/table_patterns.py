@@ -8,8 +8,8 @@ from Windows or macOS, or on some managed services) stores every name in
 lower case.  ``include_tables = ["shop.Orders"]`` then matched nothing: the
 table was never replicated, the snapshot skipped it, lag stayed at zero and
 nothing said why; ``exclude_tables = ["hr.Salaries"]`` replicated the table
-it meant to keep out, and a ``[shape.tables."hr.Employees"]`` mask was not
-applied to ``hr.employees``.  A pattern that matches no table but would in another
+it meant to keep out, a ``[shape.tables."hr.Employees"]`` mask was not
+applied to ``hr.employees``, and a route so spelled did not route.  A pattern that matches no table but would in another
 case is refused, naming the spelling to write; one that matches no table at
 all is only warned about (its table may be created later).
 """
@@ -34,19 +34,24 @@ _MISSED = {
     "include_tables": "the tables would never be replicated",
     "exclude_tables": "the tables would be replicated",
     "shape": "its masks, filters and column lists would not apply to them",
+    "route": "they would land under their own names, not where the route sends them",
 }
+#: A route's source written as a regular expression: not a glob, not checked.
+_REGEX = "re:"
 
 
 def check_patterns(include: Sequence[str], exclude: Sequence[str], tables: Iterable[tuple[str, str]],
-                   shaped: Sequence[str] = ()) -> list[str]:
+                   shaped: Sequence[str] = (), routes: Sequence[str] = ()) -> list[str]:
     """Raise SourceConfigError for a pattern that matches no table of
     ``tables`` (database, table) but does in another case; return warnings
     for include patterns that match no table at all.  ``shaped``: the
-    ``[shape.tables]`` patterns."""
+    ``[shape.tables]`` patterns; ``routes``: the ``[[shape.route]]``
+    sources."""
     names = [f"{db}.{t}" for db, t in tables]
     groups = [*((f"[source] include_tables pattern {p!r}", p, "include_tables") for p in include),
               *((f"[source] exclude_tables pattern {p!r}", p, "exclude_tables") for p in exclude),
-              *((f'[shape.tables."{p}"]', p, "shape") for p in shaped)]
+              *((f'[shape.tables."{p}"]', p, "shape") for p in shaped),
+              *((f"[[shape.route]] source {p!r}", p, "route") for p in routes if not p.startswith(_REGEX))]
     warnings: list[str] = []
     for label, p, kind in groups:
         if p == _EVERYTHING or any(fnmatch.fnmatchcase(n, p) for n in names):
@@ -55,7 +60,8 @@ def check_patterns(include: Sequence[str], exclude: Sequence[str], tables: Itera
         if near:
             one = len(near) == 1
             shown = ", ".join(near[:_SHOWN]) + (" ..." if len(near) > _SHOWN else "")
-            fix = f'[shape.tables."{near[0]}"]' if kind == "shape" else f"{near[0]!r} in [source] {kind}"
+            fix = {"shape": f'[shape.tables."{near[0]}"]', "route": f"source = {near[0]!r} in the route"}.get(
+                kind, f"{near[0]!r} in [source] {kind}")
             raise SourceConfigError(
                 f"{label} matches no table on the source, but {shown} {'does' if one else 'do'} in another case: "
                 f"patterns are compared case-sensitively (the binlog spells names as the server stores them), so "
@@ -69,7 +75,7 @@ def check_patterns(include: Sequence[str], exclude: Sequence[str], tables: Itera
 
 
 def check_source_tables(include: Sequence[str], exclude: Sequence[str], tables: Iterable[tuple[str, str]],
-                        shaped: Sequence[str] = ()) -> None:
+                        shaped: Sequence[str] = (), routes: Sequence[str] = ()) -> None:
     """``check_patterns``, its warnings logged."""
-    for w in check_patterns(include, exclude, tables, shaped):
+    for w in check_patterns(include, exclude, tables, shaped, routes):
         log.warning("%s", w)

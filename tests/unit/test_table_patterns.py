@@ -52,3 +52,11 @@ def test_a_shape_table_pattern_in_another_case_is_refused_its_masks_would_not_ap
     assert "masks, filters and column lists would not apply" in msg
     assert 'fix: write [shape.tables."hr.salaries"]' in msg
     assert check_patterns(["*.*"], [], TABLES, shaped=["hr.salaries", "new.*"]) == []  # not there yet: no warning
+
+
+def test_a_route_source_in_another_case_is_refused_and_a_regular_expression_is_left_alone() -> None:
+    with pytest.raises(SourceConfigError) as e:
+        check_patterns(["*.*"], [], TABLES, routes=["Shop.orders"])
+    assert "[[shape.route]] source 'Shop.orders'" in str(e.value) and "land under their own names" in str(e.value)
+    assert "fix: write source = 'shop.orders' in the route" in str(e.value)
+    assert check_patterns(["*.*"], [], TABLES, routes=[r"re:Shop\.orders", "shop.*"]) == []
