@@ -261,6 +261,34 @@ class SourceInspector:
                 + ("; enable the binlog with log_bin in the server's config file and restart it"
                    if have.get("log_bin", "").upper() != "ON" else ""),
             )
+        self._check_replica_logs()
+
+    def _check_replica_logs(self) -> None:
+        """A replica writes what it replicates into its own binlog only with
+        log_slave_updates (MariaDB's default: OFF; MySQL 8's log_replica_updates:
+        ON): pointed at such a replica, the producer read a binlog holding
+        none of the primary's changes, and replicated nothing without a word.
+        Whether it replicates is read where the usual grants can read it
+        (``Slaves_running``; SHOW SLAVE STATUS needs SLAVE MONITOR)."""
+        have = self.variables("log_slave_updates", "log_replica_updates")
+        if any(v.upper() in ("ON", "1") for v in have.values()):
+            return
+        try:
+            if self.is_mariadb:
+                rows = self.query("SHOW GLOBAL STATUS WHERE Variable_name = 'Slaves_running'")
+                running = int(rows[0][1]) if rows else 0
+            else:
+                rows = self.query("SELECT COUNT(*) FROM performance_schema.replication_applier_status "
+                                  "WHERE SERVICE_STATE = 'ON'")
+                running = int(rows[0][0]) if rows else 0
+        except (SourceConfigError, ValueError):
+            return  # not readable with these grants: nothing to tell
+        if running:
+            name = "log_replica_updates" if "log_replica_updates" in have else "log_slave_updates"
+            raise SourceConfigError(
+                f"source {self.cfg.host}:{self.cfg.port} is a replica with {name}=OFF: its binlog holds only what "
+                "is written on it, none of the changes it replicates, so they would never reach the target",
+                hint=f"set {name}=ON in the server's config file and restart it, or point [source] at its primary")
 
     def binlogs(self) -> list[tuple[str, int]]:
         return [(str(r[0]), int(r[1])) for r in self.query(self.flavour.statements.binary_logs)]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import wait_for, write_config
-from tests.servers.mariadb import MariaDBServer
+from tests.servers.mariadb import REPLICATION_ARGS, MariaDBServer
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).parents[2]
@@ -104,3 +104,49 @@ def test_produce_refuses_a_table_pattern_in_another_case(mariadb: MariaDBServer,
     assert section in errors[0] and "casedb.orders does in another case" in errors[0], errors[0]
     assert "fix: write " in errors[0] and "casedb.orders" in errors[0].split("fix: write ")[1], errors[0]
     assert not (tmp_path / "t.bin").exists() or (tmp_path / "t.bin").stat().st_size == 0
+
+
+def test_produce_refuses_a_replica_that_does_not_log_what_it_replicates(tmp_path: Path) -> None:
+    """A MariaDB replica (log_slave_updates is OFF by default) pointed at as
+    [source]: its binlog holds none of the primary's changes, and the
+    producer replicated nothing, without a word.  It now stops at start
+    naming the setting; the same replica with log_slave_updates=ON is read,
+    and the primary's rows come through it."""
+    primary = MariaDBServer(server_id=1, extra_args=REPLICATION_ARGS).start()
+    replica = MariaDBServer(server_id=2, extra_args=("--gtid-strict-mode=ON",)).start()
+    logging_replica = MariaDBServer(server_id=3, extra_args=REPLICATION_ARGS).start()
+    try:
+        replica.make_replica_of(primary)
+        logging_replica.make_replica_of(primary)
+        primary.execute("CREATE DATABASE repdb", "CREATE TABLE repdb.t (id INT PRIMARY KEY)",
+                        "INSERT INTO repdb.t VALUES (1), (2)")
+        keys = tmp_path / "keys"
+        cli("keygen", "--out", str(keys), "--bits", "2048")
+
+        def produce(server: MariaDBServer, name: str) -> subprocess.CompletedProcess[str]:
+            cfg = write_config(tmp_path / f"{name}.toml", server,
+                               source={"include_tables": ["repdb.*"], "start": "earliest"},
+                               producer={"state_dir": str(tmp_path / f"{name}-state")},
+                               transport={"kind": "file", "path": str(tmp_path / f"{name}.bin")},
+                               security={k: str(keys / f"{k.replace('_key', '')}.pem") for k in
+                                         ("applier_public_key", "producer_private_key", "applier_private_key",
+                                          "producer_public_key")},
+                               target={"kind": "columnstore", "url": "mysql://nobody:x@127.0.0.1:1/"})
+            return cli("produce", "--once", "-c", str(cfg), check=False)
+
+        for srv in (replica, logging_replica):
+            wait_for(lambda s=srv: s.execute("SELECT COUNT(*) FROM information_schema.TABLES "
+                                             "WHERE TABLE_SCHEMA = 'repdb'") == [(1,)] and
+                     s.execute("SELECT COUNT(*) FROM repdb.t") == [(2,)], 60, "the replica to apply")
+        p = produce(replica, "off")
+        errors = [line for line in p.stderr.splitlines() if line.startswith("cynomys:")]
+        assert p.returncode != 0 and "Traceback" not in p.stderr and len(errors) == 1, p.stderr
+        assert "is a replica with log_slave_updates=OFF" in errors[0]
+        assert "fix: set log_slave_updates=ON in the server's config file" in errors[0], errors[0]
+        ok = produce(logging_replica, "on")
+        assert ok.returncode == 0, ok.stderr
+        tail = cli("tail", "-c", str(tmp_path / "on.toml"), "-n", "10").stdout
+        assert "INSERT INTO `repdb`.`t`" in tail, tail
+    finally:
+        for srv in (primary, replica, logging_replica):
+            srv.destroy()
