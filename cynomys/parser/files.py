@@ -351,6 +351,9 @@ class ArchiveInspector:
     def table_names(self) -> list[tuple[str, str]] | None:
         return None  # archived files: no server to list tables on
 
+    def binlog_filters(self) -> tuple[list[str], list[str]] | None:
+        return None
+
     def binlogs(self) -> list[tuple[str, int]]:
         return [(p.name, p.stat().st_size) for p in self.paths]
 

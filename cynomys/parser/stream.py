@@ -293,6 +293,17 @@ class SourceInspector:
     def binlogs(self) -> list[tuple[str, int]]:
         return [(str(r[0]), int(r[1])) for r in self.query(self.flavour.statements.binary_logs)]
 
+    def binlog_filters(self) -> tuple[list[str], list[str]] | None:
+        """The databases the server's own binlog filters keep and leave out
+        (binlog_do_db, binlog_ignore_db): their changes never reach the binlog."""
+        rows = self.query(self.flavour.statements.binlog_status)
+        if not rows or len(rows[0]) < 4:
+            return None
+
+        def names(v: object) -> list[str]:
+            return [n.strip() for n in str(v or "").split(",") if n.strip()]
+        return names(rows[0][2]), names(rows[0][3])
+
     def table_names(self) -> list[tuple[str, str]] | None:
         """Every table and view on the server, as it spells them (database, table)."""
         return [(str(d), str(t)) for d, t in self.query(

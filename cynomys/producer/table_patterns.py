@@ -79,3 +79,23 @@ def check_source_tables(include: Sequence[str], exclude: Sequence[str], tables: 
     """``check_patterns``, its warnings logged."""
     for w in check_patterns(include, exclude, tables, shaped, routes):
         log.warning("%s", w)
+
+
+def check_binlog_filters(replicated: Iterable[tuple[str, str]], do_db: Sequence[str], ignore_db: Sequence[str],
+                         where: str) -> None:
+    """Raise SourceConfigError when a replicated table's database is one the
+    source's binlog filters leave out (``binlog_do_db`` not naming it, or
+    ``binlog_ignore_db`` naming it): its changes never reach the binlog, and
+    the producer would replicate none of them without a word."""
+    dbs = sorted({db for db, _ in replicated})
+    left = [db for db in dbs if (do_db and db not in do_db) or db in ignore_db]
+    if not left:
+        return
+    option = "binlog_do_db" if do_db and left[0] not in ignore_db else "binlog_ignore_db"
+    shown = ", ".join(left[:_SHOWN]) + (" ..." if len(left) > _SHOWN else "")
+    raise SourceConfigError(
+        f"source {where} does not write database{'s' if len(left) > 1 else ''} {shown} to its binlog ({option} "
+        f"= {','.join(do_db if option == 'binlog_do_db' else ignore_db)}), yet Cynomys reads tables there "
+        "([source] include_tables, or the snapshot's watermark table): their changes would never reach the target",
+        hint=f"remove {option} from the source's config file (or list these databases in it) and restart it, or "
+             "leave the tables out with [source] exclude_tables")

@@ -150,3 +150,36 @@ def test_produce_refuses_a_replica_that_does_not_log_what_it_replicates(tmp_path
     finally:
         for srv in (primary, replica, logging_replica):
             srv.destroy()
+
+
+def test_produce_refuses_a_source_whose_binlog_filters_leave_a_replicated_database_out(tmp_path: Path) -> None:
+    """A source started with binlog-do-db = shop writes nothing of crm's
+    tables to its binlog: with include_tables = crm.*, the producer read
+    none of their changes and said nothing.  It now stops at start naming
+    the option; with include_tables = shop.* it runs."""
+    srv = MariaDBServer(server_id=1, extra_args=("--binlog-do-db=shop", "--binlog-do-db=cynomys_meta")).start()
+    try:
+        srv.execute("CREATE DATABASE shop", "CREATE DATABASE crm", "CREATE TABLE shop.o (id INT PRIMARY KEY)",
+                    "CREATE TABLE crm.c (id INT PRIMARY KEY)")
+        keys = tmp_path / "keys"
+        cli("keygen", "--out", str(keys), "--bits", "2048")
+
+        def produce(pattern: str) -> subprocess.CompletedProcess[str]:
+            name = pattern.split(".")[0]
+            cfg = write_config(tmp_path / f"{name}.toml", srv, source={"include_tables": [pattern]},
+                               producer={"state_dir": str(tmp_path / f"{name}-state")},
+                               transport={"kind": "file", "path": str(tmp_path / f"{name}.bin")},
+                               security={k: str(keys / f"{k.replace('_key', '')}.pem") for k in
+                                         ("applier_public_key", "producer_private_key", "applier_private_key",
+                                          "producer_public_key")},
+                               target={"kind": "columnstore", "url": "mysql://nobody:x@127.0.0.1:1/"})
+            return cli("produce", "--once", "-c", str(cfg), check=False)
+
+        p = produce("crm.*")
+        errors = [line for line in p.stderr.splitlines() if line.startswith("cynomys:")]
+        assert p.returncode != 0 and "Traceback" not in p.stderr and len(errors) == 1, p.stderr
+        assert "does not write database crm to its binlog (binlog_do_db = shop,cynomys_meta)" in errors[0], errors[0]
+        ok = produce("shop.*")
+        assert ok.returncode == 0, ok.stderr
+    finally:
+        srv.destroy()

@@ -60,3 +60,18 @@ def test_a_route_source_in_another_case_is_refused_and_a_regular_expression_is_l
     assert "[[shape.route]] source 'Shop.orders'" in str(e.value) and "land under their own names" in str(e.value)
     assert "fix: write source = 'shop.orders' in the route" in str(e.value)
     assert check_patterns(["*.*"], [], TABLES, routes=[r"re:Shop\.orders", "shop.*"]) == []
+
+
+def test_a_replicated_database_the_source_does_not_binlog_is_refused() -> None:
+    from cynomys.producer.table_patterns import check_binlog_filters
+
+    check_binlog_filters([("shop", "orders"), ("hr", "salaries")], [], [], "db:3306")  # no filters
+    check_binlog_filters([("shop", "orders")], ["shop", "crm"], ["tmp"], "db:3306")
+    with pytest.raises(SourceConfigError) as e:
+        check_binlog_filters([("shop", "orders"), ("hr", "salaries")], ["shop"], [], "db:3306")
+    msg = str(e.value)
+    assert "source db:3306 does not write database hr to its binlog (binlog_do_db = shop)" in msg
+    assert "fix: remove binlog_do_db from the source's config file" in msg
+    with pytest.raises(SourceConfigError) as e:
+        check_binlog_filters([("shop", "orders"), ("hr", "salaries"), ("hr2", "x")], [], ["hr", "hr2"], "db:3306")
+    assert "does not write databases hr, hr2 to its binlog (binlog_ignore_db = hr,hr2)" in str(e.value)
