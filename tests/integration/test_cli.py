@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,6 +78,30 @@ def test_produce_tail_status_and_sigterm(mariadb: MariaDBServer, tmp_path: Path)
     assert status["transport"]["kind"] == "file"
 
 
+_KEY_NAMES = ("applier_public_key", "producer_private_key", "applier_private_key", "producer_public_key")
+
+
+def _produce(tmp_path: Path, server: MariaDBServer, name: str, *args: str,
+             **sections: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    """``cynomys produce`` on ``server`` with a state, a file transport and
+    keys of its own (``name``); a target it never reaches."""
+    keys = tmp_path / "keys"
+    if not keys.exists():
+        cli("keygen", "--out", str(keys), "--bits", "2048")
+    cfg = write_config(tmp_path / f"{name}.toml", server, producer={"state_dir": str(tmp_path / f"{name}-state")},
+                       transport={"kind": "file", "path": str(tmp_path / f"{name}.bin")},
+                       security={k: str(keys / f"{k.replace('_key', '')}.pem") for k in _KEY_NAMES},
+                       target={"kind": "columnstore", "url": "mysql://nobody:x@127.0.0.1:1/"}, **sections)
+    return cli("produce", *args, "-c", str(cfg), check=False)
+
+
+def _one_error(p: subprocess.CompletedProcess[str]) -> str:
+    """The one ``cynomys:`` line of a daemon that stopped at start."""
+    errors = [line for line in p.stderr.splitlines() if line.startswith("cynomys:")]
+    assert p.returncode != 0 and "Traceback" not in p.stderr and len(errors) == 1, p.stderr
+    return errors[0]
+
+
 @pytest.mark.parametrize("section", ["include_tables", "exclude_tables", "shape"])
 def test_produce_refuses_a_table_pattern_in_another_case(mariadb: MariaDBServer, tmp_path: Path,
                                                           section: str) -> None:
@@ -86,24 +111,14 @@ def test_produce_refuses_a_table_pattern_in_another_case(mariadb: MariaDBServer,
     table it meant to keep out, and a [shape.tables] entry so spelled did not
     apply.  The producer now stops at start with one line naming the spelling
     to write."""
-    keys = tmp_path / "keys"
-    cli("keygen", "--out", str(keys), "--bits", "2048")
     mariadb.execute("CREATE DATABASE IF NOT EXISTS casedb", "CREATE TABLE IF NOT EXISTS casedb.orders (id INT PRIMARY KEY)")
     patterns = {"include_tables": ["casedb.Orders"]} if section == "include_tables" else {
         "include_tables": ["casedb.*"], "exclude_tables": ["CaseDB.orders"] if section == "exclude_tables" else []}
     shape = {"tables": {"casedb.Orders": {"exclude": ["id"]}}} if section == "shape" else {}
-    cfg = write_config(tmp_path / "c.toml", mariadb, source=patterns, shape=shape,
-                       transport={"kind": "file", "path": str(tmp_path / "t.bin")},
-                       security={k: str(keys / f"{k.replace('_key', '')}.pem") for k in
-                                 ("applier_public_key", "producer_private_key", "applier_private_key",
-                                  "producer_public_key")},
-                       target={"kind": "columnstore", "url": "mysql://nobody:x@127.0.0.1:1/"})
-    p = cli("produce", "-c", str(cfg), check=False)
-    errors = [line for line in p.stderr.splitlines() if line.startswith("cynomys:")]
-    assert p.returncode != 0 and "Traceback" not in p.stderr and len(errors) == 1, p.stderr
-    assert section in errors[0] and "casedb.orders does in another case" in errors[0], errors[0]
-    assert "fix: write " in errors[0] and "casedb.orders" in errors[0].split("fix: write ")[1], errors[0]
-    assert not (tmp_path / "t.bin").exists() or (tmp_path / "t.bin").stat().st_size == 0
+    error = _one_error(_produce(tmp_path, mariadb, "c", source=patterns, shape=shape))
+    assert section in error and "casedb.orders does in another case" in error, error
+    assert "fix: write " in error and "casedb.orders" in error.split("fix: write ")[1], error
+    assert not (tmp_path / "c.bin").exists() or (tmp_path / "c.bin").stat().st_size == 0
 
 
 def test_produce_refuses_a_replica_that_does_not_log_what_it_replicates(tmp_path: Path) -> None:
@@ -120,30 +135,15 @@ def test_produce_refuses_a_replica_that_does_not_log_what_it_replicates(tmp_path
         logging_replica.make_replica_of(primary)
         primary.execute("CREATE DATABASE repdb", "CREATE TABLE repdb.t (id INT PRIMARY KEY)",
                         "INSERT INTO repdb.t VALUES (1), (2)")
-        keys = tmp_path / "keys"
-        cli("keygen", "--out", str(keys), "--bits", "2048")
-
-        def produce(server: MariaDBServer, name: str) -> subprocess.CompletedProcess[str]:
-            cfg = write_config(tmp_path / f"{name}.toml", server,
-                               source={"include_tables": ["repdb.*"], "start": "earliest"},
-                               producer={"state_dir": str(tmp_path / f"{name}-state")},
-                               transport={"kind": "file", "path": str(tmp_path / f"{name}.bin")},
-                               security={k: str(keys / f"{k.replace('_key', '')}.pem") for k in
-                                         ("applier_public_key", "producer_private_key", "applier_private_key",
-                                          "producer_public_key")},
-                               target={"kind": "columnstore", "url": "mysql://nobody:x@127.0.0.1:1/"})
-            return cli("produce", "--once", "-c", str(cfg), check=False)
-
         for srv in (replica, logging_replica):
             wait_for(lambda s=srv: s.execute("SELECT COUNT(*) FROM information_schema.TABLES "
                                              "WHERE TABLE_SCHEMA = 'repdb'") == [(1,)] and
                      s.execute("SELECT COUNT(*) FROM repdb.t") == [(2,)], 60, "the replica to apply")
-        p = produce(replica, "off")
-        errors = [line for line in p.stderr.splitlines() if line.startswith("cynomys:")]
-        assert p.returncode != 0 and "Traceback" not in p.stderr and len(errors) == 1, p.stderr
-        assert "is a replica with log_slave_updates=OFF" in errors[0]
-        assert "fix: set log_slave_updates=ON in the server's config file" in errors[0], errors[0]
-        ok = produce(logging_replica, "on")
+        source = {"include_tables": ["repdb.*"], "start": "earliest"}
+        error = _one_error(_produce(tmp_path, replica, "off", "--once", source=source))
+        assert "is a replica with log_slave_updates=OFF" in error
+        assert "fix: set log_slave_updates=ON in the server's config file" in error, error
+        ok = _produce(tmp_path, logging_replica, "on", "--once", source=source)
         assert ok.returncode == 0, ok.stderr
         tail = cli("tail", "-c", str(tmp_path / "on.toml"), "-n", "10").stdout
         assert "INSERT INTO `repdb`.`t`" in tail, tail
@@ -161,25 +161,9 @@ def test_produce_refuses_a_source_whose_binlog_filters_leave_a_replicated_databa
     try:
         srv.execute("CREATE DATABASE shop", "CREATE DATABASE crm", "CREATE TABLE shop.o (id INT PRIMARY KEY)",
                     "CREATE TABLE crm.c (id INT PRIMARY KEY)")
-        keys = tmp_path / "keys"
-        cli("keygen", "--out", str(keys), "--bits", "2048")
-
-        def produce(pattern: str) -> subprocess.CompletedProcess[str]:
-            name = pattern.split(".")[0]
-            cfg = write_config(tmp_path / f"{name}.toml", srv, source={"include_tables": [pattern]},
-                               producer={"state_dir": str(tmp_path / f"{name}-state")},
-                               transport={"kind": "file", "path": str(tmp_path / f"{name}.bin")},
-                               security={k: str(keys / f"{k.replace('_key', '')}.pem") for k in
-                                         ("applier_public_key", "producer_private_key", "applier_private_key",
-                                          "producer_public_key")},
-                               target={"kind": "columnstore", "url": "mysql://nobody:x@127.0.0.1:1/"})
-            return cli("produce", "--once", "-c", str(cfg), check=False)
-
-        p = produce("crm.*")
-        errors = [line for line in p.stderr.splitlines() if line.startswith("cynomys:")]
-        assert p.returncode != 0 and "Traceback" not in p.stderr and len(errors) == 1, p.stderr
-        assert "does not write database crm to its binlog (binlog_do_db = shop,cynomys_meta)" in errors[0], errors[0]
-        ok = produce("shop.*")
+        error = _one_error(_produce(tmp_path, srv, "crm", "--once", source={"include_tables": ["crm.*"]}))
+        assert "does not write database crm to its binlog (binlog_do_db = shop,cynomys_meta)" in error, error
+        ok = _produce(tmp_path, srv, "shop", "--once", source={"include_tables": ["shop.*"]})
         assert ok.returncode == 0, ok.stderr
     finally:
         srv.destroy()
