@@ -6,7 +6,8 @@ as the file says it (patterns and their capture groups, targets, masks,
 filters, column names: ``cynomys.shape.compile_rules``).  When the source
 is reachable (not with ``--offline``), ``[shape]`` against the source's
 tables too (``cynomys.shape.check``): each table can be shaped, and tables
-merged into one have the same key and no column of two types.
+merged into one have the same key and no column of two types; and what the
+producer checks at start (``check_source``).
 """
 from __future__ import annotations
 
@@ -79,10 +80,32 @@ def check_shape(cfg: Config, *, online: bool) -> list[str]:
         f"[shape] checked against the source's {report.tables} replicated tables"]
 
 
+def check_source(cfg: Config, *, online: bool) -> list[str]:
+    """The checks the producer makes at start (binlog settings, a replica's
+    log_slave_updates, table patterns against the source's tables, its
+    binlog filters), when the source is reachable; returns notes."""
+    if not online or cfg.source.binlog_files:
+        return []
+    from cynomys.parser.stream import SourceInspector
+    from cynomys.producer.table_patterns import check_source_scope
+
+    try:
+        inspector = SourceInspector(cfg.source)
+    except CynomysError as exc:
+        return [f"note: the source is not reachable ({one_line(exc)}): its settings and tables are checked when "
+                "the producer starts"]
+    try:
+        inspector.check_settings()
+        check_source_scope(cfg, inspector)
+    finally:
+        inspector.close()
+    return [f"[source] {cfg.source.host}:{cfg.source.port}: binlog settings and table patterns checked"]
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     note = check_target(cfg)
-    shape_notes = check_shape(cfg, online=not args.offline)
+    shape_notes = check_source(cfg, online=not args.offline) + check_shape(cfg, online=not args.offline)
     print(f"{args.config}: OK")
     for n in ([note] if note else []) + shape_notes:
         print(n)

@@ -57,7 +57,7 @@ from cynomys.parser.stream import BinlogSource, SourceInspector, TableFilter, op
 from cynomys.parser.txn import Assembler, Commit, Item, Progress
 from cynomys.producer.batching import Batching
 from cynomys.producer.state import FileStateStore, StateStore
-from cynomys.producer.table_patterns import check_binlog_filters, check_source_tables
+from cynomys.producer.table_patterns import check_source_scope
 from cynomys.producer.tasks import ProducerTask, observe_in_order, plugged, watching, widen_filter
 from cynomys.snapshot.keyless import KeylessRead, abandon_meta, is_snapshot_tid
 from cynomys.snapshot.watermark import WATERMARK_TABLE
@@ -307,19 +307,7 @@ class Producer:
         inspector = open_inspector(self.cfg.source)  # the server's, or [source] binlog_files'
         try:
             inspector.check_settings()
-            tables = inspector.table_names()
-            if tables is not None:
-                src = self.cfg.source
-                shape = self.cfg.shape
-                check_source_tables(src.include_tables, src.exclude_tables, tables, list(shape.tables),
-                                    [r.source for r in shape.route])
-                filters = inspector.binlog_filters()
-                if filters is not None:
-                    keep = TableFilter(src.include_tables, src.exclude_tables)
-                    # The watermark table's events must reach the binlog too (chunks wait for them).
-                    marks = [] if self.cfg.snapshot.read_only else [(self.cfg.snapshot.watermark_schema, "watermark")]
-                    check_binlog_filters([*(t for t in tables if keep(*t)), *marks], *filters,
-                                         where=f"{src.host}:{src.port}")
+            check_source_scope(self.cfg, inspector)
             start = self._start_position(inspector)
             mariadb = inspector.is_mariadb
         finally:

@@ -17,11 +17,40 @@ from __future__ import annotations
 
 import fnmatch
 import logging
-from typing import Iterable, Sequence
+from typing import Iterable, Protocol, Sequence
 
+from cynomys.core.config import Config
 from cynomys.core.errors import SourceConfigError
+from cynomys.parser.stream import TableFilter
 
 log = logging.getLogger(__name__)
+
+class _Inspector(Protocol):
+    """What the checks read of the source (parser/stream.py SourceInspector;
+    None from archived binlog files: nothing to check)."""
+
+    def table_names(self) -> list[tuple[str, str]] | None: ...
+
+    def binlog_filters(self) -> tuple[list[str], list[str]] | None: ...
+
+
+def check_source_scope(cfg: Config, inspector: _Inspector) -> None:
+    """Every check of this module against the source's tables (the
+    producer's start, `cynomys config check`)."""
+    tables = inspector.table_names()
+    if tables is None:
+        return
+    src, shape = cfg.source, cfg.shape
+    check_source_tables(src.include_tables, src.exclude_tables, tables, list(shape.tables),
+                        [r.source for r in shape.route])
+    filters = inspector.binlog_filters()
+    if filters is None:
+        return
+    keep = TableFilter(src.include_tables, src.exclude_tables)
+    # The watermark table's events must reach the binlog too (chunks wait for them).
+    marks = [] if cfg.snapshot.read_only else [(cfg.snapshot.watermark_schema, "watermark")]
+    check_binlog_filters([*(t for t in tables if keep(*t)), *marks], *filters, where=f"{src.host}:{src.port}")
+
 
 #: The default pattern (no include_tables): matches whatever exists.
 _EVERYTHING = "*.*"

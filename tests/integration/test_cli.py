@@ -167,3 +167,17 @@ def test_produce_refuses_a_source_whose_binlog_filters_leave_a_replicated_databa
         assert ok.returncode == 0, ok.stderr
     finally:
         srv.destroy()
+
+
+def test_config_check_runs_the_producers_start_checks(mariadb: MariaDBServer, tmp_path: Path) -> None:
+    """`cynomys config check` against a reachable source refuses what the
+    producer would refuse at start (here a pattern in another case), and
+    says it checked the source otherwise."""
+    mariadb.execute("CREATE DATABASE IF NOT EXISTS casedb", "CREATE TABLE IF NOT EXISTS casedb.orders (id INT PRIMARY KEY)")
+    bad = write_config(tmp_path / "bad.toml", mariadb, source={"include_tables": ["casedb.Orders"]})
+    p = cli("config", "check", "-c", str(bad), check=False)
+    assert p.returncode != 0 and "casedb.orders does in another case" in p.stderr, p.stderr
+    good = write_config(tmp_path / "good.toml", mariadb, source={"include_tables": ["casedb.orders"]})
+    out = cli("config", "check", "-c", str(good)).stdout
+    assert "binlog settings and table patterns checked" in out, out
+    assert "OK" in cli("config", "check", "--offline", "-c", str(bad)).stdout
