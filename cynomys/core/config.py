@@ -62,6 +62,12 @@ class SourceConfig:
     # "file:pos" (e.g. "mysql-bin.000003:4") or a GTID position.
     start: str = "current"
     use_gtid: bool = False
+    # A replicated table with a foreign key ON DELETE/ON UPDATE CASCADE or
+    # SET NULL: the source writes the rows such an action changes to no
+    # binlog.  "refuse" stops the producer naming the key (at start, and at
+    # a DDL that adds one); "allow" replicates the table, and those rows stay
+    # on the target as they were until `cynomys verify --repair`.
+    cascading_foreign_keys: str = field(default="refuse", metadata=one_of("refuse", "allow"))
     connect_timeout_s: float = field(default=10.0, metadata=POSITIVE)
     heartbeat_s: float = field(default=5.0, metadata=POSITIVE)
     # TLS to the source: on when any of the three is set, for every source

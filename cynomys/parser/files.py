@@ -354,6 +354,9 @@ class ArchiveInspector:
     def binlog_filters(self) -> tuple[list[str], list[str]] | None:
         return None
 
+    def cascading_foreign_keys(self) -> list[tuple[object, ...]] | None:
+        return None
+
     def binlogs(self) -> list[tuple[str, int]]:
         return [(p.name, p.stat().st_size) for p in self.paths]
 

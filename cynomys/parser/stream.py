@@ -304,6 +304,17 @@ class SourceInspector:
             return [n.strip() for n in str(v or "").split(",") if n.strip()]
         return names(rows[0][2]), names(rows[0][3])
 
+    def cascading_foreign_keys(self) -> list[tuple[object, ...]] | None:
+        """information_schema's foreign keys whose actions change rows
+        (producer/foreign_keys.py ``QUERY``); none on a MySQL whose foreign
+        keys run in the SQL layer, which logs what they change."""
+        from cynomys.producer.foreign_keys import QUERY
+
+        if not self.is_mariadb and self.variables("innodb_native_foreign_keys").get(
+                "innodb_native_foreign_keys", "ON").upper() in ("OFF", "0"):
+            return []
+        return [tuple(r) for r in self.query(QUERY)]
+
     def table_names(self) -> list[tuple[str, str]] | None:
         """Every table and view on the server, as it spells them (database, table)."""
         return [(str(d), str(t)) for d, t in self.query(

@@ -25,6 +25,7 @@ from cynomys.core.model import Batch, Change, EnvelopeMeta, Op, Position
 from cynomys.parser.stream import TableFilter
 from cynomys.parser.txn import Assembler, Commit, Item, Progress
 from cynomys.producer.ddl_scope import unreadable_elsewhere
+from cynomys.producer.foreign_keys import check_ddl
 from cynomys.reducer.fold import PRODUCER_RULES, Folder
 from cynomys.reducer.sql import render_one
 from cynomys.shape import Shaper, compile_rules
@@ -107,8 +108,11 @@ class Batching:
                 self.skip_tid = None
             p.monitor.change_in(out, n)
             shaped = self.shaper.change(out) if self.shaper is not None else out
-            if out.op is Op.DDL and shaped is not None and unreadable_elsewhere(out, self.replicated):
-                shaped = None  # would stop the applier for a table nobody replicates
+            if out.op is Op.DDL and shaped is not None:
+                if unreadable_elsewhere(out, self.replicated):
+                    shaped = None  # would stop the applier for a table nobody replicates
+                else:
+                    check_ddl(out, self.replicated, p.cfg.source.cascading_foreign_keys)
             if shaped is None:
                 # Nothing of it goes (filtered, a column left out by a DDL):
                 # still one of its transaction's changes, as counted when

@@ -22,6 +22,7 @@ from typing import Iterable, Protocol, Sequence
 from cynomys.core.config import Config
 from cynomys.core.errors import SourceConfigError
 from cynomys.parser.stream import TableFilter
+from cynomys.producer.foreign_keys import ALLOW, CascadingKey, check_keys
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,8 @@ class _Inspector(Protocol):
 
     def binlog_filters(self) -> tuple[list[str], list[str]] | None: ...
 
+    def cascading_foreign_keys(self) -> list[tuple[object, ...]] | None: ...
+
 
 def check_source_scope(cfg: Config, inspector: _Inspector) -> None:
     """Every check of this module against the source's tables (the
@@ -43,13 +46,15 @@ def check_source_scope(cfg: Config, inspector: _Inspector) -> None:
     src, shape = cfg.source, cfg.shape
     check_source_tables(src.include_tables, src.exclude_tables, tables, list(shape.tables),
                         [r.source for r in shape.route])
-    filters = inspector.binlog_filters()
-    if filters is None:
-        return
     keep = TableFilter(src.include_tables, src.exclude_tables)
-    # The watermark table's events must reach the binlog too (chunks wait for them).
-    marks = [] if cfg.snapshot.read_only else [(cfg.snapshot.watermark_schema, "watermark")]
-    check_binlog_filters([*(t for t in tables if keep(*t)), *marks], *filters, where=f"{src.host}:{src.port}")
+    filters = inspector.binlog_filters()
+    if filters is not None:
+        # The watermark table's events must reach the binlog too (chunks wait for them).
+        marks = [] if cfg.snapshot.read_only else [(cfg.snapshot.watermark_schema, "watermark")]
+        check_binlog_filters([*(t for t in tables if keep(*t)), *marks], *filters, where=f"{src.host}:{src.port}")
+    keys = inspector.cascading_foreign_keys() if src.cascading_foreign_keys != ALLOW else None
+    if keys:
+        check_keys([CascadingKey.from_row(r) for r in keys], keep, src.cascading_foreign_keys)
 
 
 #: The default pattern (no include_tables): matches whatever exists.
