@@ -306,14 +306,16 @@ class SourceInspector:
 
     def cascading_foreign_keys(self) -> list[tuple[object, ...]] | None:
         """information_schema's foreign keys whose actions change rows
-        (producer/foreign_keys.py ``QUERY``); none on a MySQL whose foreign
-        keys run in the SQL layer, which logs what they change."""
-        from cynomys.producer.foreign_keys import QUERY
-
+        (producer/foreign_keys.py): child database, table, key name, parent
+        database, table, delete rule, update rule.  None on a MySQL whose
+        foreign keys run in the SQL layer, which logs what they change."""
         if not self.is_mariadb and self.variables("innodb_native_foreign_keys").get(
                 "innodb_native_foreign_keys", "ON").upper() in ("OFF", "0"):
             return []
-        return [tuple(r) for r in self.query(QUERY)]
+        return [tuple(r) for r in self.query(
+            "SELECT CONSTRAINT_SCHEMA, TABLE_NAME, CONSTRAINT_NAME, UNIQUE_CONSTRAINT_SCHEMA, REFERENCED_TABLE_NAME, "
+            "DELETE_RULE, UPDATE_RULE FROM information_schema.REFERENTIAL_CONSTRAINTS WHERE DELETE_RULE IN "
+            "('CASCADE', 'SET NULL', 'SET DEFAULT') OR UPDATE_RULE IN ('CASCADE', 'SET NULL', 'SET DEFAULT')")]
 
     def table_names(self) -> list[tuple[str, str]] | None:
         """Every table and view on the server, as it spells them (database, table)."""

@@ -34,10 +34,6 @@ from cynomys.producer.ddl_scope import one_table
 #: only refuse the parent's change, which is then not in the binlog either).
 ACTIONS = ("CASCADE", "SET NULL", "SET DEFAULT")
 REFUSE, ALLOW = "refuse", "allow"
-#: The foreign keys with such an action, as information_schema has them.
-QUERY = ("SELECT CONSTRAINT_SCHEMA, TABLE_NAME, CONSTRAINT_NAME, UNIQUE_CONSTRAINT_SCHEMA, REFERENCED_TABLE_NAME, "
-         "DELETE_RULE, UPDATE_RULE FROM information_schema.REFERENTIAL_CONSTRAINTS WHERE DELETE_RULE IN "
-         "('CASCADE', 'SET NULL', 'SET DEFAULT') OR UPDATE_RULE IN ('CASCADE', 'SET NULL', 'SET DEFAULT')")
 _ACTION = re.compile(r"\bON\s+(DELETE|UPDATE)\s+(CASCADE|SET\s+NULL|SET\s+DEFAULT)\b", re.IGNORECASE)
 _HINT = ("drop the ON DELETE/ON UPDATE action and change the child rows in the application (or, on MySQL 9, "
          "use SQL-layer foreign keys: innodb_native_foreign_keys = OFF, which logs them); or set [source] "
