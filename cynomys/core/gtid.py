@@ -121,6 +121,12 @@ class GtidSet:
         return self.text or "(empty)"
 
 
+def mariadb_seq(gtid: str) -> tuple[int, int] | None:
+    """(domain, seq) of one MariaDB GTID ``d-s-n``; None for anything else."""
+    m = _MARIADB_GTID.match(gtid)
+    return (int(m.group(1)), int(m.group(3))) if m else None
+
+
 def flavor_of(text: str) -> str:
     """'mariadb' for ``d-s-n[,...]``, 'mysql' for ``uuid:1-5[,...]``, '' when
     ``text`` is empty or neither."""

@@ -39,6 +39,7 @@ from typing import Any, Sequence
 
 from cynomys.core.columnar import ManyRows
 from cynomys.core.config import Config
+from cynomys.core.gtid import GtidSet, flavor_of, mariadb_seq
 from cynomys.core.model import Change, Op, Position, Value
 from cynomys.parser.txn import Commit, Item
 from cynomys.snapshot.chunker import decode_key, encode_key
@@ -190,6 +191,9 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
         self._parts: dict[tuple[str, int], _Part] = {}
         self._by_flight: dict[int, _Active] = {}
         self._flights = itertools.count(1)
+        # MariaDB GTIDs the log has passed, domain -> highest seq (from the
+        # start's and every commit's): where a rename's job may start.
+        self._gtid_seqs = dict(GtidSet.parse_mariadb(start.gtid).seqs) if flavor_of(start.gtid) == "mariadb" else {}
 
     def wait_s(self) -> float:
         """How long the producer may block waiting for events before ``poll``
@@ -262,7 +266,7 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
         log.warning("%s renamed into the replicated tables from a table that is not replicated: its rows were "
                     "never read from the log; snapshot %s reads them", ", ".join(came_in), ident)
         self.store.submit({"action": "start", "id": ident, "tables": came_in, "where": "", "origin": "rename",
-                           "not_before": f"{change.txn.file}:{change.txn.pos}"})
+                           "not_before": f"{change.txn.file}:{change.txn.pos}", "not_before_gtid": change.tid})
 
     def _abort(self, why: str) -> None:
         self._drop_work(None)
@@ -361,12 +365,23 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
             self._maybe_work = False
         return None
 
+    def _passed(self, gtid: str, end: Position) -> None:
+        super()._passed(gtid, end)
+        ds = mariadb_seq(gtid)
+        if ds is not None:
+            self._gtid_seqs[ds[0]] = max(ds[1], self._gtid_seqs.get(ds[0], 0))
+
     def _past_its_statement(self, job: SnapshotJob) -> bool:
         """Has the log gone past the statement that asked for ``job``?  A
         producer killed after asking resumes before the RENAME: read at once,
         the table's rows went into the target's table of the old name, which
-        the RENAME, applied after them, then moved away.  A log of another
-        server (a failover) cannot be compared: not held."""
+        the RENAME, applied after them, then moved away.  By its MariaDB GTID
+        (which holds across a failover, gtid_strict_mode); else by binlog
+        position, where the log is of the same server's files (another's
+        cannot be compared: not held)."""
+        ds = mariadb_seq(job.not_before_gtid)
+        if ds is not None:
+            return self._gtid_seqs.get(ds[0], -1) >= ds[1]
         if not job.not_before:
             return True
         mark, end = Position.parse(job.not_before), self._last_end
@@ -700,7 +715,8 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
             origin = "rename" if req.get("origin") == "rename" else "request"
             job = self._new_job(ident, origin, tables, str(req.get("where") or ""), strict=True)
             if origin == "rename":
-                job = replace(job, not_before=str(req.get("not_before") or ""))
+                job = replace(job, not_before=str(req.get("not_before") or ""),
+                              not_before_gtid=str(req.get("not_before_gtid") or ""))
             log.info("snapshot %s requested: %s%s", job.id, ", ".join(t.name for t in job.tables),
                      f" where {job.where}" if job.where else "")
             self._set_jobs([*self.jobs, job])

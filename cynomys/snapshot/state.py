@@ -157,6 +157,7 @@ class SnapshotJob:
     # 'file:pos' the log must be past before it starts ('rename': where the
     # statement began; a producer resumed before it reads it again first).
     not_before: str = ""
+    not_before_gtid: str = ""          # the statement's GTID (MariaDB: compared by domain and seq)
 
     @property
     def active(self) -> bool:

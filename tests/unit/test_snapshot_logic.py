@@ -392,6 +392,30 @@ def test_a_table_renamed_in_waits_for_its_rename_then_is_cleared_before_its_firs
     assert other._past_its_statement(job) and not co._past_its_statement(replace(job, not_before="b.000002:4"))
 
 
+def test_a_rename_job_with_a_mariadb_gtid_waits_for_that_gtid_whatever_the_files(tmp_path: Path) -> None:
+    """With its statement's MariaDB GTID, a rename's job is held until the
+    log has passed that GTID (a failover keeps GTIDs, not file names): not
+    held when the producer starts past it, held on another server's files
+    until the GTID comes."""
+    from cynomys.core.config import Config, ProducerConfig
+    from cynomys.parser.txn import Commit
+    from cynomys.snapshot.coordinator import SnapshotCoordinator
+    from cynomys.snapshot.state import QUEUED
+
+    cfg = Config(producer=ProducerConfig(state_dir=str(tmp_path)))
+    job = SnapshotJob("r", "rename", QUEUED, (TableProgress("d.t"),), not_before="b.000007:500",
+                      not_before_gtid="0-1-9")
+    past = SnapshotCoordinator(cfg, start=Position("b.000001", 4, "0-2-12,1-1-3"), first_start=False)
+    assert past._past_its_statement(job)                  # started past 0-?-9 in domain 0
+    co = SnapshotCoordinator(cfg, start=Position("other-bin.000002", 4, "0-1-7"), first_start=False)
+    assert not co._past_its_statement(job)
+    co.observe(Commit(Position("other-bin.000002", 4), Position("other-bin.000002", 90), 1, "0-1-8"))
+    co.observe(Commit(Position("other-bin.000002", 90), Position("other-bin.000002", 190), 1, "1-1-40"))
+    assert not co._past_its_statement(job)                # another domain's GTID says nothing
+    co.observe(Commit(Position("other-bin.000002", 190), Position("other-bin.000002", 290), 1, "0-2-9"))
+    assert co._past_its_statement(job)                    # after a failover the server id differs, the seq goes on
+
+
 def test_the_watermark_table_reaches_the_tasks_whatever_the_filter_says(tmp_path: Path) -> None:
     from cynomys.core.config import Config, ProducerConfig, SnapshotConfig
     from cynomys.parser.stream import TableFilter
