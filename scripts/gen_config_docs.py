@@ -63,7 +63,8 @@ EXTRA: dict[str, str] = {
     "source.include_tables": "fnmatch patterns on `db.table` naming the tables to replicate, case-sensitive as "
                              "the server stores the names (all lower case with `lower_case_table_names = 1`); "
                              "the producer refuses to start on a pattern that matches a table only in another "
-                             "case, and warns about one that matches no table yet.",
+                             "case, warns about one that matches no table yet, and stops if a table created "
+                             "later matches that one only in another case.",
     "source.exclude_tables": "fnmatch patterns on `db.table` to leave out; an exclusion wins over an inclusion. "
                              "Case-sensitive, checked at start as `include_tables`.",
     "source.use_gtid": "Resume by GTID instead of binlog file and position. Needed to follow a source failover: "

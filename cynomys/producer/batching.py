@@ -108,6 +108,8 @@ class Batching:
                 self.skip_tid = None
             p.monitor.change_in(out, n)
             shaped = self.shaper.change(out) if self.shaper is not None else out
+            if out.op is Op.DDL and p.pattern_watch is not None:
+                p.pattern_watch.on_ddl(out)  # a table created that a pattern names in another case
             if out.op is Op.DDL and shaped is not None:
                 if unreadable_elsewhere(out, self.replicated):
                     shaped = None  # would stop the applier for a table nobody replicates

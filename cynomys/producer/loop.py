@@ -57,7 +57,7 @@ from cynomys.parser.stream import BinlogSource, SourceInspector, TableFilter, op
 from cynomys.parser.txn import Assembler, Commit, Item, Progress
 from cynomys.producer.batching import Batching
 from cynomys.producer.state import FileStateStore, StateStore
-from cynomys.producer.table_patterns import check_source_scope
+from cynomys.producer.table_patterns import PatternWatch, check_source_scope
 from cynomys.producer.tasks import ProducerTask, observe_in_order, plugged, watching, widen_filter
 from cynomys.snapshot.keyless import KeylessRead, abandon_meta, is_snapshot_tid
 from cynomys.snapshot.watermark import WATERMARK_TABLE
@@ -122,6 +122,8 @@ class Producer:
         self.max_delay = cfg.producer.batch_max_delay_ms / 1000.0
         self.stats = {"batches": 0, "changes_in": 0, "changes_out": 0, "transactions": 0}
         self.tasks: tuple[ProducerTask, ...] = ()  # plugged in by run (producer/tasks.py)
+        # Table patterns no table matched at start (producer/table_patterns.py), set by run.
+        self.pattern_watch: PatternWatch | None = None
         # While a task's items are being batched (_poll_tasks), checkpoints
         # are not reported to the tasks: the batching may ship what came
         # before those items first (a snapshot chunk starts an envelope of
@@ -307,7 +309,7 @@ class Producer:
         inspector = open_inspector(self.cfg.source)  # the server's, or [source] binlog_files'
         try:
             inspector.check_settings()
-            check_source_scope(self.cfg, inspector)
+            self.pattern_watch = check_source_scope(self.cfg, inspector)
             start = self._start_position(inspector)
             mariadb = inspector.is_mariadb
         finally:

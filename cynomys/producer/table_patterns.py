@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import re
 from typing import Iterable, Protocol, Sequence
 
 from cynomys.core.config import Config
 from cynomys.core.errors import SourceConfigError
+from cynomys.core.model import Change
+from cynomys.parser.kinds import statement_of
 from cynomys.parser.stream import TableFilter
+from cynomys.producer.ddl_scope import one_table
 from cynomys.producer.foreign_keys import ALLOW, CascadingKey, check_keys
 
 log = logging.getLogger(__name__)
@@ -37,15 +41,17 @@ class _Inspector(Protocol):
     def cascading_foreign_keys(self) -> list[tuple[object, ...]] | None: ...
 
 
-def check_source_scope(cfg: Config, inspector: _Inspector) -> None:
+def check_source_scope(cfg: Config, inspector: _Inspector) -> PatternWatch | None:
     """Every check of this module against the source's tables (the
-    producer's start, `cynomys config check`)."""
+    producer's start, `cynomys config check`); the patterns that match no
+    table yet, to watch the tables the log creates (None: no source)."""
     tables = inspector.table_names()
     if tables is None:
-        return
+        return None
     src, shape = cfg.source, cfg.shape
-    check_source_tables(src.include_tables, src.exclude_tables, tables, list(shape.tables),
-                        [r.source for r in shape.route])
+    groups = _groups(src.include_tables, src.exclude_tables, list(shape.tables), [r.source for r in shape.route])
+    for w in _check(groups, tables):
+        log.warning("%s", w)
     keep = TableFilter(src.include_tables, src.exclude_tables)
     filters = inspector.binlog_filters()
     if filters is not None:
@@ -55,6 +61,30 @@ def check_source_scope(cfg: Config, inspector: _Inspector) -> None:
     keys = inspector.cascading_foreign_keys() if src.cascading_foreign_keys != ALLOW else None
     if keys:
         check_keys([CascadingKey.from_row(r) for r in keys], keep, src.cascading_foreign_keys)
+    names = [f"{db}.{t}" for db, t in tables]
+    return PatternWatch([g for g in groups if not _matches(g[1], names)])
+
+
+class PatternWatch:
+    """The patterns that matched no table at start: a table the log creates
+    later that one of them matches only in another case stops the producer
+    as it would have at start (``include_tables = ["shop.Orders"]`` and a
+    ``CREATE TABLE shop.orders`` an hour later).  A pattern that matches a
+    created table as written is no longer watched."""
+
+    def __init__(self, groups: list[tuple[str, str, str]]) -> None:
+        self.groups = groups
+
+    def on_ddl(self, change: Change) -> None:
+        sql = change.sql or ""
+        if not self.groups or not _CREATE.match(statement_of(sql)):
+            return
+        table = one_table(sql, change.database)
+        if table is None:
+            return
+        name = f"{table[0]}.{table[1]}"
+        self.groups = [g for g in self.groups if not _matches(g[1], [name])]
+        _check(self.groups, [table])
 
 
 #: The default pattern (no include_tables): matches whatever exists.
@@ -72,6 +102,8 @@ _MISSED = {
 }
 #: A route's source written as a regular expression: not a glob, not checked.
 _REGEX = "re:"
+#: The DDL a watched pattern is checked at: a table created.
+_CREATE = re.compile(r"^\s*(?:/\*.*?\*/\s*)*CREATE\s+(?:OR\s+REPLACE\s+)?TABLE\b", re.IGNORECASE | re.DOTALL)
 
 
 def check_patterns(include: Sequence[str], exclude: Sequence[str], tables: Iterable[tuple[str, str]],
@@ -81,14 +113,27 @@ def check_patterns(include: Sequence[str], exclude: Sequence[str], tables: Itera
     for include patterns that match no table at all.  ``shaped``: the
     ``[shape.tables]`` patterns; ``routes``: the ``[[shape.route]]``
     sources."""
+    return _check(_groups(include, exclude, shaped, routes), tables)
+
+
+def _groups(include: Sequence[str], exclude: Sequence[str], shaped: Sequence[str],
+            routes: Sequence[str]) -> list[tuple[str, str, str]]:
+    """Every pattern as (how a message names it, the pattern, its kind)."""
+    return [*((f"[source] include_tables pattern {p!r}", p, "include_tables") for p in include),
+            *((f"[source] exclude_tables pattern {p!r}", p, "exclude_tables") for p in exclude),
+            *((f'[shape.tables."{p}"]', p, "shape") for p in shaped),
+            *((f"[[shape.route]] source {p!r}", p, "route") for p in routes if not p.startswith(_REGEX))]
+
+
+def _matches(p: str, names: Sequence[str]) -> bool:
+    return p == _EVERYTHING or any(fnmatch.fnmatchcase(n, p) for n in names)
+
+
+def _check(groups: Sequence[tuple[str, str, str]], tables: Iterable[tuple[str, str]]) -> list[str]:
     names = [f"{db}.{t}" for db, t in tables]
-    groups = [*((f"[source] include_tables pattern {p!r}", p, "include_tables") for p in include),
-              *((f"[source] exclude_tables pattern {p!r}", p, "exclude_tables") for p in exclude),
-              *((f'[shape.tables."{p}"]', p, "shape") for p in shaped),
-              *((f"[[shape.route]] source {p!r}", p, "route") for p in routes if not p.startswith(_REGEX))]
     warnings: list[str] = []
     for label, p, kind in groups:
-        if p == _EVERYTHING or any(fnmatch.fnmatchcase(n, p) for n in names):
+        if _matches(p, names):
             continue
         near = [n for n in names if fnmatch.fnmatchcase(n.lower(), p.lower())]
         if near:
@@ -106,13 +151,6 @@ def check_patterns(include: Sequence[str], exclude: Sequence[str], tables: Itera
             warnings.append(f"{label} matches no table on the source (yet): nothing is replicated for it until "
                             "such a table is created")
     return warnings
-
-
-def check_source_tables(include: Sequence[str], exclude: Sequence[str], tables: Iterable[tuple[str, str]],
-                        shaped: Sequence[str] = (), routes: Sequence[str] = ()) -> None:
-    """``check_patterns``, its warnings logged."""
-    for w in check_patterns(include, exclude, tables, shaped, routes):
-        log.warning("%s", w)
 
 
 def check_binlog_filters(replicated: Iterable[tuple[str, str]], do_db: Sequence[str], ignore_db: Sequence[str],

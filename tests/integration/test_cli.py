@@ -102,6 +102,24 @@ def _one_error(p: subprocess.CompletedProcess[str]) -> str:
     return errors[0]
 
 
+def _stopped_by(tmp_path: Path, cfg: Path, server: MariaDBServer, sql: str) -> str:
+    """The one error line of a producer daemon (``cfg``) that ``sql``, run on
+    the source once the daemon reads the log, stops."""
+    log = tmp_path / "daemon.log"
+    with log.open("w") as out:
+        daemon = subprocess.Popen([sys.executable, "-m", "cynomys.cli", "--log-level", "INFO", "produce", "-c",
+                                   str(cfg)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=out)
+    try:
+        # Past its start checks (which would judge the table by information_schema): reading the log.
+        wait_for(lambda: "resuming from checkpoint" in log.read_text() or "no checkpoint" in log.read_text(), 60,
+                 lambda: f"the producer to run: {log.read_text()}")
+        server.execute(sql)
+        daemon.wait(60)
+    finally:
+        daemon.kill()
+    return _one_error(subprocess.CompletedProcess(daemon.args, daemon.returncode, "", log.read_text()))
+
+
 @pytest.mark.parametrize("section", ["include_tables", "exclude_tables", "shape"])
 def test_produce_refuses_a_table_pattern_in_another_case(mariadb: MariaDBServer, tmp_path: Path,
                                                           section: str) -> None:
@@ -119,6 +137,16 @@ def test_produce_refuses_a_table_pattern_in_another_case(mariadb: MariaDBServer,
     assert section in error and "casedb.orders does in another case" in error, error
     assert "fix: write " in error and "casedb.orders" in error.split("fix: write ")[1], error
     assert not (tmp_path / "c.bin").exists() or (tmp_path / "c.bin").stat().st_size == 0
+
+
+def test_produce_stops_when_a_table_a_pattern_names_in_another_case_is_created(mariadb: MariaDBServer,
+                                                                               tmp_path: Path) -> None:
+    """A pattern that matches no table at start is only warned about; the
+    table created later in another case stops the producer then."""
+    mariadb.execute("CREATE DATABASE IF NOT EXISTS laterdb")
+    assert _produce(tmp_path, mariadb, "later", "--once", source={"include_tables": ["laterdb.Orders"]}).returncode == 0
+    error = _stopped_by(tmp_path, tmp_path / "later.toml", mariadb, "CREATE TABLE laterdb.orders (id INT PRIMARY KEY)")
+    assert "include_tables pattern 'laterdb.Orders' matches no table on the source, but laterdb.orders does" in error
 
 
 def test_produce_refuses_a_replica_that_does_not_log_what_it_replicates(tmp_path: Path) -> None:
@@ -212,20 +240,8 @@ def test_produce_refuses_a_replicated_table_whose_foreign_key_cascades(tmp_path:
         cfg = tmp_path / "parent.toml"
         text = cfg.read_text().replace('include_tables = ["fk.p"]', 'include_tables = ["fk.p", "fk.d"]')
         cfg.write_text(text.replace('start = "earliest"', 'start = "current"'))
-        log = tmp_path / "daemon.log"
-        with log.open("w") as out:
-            daemon = subprocess.Popen([sys.executable, "-m", "cynomys.cli", "--log-level", "INFO", "produce", "-c",
-                                       str(cfg)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=out)
-        try:
-            # Past its start checks (they would refuse fk.d by information_schema): reading the log.
-            wait_for(lambda: "resuming from checkpoint" in log.read_text(), 60,
-                     lambda: f"the producer to run: {log.read_text()}")
-            srv.execute("CREATE TABLE fk.d (id INT PRIMARY KEY, cid INT, FOREIGN KEY (cid) REFERENCES fk.c (id) "
-                        "ON UPDATE CASCADE)")
-            daemon.wait(60)
-        finally:
-            daemon.kill()
-        error = _one_error(subprocess.CompletedProcess(daemon.args, daemon.returncode, "", log.read_text()))
+        error = _stopped_by(tmp_path, cfg, srv, "CREATE TABLE fk.d (id INT PRIMARY KEY, cid INT, FOREIGN KEY (cid) "
+                            "REFERENCES fk.c (id) ON UPDATE CASCADE)")
         assert "a DDL gives fk.d a foreign key with an ON DELETE/ON UPDATE action" in error, error
     finally:
         srv.destroy()

@@ -75,3 +75,22 @@ def test_a_replicated_database_the_source_does_not_binlog_is_refused() -> None:
     with pytest.raises(SourceConfigError) as e:
         check_binlog_filters([("shop", "orders"), ("hr", "salaries"), ("hr2", "x")], [], ["hr", "hr2"], "db:3306")
     assert "does not write databases hr, hr2 to its binlog (binlog_ignore_db = hr,hr2)" in str(e.value)
+
+
+def test_a_table_created_later_that_a_pattern_names_in_another_case_is_refused_then() -> None:
+    from cynomys.core.model import Change, Op, Position
+    from cynomys.producer.table_patterns import PatternWatch, _groups
+
+    def create(sql: str, db: str = "shop") -> Change:
+        return Change(Op.DDL, db, "", "0-1-3", Position("b.000001", 4), 0, sql=sql)
+
+    watch = PatternWatch(_groups(["shop.Orders", "shop.Line*"], ["hr.Secret"], [], []))
+    watch.on_ddl(create("ALTER TABLE orders ADD COLUMN x INT"))      # not a CREATE: nothing to judge
+    watch.on_ddl(create("CREATE TABLE shop.LineItems (id INT PRIMARY KEY)"))
+    assert [g[1] for g in watch.groups] == ["shop.Orders", "hr.Secret"]  # matched as written: not watched
+    watch.on_ddl(create("CREATE TABLE shop.lines (id INT)"))           # Line* matched already: no stop
+    with pytest.raises(SourceConfigError, match="include_tables pattern 'shop.Orders' matches no table on the "
+                                                "source, but shop.orders does in another case"):
+        watch.on_ddl(create("CREATE TABLE IF NOT EXISTS `orders` (id INT PRIMARY KEY)"))
+    with pytest.raises(SourceConfigError, match="exclude_tables pattern 'hr.Secret'"):
+        watch.on_ddl(create("create table hr.secret (id int)", "other"))
