@@ -59,6 +59,14 @@ def _digests(srv: MariaDBServer) -> dict[str, list[tuple[object, ...]]]:
     return out
 
 
+def _tear_down(procs: list[subprocess.Popen[bytes]], *servers: MariaDBServer) -> None:
+    for p in procs:
+        p.kill()
+        p.wait(10)
+    for srv in servers:
+        srv.destroy()
+
+
 @pytest.mark.parametrize("kill", [None, "at-once", "after-request"])
 def test_a_table_swapped_in_by_an_online_schema_change_is_snapshotted(tmp_path: Path, redis_url: str,
                                                                       kill: str | None) -> None:
@@ -105,11 +113,7 @@ def test_a_table_swapped_in_by_an_online_schema_change_is_snapshotted(tmp_path: 
         assert tgt.execute("SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = 'app' "
                            "ORDER BY TABLE_NAME") == [("k",), ("t",)]
     finally:
-        for p in procs:
-            p.kill()
-            p.wait(10)
-        src.destroy()
-        tgt.destroy()
+        _tear_down(procs, src, tgt)
 
 
 def test_a_table_renamed_out_and_back_is_read_again_whole(tmp_path: Path, redis_url: str) -> None:
@@ -154,8 +158,4 @@ def test_a_table_renamed_out_and_back_is_read_again_whole(tmp_path: Path, redis_
         jobs = SnapshotStore(tmp_path / "producer-state").load()
         assert [j.status for j in jobs if j.origin == "rename"] == [FINISHED]
     finally:
-        for p in procs:
-            p.kill()
-            p.wait(10)
-        src.destroy()
-        tgt.destroy()
+        _tear_down(procs, src, tgt)
