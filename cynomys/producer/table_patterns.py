@@ -1,5 +1,6 @@
-"""``[source] include_tables``/``exclude_tables`` checked against the
-source's tables when the producer starts.
+"""What the producer checks against the source's tables when it starts
+(and `cynomys config check` with it): table patterns, binlog filters and
+cascading foreign keys (producer/foreign_keys.py).
 
 The patterns are matched case-sensitively (parser/stream.py
 ``TableFilter``): the binlog spells a name as the server stores it, and a
@@ -9,9 +10,10 @@ lower case.  ``include_tables = ["shop.Orders"]`` then matched nothing: the
 table was never replicated, the snapshot skipped it, lag stayed at zero and
 nothing said why; ``exclude_tables = ["hr.Salaries"]`` replicated the table
 it meant to keep out, a ``[shape.tables."hr.Employees"]`` mask was not
-applied to ``hr.employees``, and a route so spelled did not route.  A pattern that matches no table but would in another
-case is refused, naming the spelling to write; one that matches no table at
-all is only warned about (its table may be created later).
+applied to ``hr.employees``, and a route so spelled did not route.  A
+pattern that matches no table but would in another case is refused, naming
+the spelling to write; one that matches no table at all is only warned
+about (its table may be created later), and watched (``PatternWatch``).
 """
 from __future__ import annotations
 
@@ -29,6 +31,25 @@ from cynomys.producer.ddl_scope import one_table
 from cynomys.producer.foreign_keys import ALLOW, CascadingKey, check_keys
 
 log = logging.getLogger(__name__)
+
+#: The default pattern (no include_tables): matches whatever exists.
+_EVERYTHING = "*.*"
+#: Names shown in a message, at most.
+_SHOWN = 3
+#: What a pattern spelled in another case would do, by where it is written.
+_MISSED = {
+    "include_tables": "the tables would never be replicated",
+    "exclude_tables": "the tables would be replicated",
+    "shape": "its masks, filters and column lists would not apply to them",
+    "route": "they would land under their own names, not where the route sends them",
+}
+#: A route's source written as a regular expression: not a glob, not checked.
+_REGEX = "re:"
+#: The DDL a watched pattern is checked at: a table created.
+_CREATE = re.compile(r"^\s*(?:/\*.*?\*/\s*)*CREATE\s+(?:OR\s+REPLACE\s+)?TABLE\b", re.IGNORECASE | re.DOTALL)
+#: A pattern as (how a message names it, the pattern, its kind: a key of _MISSED).
+Group = tuple[str, str, str]
+
 
 class _Inspector(Protocol):
     """What the checks read of the source (parser/stream.py SourceInspector;
@@ -49,8 +70,9 @@ def check_source_scope(cfg: Config, inspector: _Inspector) -> PatternWatch | Non
     if tables is None:
         return None
     src, shape = cfg.source, cfg.shape
-    groups = _groups(src.include_tables, src.exclude_tables, list(shape.tables), [r.source for r in shape.route])
-    for w in _check(groups, tables):
+    unmatched = _unmatched(_groups(src.include_tables, src.exclude_tables, list(shape.tables),
+                                   [r.source for r in shape.route]), tables)
+    for w in _warnings(unmatched):
         log.warning("%s", w)
     keep = TableFilter(src.include_tables, src.exclude_tables)
     filters = inspector.binlog_filters()
@@ -61,8 +83,7 @@ def check_source_scope(cfg: Config, inspector: _Inspector) -> PatternWatch | Non
     keys = inspector.cascading_foreign_keys() if src.cascading_foreign_keys != ALLOW else None
     if keys:
         check_keys([CascadingKey.from_row(r) for r in keys], keep, src.cascading_foreign_keys)
-    names = [f"{db}.{t}" for db, t in tables]
-    return PatternWatch([g for g in groups if not _matches(g[1], names)])
+    return PatternWatch(unmatched)
 
 
 class PatternWatch:
@@ -72,7 +93,7 @@ class PatternWatch:
     ``CREATE TABLE shop.orders`` an hour later).  A pattern that matches a
     created table as written is no longer watched."""
 
-    def __init__(self, groups: list[tuple[str, str, str]]) -> None:
+    def __init__(self, groups: list[Group]) -> None:
         self.groups = groups
 
     def on_ddl(self, change: Change) -> None:
@@ -80,30 +101,8 @@ class PatternWatch:
         if not self.groups or not _CREATE.match(statement_of(sql)):
             return
         table = one_table(sql, change.database)
-        if table is None:
-            return
-        name = f"{table[0]}.{table[1]}"
-        self.groups = [g for g in self.groups if not _matches(g[1], [name])]
-        _check(self.groups, [table])
-
-
-#: The default pattern (no include_tables): matches whatever exists.
-_EVERYTHING = "*.*"
-#: Names shown in a message, at most.
-_SHOWN = 3
-
-
-#: What a pattern spelled in another case would do, by where it is written.
-_MISSED = {
-    "include_tables": "the tables would never be replicated",
-    "exclude_tables": "the tables would be replicated",
-    "shape": "its masks, filters and column lists would not apply to them",
-    "route": "they would land under their own names, not where the route sends them",
-}
-#: A route's source written as a regular expression: not a glob, not checked.
-_REGEX = "re:"
-#: The DDL a watched pattern is checked at: a table created.
-_CREATE = re.compile(r"^\s*(?:/\*.*?\*/\s*)*CREATE\s+(?:OR\s+REPLACE\s+)?TABLE\b", re.IGNORECASE | re.DOTALL)
+        if table is not None:
+            self.groups = _unmatched(self.groups, [table])
 
 
 def check_patterns(include: Sequence[str], exclude: Sequence[str], tables: Iterable[tuple[str, str]],
@@ -113,27 +112,25 @@ def check_patterns(include: Sequence[str], exclude: Sequence[str], tables: Itera
     for include patterns that match no table at all.  ``shaped``: the
     ``[shape.tables]`` patterns; ``routes``: the ``[[shape.route]]``
     sources."""
-    return _check(_groups(include, exclude, shaped, routes), tables)
+    return _warnings(_unmatched(_groups(include, exclude, shaped, routes), tables))
 
 
 def _groups(include: Sequence[str], exclude: Sequence[str], shaped: Sequence[str],
-            routes: Sequence[str]) -> list[tuple[str, str, str]]:
-    """Every pattern as (how a message names it, the pattern, its kind)."""
+            routes: Sequence[str]) -> list[Group]:
+    """Every pattern, each with its name in messages and its kind."""
     return [*((f"[source] include_tables pattern {p!r}", p, "include_tables") for p in include),
             *((f"[source] exclude_tables pattern {p!r}", p, "exclude_tables") for p in exclude),
             *((f'[shape.tables."{p}"]', p, "shape") for p in shaped),
             *((f"[[shape.route]] source {p!r}", p, "route") for p in routes if not p.startswith(_REGEX))]
 
 
-def _matches(p: str, names: Sequence[str]) -> bool:
-    return p == _EVERYTHING or any(fnmatch.fnmatchcase(n, p) for n in names)
-
-
-def _check(groups: Sequence[tuple[str, str, str]], tables: Iterable[tuple[str, str]]) -> list[str]:
+def _unmatched(groups: Sequence[Group], tables: Iterable[tuple[str, str]]) -> list[Group]:
+    """The patterns that match none of ``tables``; SourceConfigError for
+    one that matches some only in another case."""
     names = [f"{db}.{t}" for db, t in tables]
-    warnings: list[str] = []
+    out: list[Group] = []
     for label, p, kind in groups:
-        if _matches(p, names):
+        if p == _EVERYTHING or any(fnmatch.fnmatchcase(n, p) for n in names):
             continue
         near = [n for n in names if fnmatch.fnmatchcase(n.lower(), p.lower())]
         if near:
@@ -147,10 +144,14 @@ def _check(groups: Sequence[tuple[str, str, str]], tables: Iterable[tuple[str, s
                 f"{_MISSED[kind]}",
                 hint=f"write {fix}" if one and not any(c in p for c in "*?[")
                 else f"spell the pattern as the server stores the names ({shown})")
-        if kind == "include_tables":
-            warnings.append(f"{label} matches no table on the source (yet): nothing is replicated for it until "
-                            "such a table is created")
-    return warnings
+        out.append((label, p, kind))
+    return out
+
+
+def _warnings(unmatched: Sequence[Group]) -> list[str]:
+    """An include pattern that matches no table yet replicates nothing until one is created."""
+    return [f"{label} matches no table on the source (yet): nothing is replicated for it until such a table is "
+            "created" for label, _, kind in unmatched if kind == "include_tables"]
 
 
 def check_binlog_filters(replicated: Iterable[tuple[str, str]], do_db: Sequence[str], ignore_db: Sequence[str],
