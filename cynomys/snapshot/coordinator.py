@@ -531,9 +531,10 @@ class SnapshotCoordinator(ChunkedTask[SnapshotJob, _Active, _Emitted]):
             return []
         at, ts = self._emission()
         out: list[Item] = []
+        # One transaction: one id for its statements (as _emit_ready's chunks).
+        tid = f"{SNAPSHOT_TID_PREFIX}{todo[0][0][0]}:{uuid.uuid4().hex[:12]}"
         for (job_id, _), p in todo:
             db, t = p.info.schema.database, p.info.schema.table
-            tid = f"{SNAPSHOT_TID_PREFIX}{job_id}:{uuid.uuid4().hex[:12]}"
             out.append(Change(Op.DDL, db, t, tid, at, ts, sql=truncate_sql(db, t)))
             p.clear = False
             log.info("snapshot %s: clearing %s on the target before reading it whole (renamed in)", job_id,
